@@ -1,0 +1,34 @@
+"""bayesmlc: Bayesian multi-label classification at scale.
+
+Models: :class:`MLGPF` (multi-label Gaussian-process factor model), :class:`BMLS` (Bernoulli-Poisson
+label factorisation, Gibbs sampling), :class:`BNMC` (Dirichlet-process mixture with Bayesian per-label
+classifiers), and the baseline :class:`LogisticRegression` (one logistic regression per label).
+"""
+
+__version__ = "0.1.0"
+
+from .data.dataset import Dataset
+from .exceptions import DataFormatError, ModelFormatError, NotFittedError, ValidationError
+
+__all__ = [
+    "Dataset",
+    "DataFormatError",
+    "ModelFormatError",
+    "NotFittedError",
+    "ValidationError",
+    "LogisticRegression",
+    "BMLS",
+    "BNMC",
+    "MLGPF",
+    "__version__",
+]
+
+
+def __getattr__(name):
+    # Models import torch and their own modules lazily, so `import bayesmlc` stays light.
+    from .models import MODEL_CLASSES, get_model_class
+
+    for key, path in MODEL_CLASSES.items():
+        if path.endswith(":" + name):
+            return get_model_class(key)
+    raise AttributeError(f"module 'bayesmlc' has no attribute {name!r}")

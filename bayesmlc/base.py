@@ -1,0 +1,215 @@
+"""The estimator contract every bayesmlc model follows.
+
+A model subclasses :class:`MultiLabelEstimator` and implements three hooks:
+
+``_fit(X, Y, label_mask, **fit_params)``
+    ``X`` is float32 CSR (n, D), ``Y`` float32 CSR (n, L) with stored ones, ``label_mask`` ``None`` or
+    float32 CSR (n, L) whose stored ones mark observed entries (unobserved entries of ``Y`` are already
+    zeroed). Sets fitted attributes (names ending in ``_``).
+``_decision_function(X)``
+    Scores for a batch of rows (float32 CSR (b, D), already validated): ndarray (b, L); higher means
+    more likely. Used for ranking.
+``_predict_proba(X)``
+    Probabilities for a batch: ndarray (b, L) in [0, 1]. Defaults to the logistic of the scores.
+
+and, when its fitted state is not plain arrays and numbers, ``_get_state`` / ``_set_state``.
+The base class does validation, batching, label columns without positives, top-k, save and load.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import scipy.sparse as sp
+from sklearn.base import BaseEstimator
+
+from . import persistence
+from .exceptions import ModelFormatError, NotFittedError, ValidationError
+from .utils import iter_batches
+from .validation import check_features, check_fit_inputs
+
+__all__ = ["MultiLabelEstimator"]
+
+PREDICT_BATCH_ROWS = 2048
+
+
+def _sigmoid(scores: np.ndarray) -> np.ndarray:
+    return 0.5 * (1.0 + np.tanh(0.5 * scores))
+
+
+class MultiLabelEstimator(BaseEstimator):
+    """Base class: ``fit``, ``decision_function``, ``predict_proba``, ``predict``, ``predict_topk``,
+    ``score``, ``save`` and ``load`` for every model.
+
+    Fitted attributes set here
+    --------------------------
+    n_features_in_ : int
+    n_labels_ : int
+    label_frequencies_ : ndarray (L,), positives per label in the observed training labels
+    label_prior_ : ndarray (L,), smoothed positive rate (freq + 0.5) / (observed + 1) per label
+    empty_labels_ : ndarray of int, label columns with no positive training example; their
+        probabilities are the prior and their scores its logit.
+    history_ : dict of equal-length lists, at least ``wall_time`` (seconds since fit began) and
+        ``objective`` (the model's training objective: ELBO, log-likelihood, ...); may be empty.
+    """
+
+    _estimator_type = "classifier"
+
+    # ---- hooks ------------------------------------------------------------------------------
+    def _fit(self, X, Y, label_mask, **fit_params):  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def _decision_function(self, X) -> np.ndarray:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def _predict_proba(self, X) -> np.ndarray:
+        return _sigmoid(self._decision_function(X))
+
+    def _fitted_attribute_names(self):
+        return [k for k in vars(self) if k.endswith("_") and not k.startswith("_")]
+
+    def _get_state(self) -> dict:
+        """Fitted state to save: by default every public attribute ending in ``_``."""
+        return {k: getattr(self, k) for k in self._fitted_attribute_names()}
+
+    def _set_state(self, state: dict) -> None:
+        for key, value in state.items():
+            setattr(self, key, value)
+
+    # ---- public API -------------------------------------------------------------------------
+    def fit(self, X, Y, label_mask=None, **fit_params):
+        """Fit the model.
+
+        Parameters
+        ----------
+        X : array-like or sparse, shape (n_samples, n_features)
+        Y : array-like or sparse 0/1, shape (n_samples, n_labels)
+        label_mask : array-like or sparse 0/1, shape (n_samples, n_labels), optional
+            1 where the label entry is observed. Unobserved entries are missing, not negative,
+            whatever ``Y`` holds there.
+
+        Returns
+        -------
+        self
+        """
+        X, Y, label_mask = check_fit_inputs(X, Y, label_mask)
+        n, n_labels = Y.shape
+        self.n_features_in_ = X.shape[1]
+        self.n_labels_ = n_labels
+        freq = np.bincount(Y.indices, minlength=n_labels).astype(np.int64)
+        observed = np.full(n_labels, n, dtype=np.int64) if label_mask is None else np.bincount(
+            label_mask.indices, minlength=n_labels
+        )
+        self.label_frequencies_ = freq
+        self.label_prior_ = (freq + 0.5) / (observed + 1.0)
+        self.empty_labels_ = np.flatnonzero(freq == 0)
+        if self.empty_labels_.size:
+            shown = ", ".join(map(str, self.empty_labels_[:10])) + (" ..." if self.empty_labels_.size > 10 else "")
+            warnings.warn(
+                f"{self.empty_labels_.size} label column(s) have no positive training example ({shown}); "
+                "they are kept and predicted from the prior",
+                UserWarning,
+                stacklevel=2,
+            )
+        self.history_ = {"wall_time": [], "objective": []}
+        self._fit(X, Y, label_mask, **fit_params)
+        return self
+
+    def _check_is_fitted(self):
+        if not hasattr(self, "n_labels_"):
+            raise NotFittedError(
+                f"This {type(self).__name__} instance is not fitted yet: call fit(X, Y) before predicting"
+            )
+
+    def _validated(self, X) -> sp.csr_matrix:
+        self._check_is_fitted()
+        return check_features(X, self.n_features_in_)
+
+    def _batched(self, X, hook, fill) -> np.ndarray:
+        X = self._validated(X)
+        out = np.empty((X.shape[0], self.n_labels_), dtype=np.float32)
+        for rows in iter_batches(X.shape[0], PREDICT_BATCH_ROWS):
+            out[rows] = hook(X[rows])
+        if self.empty_labels_.size:
+            out[:, self.empty_labels_] = fill[self.empty_labels_]
+        return out
+
+    def decision_function(self, X) -> np.ndarray:
+        """Scores, shape (n_samples, n_labels): higher is more likely. Use for ranking metrics."""
+        prior_logit = np.log(self.label_prior_) - np.log1p(-self.label_prior_) if hasattr(self, "label_prior_") else None
+        return self._batched(X, self._decision_function, prior_logit)
+
+    def predict_proba(self, X) -> np.ndarray:
+        """Probabilities that each label is on, shape (n_samples, n_labels)."""
+        return self._batched(X, self._predict_proba, getattr(self, "label_prior_", None))
+
+    def predict(self, X, threshold: float = 0.5, top_k: int | None = None) -> sp.csr_matrix:
+        """Sparse 0/1 predictions: labels with probability >= ``threshold``, or the ``top_k`` best."""
+        if top_k is not None:
+            indices, _ = self.predict_topk(X, top_k)
+            n, k = indices.shape
+            return sp.csr_matrix(
+                (np.ones(n * k, dtype=np.float32), indices.ravel(), np.arange(0, n * k + 1, k)),
+                shape=(n, self.n_labels_),
+            )
+        if not 0.0 <= threshold <= 1.0:
+            raise ValidationError(f"threshold must be in [0, 1], got {threshold}")
+        X = self._validated(X)
+        parts = []
+        for rows in iter_batches(X.shape[0], PREDICT_BATCH_ROWS):
+            proba = self.predict_proba(X[rows])
+            parts.append(sp.csr_matrix((proba >= threshold).astype(np.float32)))
+        if not parts:
+            return sp.csr_matrix((0, self.n_labels_), dtype=np.float32)
+        return sp.vstack(parts, format="csr")
+
+    def predict_topk(self, X, k: int = 5, batch_size: int = PREDICT_BATCH_ROWS):
+        """The ``k`` highest-scoring labels per row, best first, one batch of scores at a time.
+
+        Returns
+        -------
+        indices : ndarray of int64, shape (n_samples, k)
+        scores : ndarray of float32, shape (n_samples, k)
+        """
+        self._check_is_fitted()
+        if not isinstance(k, (int, np.integer)) or k < 1:
+            raise ValidationError(f"k must be a positive integer, got {k!r}")
+        k = min(int(k), self.n_labels_)
+        X = self._validated(X)
+        indices = np.empty((X.shape[0], k), dtype=np.int64)
+        scores = np.empty((X.shape[0], k), dtype=np.float32)
+        for rows in iter_batches(X.shape[0], batch_size):
+            block = self.decision_function(X[rows])
+            top = np.argpartition(-block, k - 1, axis=1)[:, :k]
+            top_scores = np.take_along_axis(block, top, axis=1)
+            order = np.argsort(-top_scores, axis=1, kind="stable")
+            indices[rows] = np.take_along_axis(top, order, axis=1)
+            scores[rows] = np.take_along_axis(top_scores, order, axis=1)
+        return indices, scores
+
+    def score(self, X, Y) -> float:
+        """Precision at 1 on (X, Y), the field's headline number."""
+        from .metrics import precision_at_k
+
+        return float(precision_at_k(Y, self.decision_function(X), k=1))
+
+    # ---- persistence ------------------------------------------------------------------------
+    def save(self, path) -> None:
+        """Save the fitted model to ``path`` (a versioned ``.npz`` archive, no pickle)."""
+        self._check_is_fitted()
+        from . import __version__
+
+        cls = type(self)
+        persistence.save_model(path, f"{cls.__module__}:{cls.__name__}", self.get_params(deep=False), self._get_state(), __version__)
+
+    @classmethod
+    def load(cls, path):
+        """Load a model saved by :meth:`save`. ``MultiLabelEstimator.load`` accepts any model;
+        ``Model.load`` checks that the file holds a ``Model``."""
+        model_cls, params, state = persistence.load_model(path)
+        if not issubclass(model_cls, cls):
+            raise ModelFormatError(f"{path}: holds a {model_cls.__name__}, not a {cls.__name__}")
+        model = model_cls(**params)
+        model._set_state(state)
+        return model

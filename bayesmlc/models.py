@@ -1,0 +1,38 @@
+"""The registry of models, by the names the CLI uses (``--model NAME``)."""
+
+from __future__ import annotations
+
+import importlib
+
+from .exceptions import ValidationError
+
+MODEL_CLASSES = {
+    "logistic": "bayesmlc.linear:LogisticRegression",
+    "bmls": "bayesmlc.bmls:BMLS",
+    "bnmc": "bayesmlc.bnmc:BNMC",
+    "mlgpf": "bayesmlc.gp:MLGPF",
+}
+
+
+def get_model_class(name: str):
+    """The estimator class registered as ``name``."""
+    if name not in MODEL_CLASSES:
+        raise ValidationError(f"unknown model {name!r}; choose one of {', '.join(MODEL_CLASSES)}")
+    module_name, _, class_name = MODEL_CLASSES[name].partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ValidationError(f"model {name!r} is not available in this installation: {exc}") from None
+    return getattr(module, class_name)
+
+
+def available_models() -> list[str]:
+    """Names of the models whose modules import."""
+    names = []
+    for name in MODEL_CLASSES:
+        try:
+            get_model_class(name)
+        except (ValidationError, AttributeError):
+            continue
+        names.append(name)
+    return names

@@ -1,0 +1,138 @@
+"""Versioned, pickle-free storage of fitted estimators.
+
+A model file is a NumPy ``.npz`` archive. Entry ``__meta__`` holds a JSON document::
+
+    {"format": "bayesmlc-model", "format_version": 1, "class": "bayesmlc.linear:LogisticRegression",
+     "library_version": "...", "params": {...}, "state": {...}}
+
+Arrays (NumPy, torch, scipy.sparse) anywhere inside ``params`` or ``state`` are stored as separate
+entries and replaced in the JSON by ``{"__array__": key}`` (or ``__sparse__`` / ``__tensor__``), so
+loading never unpickles anything (``allow_pickle=False``). Files are written atomically.
+"""
+
+from __future__ import annotations
+
+import importlib
+import io
+import json
+import os
+import tempfile
+import zipfile
+
+import numpy as np
+import scipy.sparse as sp
+import torch
+
+from .exceptions import ModelFormatError
+
+FORMAT_NAME = "bayesmlc-model"
+FORMAT_VERSION = 1
+
+__all__ = ["FORMAT_VERSION", "save_model", "load_model", "encode", "decode"]
+
+
+def encode(value, arrays: dict, prefix: str):
+    """Replace arrays inside ``value`` by references; arrays are collected into ``arrays``."""
+    if isinstance(value, torch.Tensor):
+        key = f"{prefix}#{len(arrays)}"
+        arrays[key] = value.detach().cpu().numpy()
+        return {"__tensor__": key}
+    if isinstance(value, np.ndarray):
+        if value.dtype == object:
+            raise TypeError(f"cannot store object array at {prefix}")
+        key = f"{prefix}#{len(arrays)}"
+        arrays[key] = value
+        return {"__array__": key}
+    if sp.issparse(value):
+        csr = sp.csr_matrix(value)
+        key = f"{prefix}#{len(arrays)}"
+        arrays[key + ".data"] = csr.data
+        arrays[key + ".indices"] = csr.indices
+        arrays[key + ".indptr"] = csr.indptr
+        return {"__sparse__": key, "shape": list(csr.shape)}
+    if isinstance(value, dict):
+        return {str(k): encode(v, arrays, f"{prefix}.{k}") for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [encode(v, arrays, f"{prefix}[{i}]") for i, v in enumerate(value)]
+    if isinstance(value, np.generic):
+        return value.item()
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    raise TypeError(f"cannot store a value of type {type(value).__name__} at {prefix}")
+
+
+def decode(value, arrays):
+    """Inverse of :func:`encode`."""
+    if isinstance(value, dict):
+        if "__array__" in value:
+            return arrays[value["__array__"]]
+        if "__tensor__" in value:
+            return torch.from_numpy(np.array(arrays[value["__tensor__"]]))
+        if "__sparse__" in value:
+            key = value["__sparse__"]
+            return sp.csr_matrix(
+                (arrays[key + ".data"], arrays[key + ".indices"], arrays[key + ".indptr"]), shape=tuple(value["shape"])
+            )
+        return {k: decode(v, arrays) for k, v in value.items()}
+    if isinstance(value, list):
+        return [decode(v, arrays) for v in value]
+    return value
+
+
+def save_model(path, class_path: str, params: dict, state: dict, library_version: str) -> None:
+    """Write a model file atomically (a temporary file in the same folder, then a rename)."""
+    arrays: dict = {}
+    meta = {
+        "format": FORMAT_NAME,
+        "format_version": FORMAT_VERSION,
+        "class": class_path,
+        "library_version": library_version,
+        "params": encode(params, arrays, "params"),
+        "state": encode(state, arrays, "state"),
+    }
+    arrays["__meta__"] = np.frombuffer(json.dumps(meta).encode("utf-8"), dtype=np.uint8)
+    path = os.fspath(path)
+    folder = os.path.dirname(os.path.abspath(path))
+    os.makedirs(folder, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp-", suffix=".npz")
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            np.savez(handle, **arrays)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def load_model(path):
+    """Read a model file; returns ``(cls, params, state)``. Refuses newer format versions."""
+    path = os.fspath(path)
+    if not os.path.exists(path):
+        raise ModelFormatError(f"{path}: no such model file")
+    try:
+        with open(path, "rb") as handle:
+            data = np.load(io.BytesIO(handle.read()), allow_pickle=False)
+            arrays = {key: data[key] for key in data.files}
+    except (OSError, ValueError, zipfile.BadZipFile) as exc:
+        raise ModelFormatError(f"{path}: not a bayesmlc model file ({exc})") from None
+    if "__meta__" not in arrays:
+        raise ModelFormatError(f"{path}: not a bayesmlc model file (no __meta__ entry)")
+    try:
+        meta = json.loads(arrays.pop("__meta__").tobytes().decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ModelFormatError(f"{path}: corrupt metadata ({exc})") from None
+    if meta.get("format") != FORMAT_NAME:
+        raise ModelFormatError(f"{path}: not a bayesmlc model file (format {meta.get('format')!r})")
+    version = meta.get("format_version")
+    if not isinstance(version, int) or version > FORMAT_VERSION:
+        raise ModelFormatError(
+            f"{path}: written with model format version {version} by bayesmlc {meta.get('library_version')}; "
+            f"this bayesmlc reads versions up to {FORMAT_VERSION}. Upgrade bayesmlc to load it."
+        )
+    module_name, _, class_name = meta["class"].partition(":")
+    try:
+        cls = getattr(importlib.import_module(module_name), class_name)
+    except (ImportError, AttributeError) as exc:
+        raise ModelFormatError(f"{path}: model class {meta['class']} is not available ({exc})") from None
+    return cls, decode(meta["params"], arrays), decode(meta["state"], arrays)

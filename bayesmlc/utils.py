@@ -1,0 +1,67 @@
+"""Small shared helpers: devices, random generators, batching."""
+
+from __future__ import annotations
+
+import numpy as np
+import scipy.sparse as sp
+import torch
+
+from .exceptions import ValidationError
+
+__all__ = ["resolve_device", "numpy_rng", "torch_generator", "csr_to_torch", "iter_batches"]
+
+
+def resolve_device(device) -> torch.device:
+    """Turn ``"auto"``, ``"cpu"``, ``"cuda"``, ``"cuda:1"`` or a ``torch.device`` into a device.
+
+    ``"auto"`` picks CUDA when it is available and the CPU otherwise.
+    """
+    if isinstance(device, torch.device):
+        return device
+    if device is None or device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if not isinstance(device, str):
+        raise ValidationError(f"device must be 'auto', 'cpu', 'cuda' or a torch.device, got {device!r}")
+    try:
+        resolved = torch.device(device)
+    except RuntimeError as exc:
+        raise ValidationError(f"device={device!r} is not a valid torch device: {exc}") from None
+    if resolved.type == "cuda" and not torch.cuda.is_available():
+        raise ValidationError(f"device={device!r} was requested but CUDA is not available on this machine")
+    return resolved
+
+
+def numpy_rng(random_state) -> np.random.Generator:
+    """A NumPy Generator from ``None``, an int, a Generator or a legacy RandomState."""
+    if isinstance(random_state, np.random.Generator):
+        return random_state
+    if isinstance(random_state, np.random.RandomState):
+        return np.random.default_rng(random_state.randint(0, 2**31 - 1))
+    if random_state is None or isinstance(random_state, (int, np.integer)):
+        return np.random.default_rng(random_state)
+    raise ValidationError(f"random_state must be None, an int or a numpy Generator, got {random_state!r}")
+
+
+def torch_generator(rng: np.random.Generator, device="cpu") -> torch.Generator:
+    """A torch Generator seeded from ``rng`` (so one ``random_state`` drives NumPy and torch)."""
+    gen = torch.Generator(device=device)
+    gen.manual_seed(int(rng.integers(0, 2**62)))
+    return gen
+
+
+def csr_to_torch(matrix: sp.csr_matrix, device="cpu", dtype=torch.float32) -> torch.Tensor:
+    """A scipy CSR matrix as a torch sparse CSR tensor (no densification)."""
+    matrix = sp.csr_matrix(matrix)
+    return torch.sparse_csr_tensor(
+        torch.from_numpy(matrix.indptr.astype(np.int64)),
+        torch.from_numpy(matrix.indices.astype(np.int64)),
+        torch.from_numpy(matrix.data).to(dtype),
+        size=matrix.shape,
+        device=device,
+    )
+
+
+def iter_batches(n: int, batch_size: int):
+    """Yield ``slice`` objects covering ``range(n)`` in consecutive batches."""
+    for start in range(0, n, batch_size):
+        yield slice(start, min(start + batch_size, n))

@@ -1,0 +1,30 @@
+"""Shared fixtures. Real datasets are read from ``../shared/datasets`` beside the repository when it
+exists; tests that need them skip with a clear reason when it does not."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+SHARED_DATASETS = Path(os.environ.get("BAYESMLC_SHARED_DATASETS", REPO_ROOT.parent / "shared" / "datasets"))
+
+
+def shared_dataset_dir(name: str) -> Path:
+    """Folder of a real dataset in ../shared/datasets, or skip the test with the reason."""
+    folder = SHARED_DATASETS / name
+    if not (folder / "train.txt").exists():
+        pytest.skip(f"real dataset {name!r} not found at {folder} (set BAYESMLC_SHARED_DATASETS)")
+    return folder
+
+
+@pytest.fixture
+def shared_datasets() -> Path:
+    if not SHARED_DATASETS.is_dir():
+        pytest.skip(f"shared datasets folder not found at {SHARED_DATASETS}")
+    return SHARED_DATASETS
