@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import scipy.sparse as sp
 import torch
@@ -52,13 +54,16 @@ def torch_generator(rng: np.random.Generator, device="cpu") -> torch.Generator:
 def csr_to_torch(matrix: sp.csr_matrix, device="cpu", dtype=torch.float32) -> torch.Tensor:
     """A scipy CSR matrix as a torch sparse CSR tensor (no densification)."""
     matrix = sp.csr_matrix(matrix)
-    return torch.sparse_csr_tensor(
-        torch.from_numpy(matrix.indptr.astype(np.int64)),
-        torch.from_numpy(matrix.indices.astype(np.int64)),
-        torch.from_numpy(matrix.data).to(dtype),
-        size=matrix.shape,
-        device=device,
-    )
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta")
+        return torch.sparse_csr_tensor(
+            torch.from_numpy(matrix.indptr.astype(np.int64)),
+            torch.from_numpy(matrix.indices.astype(np.int64)),
+            torch.from_numpy(matrix.data).to(dtype),
+            size=matrix.shape,
+            device=device,
+            check_invariants=False,
+        )
 
 
 def iter_batches(n: int, batch_size: int):
