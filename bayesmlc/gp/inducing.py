@@ -1,0 +1,226 @@
+"""Inducing inputs Z shared by the P latent GPs, and the inner products the kernels need.
+
+Two representations, four choices of the ``inducing`` parameter:
+
+``fixed`` / ``free``
+    Z is an (M, D) matrix in input space: a random subset of training rows kept fixed (the SE-F /
+    f-LINEAR baselines of the subspace paper), or optimised from a k-means initialisation (the
+    journal paper). Cross inner products X_b Z^T are sparse-dense products, Z Z^T costs O(D M^2).
+``subspace`` / ``subspace-fixed``
+    Z = A X~ (subspace paper eq. (4)) with X~ (R, D) the top-R right singular vectors of the sparse
+    X (a truncated randomized SVD that multiplies X by thin dense matrices and never densifies it)
+    and A (M, R) initialised by k-means on U S and optimised (or kept fixed). Then
+    Z Z^T = A K_X~ A^T (eq. (5)) and X_b Z^T = (X_b X~^T) A^T (eq. (6)), with K_X~ = X~ X~^T and the
+    projections X_b X~^T either precomputed (they are the rows of U S) or formed per batch by a
+    sparse product. The SE kernel reuses the same products through appendix A.6.
+
+ARD. In input space the weights are one per feature (D). In the subspace a weight per feature does
+not commute with the precomputed basis (reference notes, sec. 1.11), so ARD acts inside the subspace:
+R weights on the basis coordinates plus one weight w_0 for the orthogonal complement,
+<x, x'>_w = (x X~^T) diag(w) (X~ x'^T) + w_0 (<x, x'> - (x X~^T)(X~ x'^T)),
+a valid inner product (X~ has orthonormal rows); for z in the span of X~ the complement term of
+<x, z> vanishes, so the cross products stay O(B R M).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import scipy.sparse as sp
+import torch
+from torch import nn
+
+from ..utils import csr_to_torch
+from .kernels import InnerProducts
+
+__all__ = [
+    "FeatureBatch",
+    "InducingInputs",
+    "InputSpaceInducing",
+    "SubspaceInducing",
+    "truncated_svd",
+    "kmeans_centres",
+    "INDUCING_NAMES",
+]
+
+INDUCING_NAMES = ("fixed", "free", "subspace", "subspace-fixed")
+
+
+@dataclass
+class FeatureBatch:
+    """A minibatch of inputs in the form the inducing object needs.
+
+    sparse : torch sparse CSR (B, D) or None  -- the raw rows (input-space inducing inputs)
+    sparse_sq : torch sparse CSR (B, D) or None -- their element-wise squares (input-space ARD)
+    projected : (B, R) tensor or None          -- X_b X~^T (subspace inducing inputs)
+    sq_norm : (B,) tensor                      -- |x_i|^2
+    """
+
+    sparse: torch.Tensor | None
+    sparse_sq: torch.Tensor | None
+    projected: torch.Tensor | None
+    sq_norm: torch.Tensor
+
+
+def _row_sq_norms(X: sp.csr_matrix) -> np.ndarray:
+    return np.asarray(X.multiply(X).sum(axis=1), dtype=np.float64).ravel()
+
+
+class InducingInputs(nn.Module):
+    """Base class. ``n_weights`` is the number of ARD weights a kernel on these inputs takes."""
+
+    n_inducing: int
+    n_weights: int
+
+    def make_batch(self, X: sp.csr_matrix, projected: np.ndarray | None = None) -> FeatureBatch:
+        raise NotImplementedError  # pragma: no cover
+
+    def inner_products(self, batch: FeatureBatch, weights: torch.Tensor | None) -> InnerProducts:
+        raise NotImplementedError  # pragma: no cover
+
+
+class InputSpaceInducing(InducingInputs):
+    """Z (M, D) in input space; ``trainable=False`` gives the ``fixed`` choice.
+
+    Parameters
+    ----------
+    Z : ndarray (M, D), initial inducing inputs.
+    trainable : bool
+    """
+
+    def __init__(self, Z: np.ndarray, trainable: bool):
+        super().__init__()
+        Z = torch.as_tensor(np.asarray(Z, dtype=np.float32))
+        if trainable:
+            self.Z = nn.Parameter(Z)
+        else:
+            self.register_buffer("Z", Z)
+        self.n_inducing, self.n_weights = Z.shape
+
+    def make_batch(self, X: sp.csr_matrix, projected: np.ndarray | None = None) -> FeatureBatch:
+        device, dtype = self.Z.device, self.Z.dtype
+        squared = X.multiply(X).tocsr()
+        return FeatureBatch(
+            sparse=csr_to_torch(X, device=device, dtype=dtype),
+            sparse_sq=csr_to_torch(squared, device=device, dtype=dtype),
+            projected=None,
+            sq_norm=torch.as_tensor(np.asarray(squared.sum(axis=1)).ravel(), dtype=dtype, device=device),
+        )
+
+    def inner_products(self, batch: FeatureBatch, weights: torch.Tensor | None) -> InnerProducts:
+        Z = self.Z
+        Zw = Z if weights is None else Z * weights  # (M, D)
+        zz = Zw @ Z.T
+        xz = batch.sparse @ Zw.T  # sparse (B, D) x dense (D, M)
+        if weights is None:
+            xx = batch.sq_norm
+        else:
+            xx = (batch.sparse_sq @ weights[:, None]).squeeze(1)
+        return InnerProducts(zz=zz, xz=xz, xx=xx)
+
+
+class SubspaceInducing(InducingInputs):
+    """Z = A X~ (subspace paper eq. (4)); ``trainable=False`` gives ``subspace-fixed``.
+
+    Parameters
+    ----------
+    basis : ndarray (R, D), X~ with orthonormal rows (right singular vectors of X).
+    A : ndarray (M, R), initial weights.
+    trainable : bool
+    """
+
+    def __init__(self, basis: np.ndarray, A: np.ndarray, trainable: bool):
+        super().__init__()
+        basis = torch.as_tensor(np.asarray(basis, dtype=np.float32))
+        self.register_buffer("basis", basis)
+        # K_X~ = X~ X~^T, precomputed once (eq. (5)); I_R up to rounding for an SVD basis.
+        self.register_buffer("basis_gram", basis @ basis.T)
+        A = torch.as_tensor(np.asarray(A, dtype=np.float32))
+        if trainable:
+            self.A = nn.Parameter(A)
+        else:
+            self.register_buffer("A", A)
+        self.n_inducing = A.shape[0]
+        self.rank = basis.shape[0]
+        self.n_weights = self.rank + 1
+
+    def project(self, X: sp.csr_matrix) -> torch.Tensor:
+        """X X~^T (B, R) by a sparse-dense product."""
+        sparse = csr_to_torch(X, device=self.basis.device, dtype=self.basis.dtype)
+        return sparse @ self.basis.T
+
+    def make_batch(self, X: sp.csr_matrix, projected: np.ndarray | None = None) -> FeatureBatch:
+        device, dtype = self.basis.device, self.basis.dtype
+        if projected is None:
+            proj = self.project(X)
+        else:
+            proj = torch.as_tensor(projected, device=device, dtype=dtype)
+        return FeatureBatch(
+            sparse=None,
+            sparse_sq=None,
+            projected=proj,
+            sq_norm=torch.as_tensor(_row_sq_norms(X), dtype=dtype, device=device),
+        )
+
+    def inner_products(self, batch: FeatureBatch, weights: torch.Tensor | None) -> InnerProducts:
+        A, proj = self.A, batch.projected
+        if weights is None:
+            zz = A @ self.basis_gram @ A.T  # eq. (5)
+            xz = proj @ A.T  # eq. (6)
+            xx = batch.sq_norm
+        else:
+            w_sub, w_rest = weights[:-1], weights[-1]
+            Aw = A * w_sub
+            zz = Aw @ A.T
+            xz = proj @ Aw.T
+            proj_sq = proj.pow(2).sum(1)
+            xx = (proj.pow(2) * w_sub).sum(1) + w_rest * (batch.sq_norm - proj_sq).clamp_min(0.0)
+        return InnerProducts(zz=zz, xz=xz, xx=xx)
+
+
+def truncated_svd(X: sp.csr_matrix, rank: int, seed: int, max_rows: int | None = None):
+    """Top-``rank`` right singular vectors of sparse ``X`` without densifying it.
+
+    Uses the randomized range finder (Halko et al.), which only multiplies X (and X^T) by thin dense
+    matrices. When ``max_rows`` is smaller than N the basis is computed from that many random rows
+    (the row space of a large sample), which bounds the (rows, rank) work arrays.
+
+    Returns
+    -------
+    basis : ndarray (rank, D), orthonormal rows
+    US : ndarray (n_used, rank), the left singular vectors scaled by the singular values for the rows
+        used (X_used X~^T)
+    used_rows : ndarray of int or None (None when all rows were used)
+    """
+    from sklearn.utils.extmath import randomized_svd
+
+    used_rows = None
+    if max_rows is not None and X.shape[0] > max_rows:
+        used_rows = np.sort(np.random.default_rng(seed).choice(X.shape[0], max_rows, replace=False))
+        X = X[used_rows]
+    U, S, Vt = randomized_svd(X, n_components=rank, n_oversamples=10, n_iter=4, random_state=seed)
+    return Vt.astype(np.float32), (U * S).astype(np.float32), used_rows
+
+
+def kmeans_centres(points, n_clusters: int, seed: int, max_rows: int = 20000) -> np.ndarray:
+    """``n_clusters`` mini-batch k-means centres of the rows of ``points`` (dense or sparse).
+
+    At most ``max_rows`` random rows are clustered (the notes measured full k-means as the slowest
+    fixed cost); returns a dense float32 (n_clusters, n_columns) array.
+    """
+    from sklearn.cluster import MiniBatchKMeans
+
+    rng = np.random.default_rng(seed)
+    if points.shape[0] > max_rows:
+        points = points[np.sort(rng.choice(points.shape[0], max_rows, replace=False))]
+    kmeans = MiniBatchKMeans(
+        n_clusters=n_clusters,
+        batch_size=2048,
+        n_init=1,
+        max_iter=20,
+        random_state=int(rng.integers(2**31 - 1)),
+        compute_labels=False,
+    )
+    kmeans.fit(points)
+    return np.asarray(kmeans.cluster_centers_, dtype=np.float32)
