@@ -1,0 +1,478 @@
+"""Baselines that run through the same ``bayesmlc train`` path as the library's own models.
+
+Each is a :class:`~bayesmlc.base.MultiLabelEstimator`, so the CLI fits, scores, saves and evaluates
+it exactly like a bayesmlc model, and a comparison is a ratio measured side by side.
+
+``knn``
+    :class:`KNNBaseline`: cosine k-nearest-neighbour vote (scikit-learn is a core dependency).
+``napkinxc_plt``
+    :class:`NapkinXCPLT`: napkinXC's probabilistic label tree (optional: ``pip install 'bayesmlc[compare]'``).
+``omikuji_parabel`` / ``omikuji_bonsai``
+    :class:`OmikujiParabel` / :class:`OmikujiBonsai`: omikuji partitioned label trees with the
+    Parabel preset (balanced 2-means, depth up to 20) and the Bonsai preset (unbalanced 100-means,
+    depth 3), as in omikuji's README (optional, same extra).
+
+The optional ones import their package only when fitted or loaded; :func:`missing_dependency` tells
+the bench harness, without importing anything heavy, that a run must be recorded as skipped.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import os
+import shutil
+import tempfile
+import warnings
+import weakref
+
+import numpy as np
+import scipy.sparse as sp
+
+from ..base import MultiLabelEstimator
+from ..exceptions import ValidationError
+from ..utils import iter_batches, numpy_rng
+
+__all__ = [
+    "KNNBaseline",
+    "NapkinXCPLT",
+    "OmikujiParabel",
+    "OmikujiBonsai",
+    "REGISTRY_ENTRIES",
+    "OPTIONAL_DEPENDENCIES",
+    "missing_dependency",
+]
+
+#: Entries for ``bayesmlc.models.MODEL_CLASSES`` (the CLI's ``--model`` names).
+REGISTRY_ENTRIES = {
+    "knn": "bayesmlc.bench.baselines:KNNBaseline",
+    "napkinxc_plt": "bayesmlc.bench.baselines:NapkinXCPLT",
+    "omikuji_parabel": "bayesmlc.bench.baselines:OmikujiParabel",
+    "omikuji_bonsai": "bayesmlc.bench.baselines:OmikujiBonsai",
+}
+
+#: Model name -> the optional package it needs (installed by the ``[compare]`` extra).
+OPTIONAL_DEPENDENCIES = {
+    "napkinxc_plt": "napkinxc",
+    "omikuji_parabel": "omikuji",
+    "omikuji_bonsai": "omikuji",
+}
+
+_INSTALL_HINT = "install it with: pip install 'bayesmlc[compare]'"
+_SCORE_ROWS = 512  # rows of test-by-train similarities held at once by the kNN baseline
+
+
+def missing_dependency(model_name: str) -> str | None:
+    """Why ``model_name`` cannot run here (its optional package is not installed), or ``None``."""
+    package = OPTIONAL_DEPENDENCIES.get(model_name)
+    if package is None or importlib.util.find_spec(package) is not None:
+        return None
+    return f"optional package {package!r} is not installed ({_INSTALL_HINT})"
+
+
+def _import_optional(package: str):
+    try:
+        return importlib.import_module(package)
+    except ImportError as exc:
+        root = package.partition(".")[0]
+        raise ImportError(f"this baseline needs the optional package {root!r} ({_INSTALL_HINT}): {exc}") from None
+
+
+def _resolve_threads(n_threads) -> int:
+    """``None`` -> the ``OMP_NUM_THREADS`` the bench harness sets, else every core."""
+    if n_threads is None:
+        from_env = os.environ.get("OMP_NUM_THREADS", "")
+        return int(from_env) if from_env.isdigit() and int(from_env) > 0 else (os.cpu_count() or 1)
+    if not isinstance(n_threads, (int, np.integer)) or n_threads < 1:
+        raise ValidationError(f"n_threads must be None or a positive integer, got {n_threads!r}")
+    return int(n_threads)
+
+
+def _warn_missing_labels(name: str, label_mask) -> None:
+    if label_mask is not None:
+        warnings.warn(
+            f"{name} cannot leave missing labels out: unobserved label entries are used as negatives",
+            UserWarning,
+            stacklevel=3,
+        )
+
+
+def _standardisation(X: sp.csr_matrix, standardize):
+    """``(mean, scale)`` to standardise dense real features, or ``(None, None)``.
+
+    ``standardize="auto"`` standardises when more than half of the entries are non-zero (dense real
+    features such as emotions, scene and yeast), where raw scales differ by orders of magnitude.
+    """
+    if standardize not in ("auto", True, False):
+        raise ValidationError(f"standardize must be 'auto', True or False, got {standardize!r}")
+    n, d = X.shape
+    dense_features = n * d > 0 and X.nnz > 0.5 * n * d
+    if not (standardize is True or (standardize == "auto" and dense_features)):
+        return None, None
+    dense = X.toarray().astype(np.float64)
+    scale = dense.std(axis=0)
+    scale[scale == 0] = 1.0
+    return dense.mean(axis=0).astype(np.float32), scale.astype(np.float32)
+
+
+def _standardised(X: sp.csr_matrix, mean, scale) -> sp.csr_matrix:
+    if mean is None:
+        return X
+    return sp.csr_matrix(((X.toarray() - mean) / scale).astype(np.float32))
+
+
+def _label_lists(Y: sp.csr_matrix) -> list[list[int]]:
+    """The positive label indices of each row of a CSR 0/1 matrix."""
+    return [Y.indices[Y.indptr[i] : Y.indptr[i + 1]].tolist() for i in range(Y.shape[0])]
+
+
+def _scores_from_pairs(rows_of_pairs, n_labels: int) -> np.ndarray:
+    """Dense (n_rows, n_labels) scores from per-row lists of ``(label, score)``; absent labels score 0."""
+    out = np.zeros((len(rows_of_pairs), n_labels), dtype=np.float32)
+    for i, pairs in enumerate(rows_of_pairs):
+        for label, score in pairs:
+            if label < n_labels:
+                out[i, label] = score
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+class KNNBaseline(MultiLabelEstimator):
+    """Cosine k-nearest-neighbour vote.
+
+    A test row's ``n_neighbors`` most cosine-similar training rows vote for their labels; the score
+    and probability of label l is the (similarity-weighted, if ``weighting="similarity"``) fraction of
+    the neighbours that carry l among those where l is observed:
+
+        p_l(x) = sum_j w_j y_jl m_jl / sum_j w_j m_jl,    j over the neighbours of x,
+
+    with m the mask of observed labels (all ones without a mask). Rows with no usable neighbour
+    (no shared feature, zero weights) fall back to the label prior. Scores add 1e-6 times the prior
+    so that labels with equal votes rank by training frequency.
+
+    Parameters
+    ----------
+    n_neighbors : int, default 10
+    weighting : {"similarity", "uniform"}, default "similarity"
+        Vote weights: the (non-negative part of the) cosine similarity, or 1 per neighbour.
+    standardize : {"auto", True, False}, default "auto"
+        Centre and scale features to unit variance before the cosine. ``"auto"`` does it when more
+        than half of the training feature entries are non-zero (dense real features such as
+        emotions, scene and yeast), where cosine on raw, all-positive features is nearly constant.
+    random_state, device, verbose :
+        Accepted for the estimator contract; the method is deterministic and runs on the CPU.
+
+    Fitted attributes
+    -----------------
+    train_features_ : csr (n_train, D), the L2-normalised (and standardised) training rows
+    train_labels_ : csr (n_train, L)
+    train_mask_ : csr (n_train, L) or None
+    feature_mean_, feature_scale_ : ndarray (D,) or None, the standardisation, when used
+    """
+
+    def __init__(self, n_neighbors=10, weighting="similarity", standardize="auto", random_state=None,
+                 device="auto", verbose=False):
+        self.n_neighbors = n_neighbors
+        self.weighting = weighting
+        self.standardize = standardize
+        self.random_state = random_state
+        self.device = device
+        self.verbose = verbose
+
+    def _fit(self, X, Y, label_mask):
+        if not isinstance(self.n_neighbors, (int, np.integer)) or self.n_neighbors < 1:
+            raise ValidationError(f"n_neighbors must be a positive integer, got {self.n_neighbors!r}")
+        if self.weighting not in ("similarity", "uniform"):
+            raise ValidationError(f"weighting must be 'similarity' or 'uniform', got {self.weighting!r}")
+        self.feature_mean_, self.feature_scale_ = _standardisation(X, self.standardize)
+        self.train_features_ = self._normalised_rows(X)
+        self.train_labels_ = Y
+        self.train_mask_ = label_mask
+
+    def _normalised_rows(self, X) -> sp.csr_matrix:
+        X = _standardised(X, self.feature_mean_, self.feature_scale_)
+        norms = np.sqrt(np.asarray(X.multiply(X).sum(axis=1)).ravel())
+        norms[norms == 0] = 1.0
+        return sp.csr_matrix(sp.diags(1.0 / norms) @ X, dtype=np.float32)
+
+    def _neighbour_weights(self, X) -> sp.csr_matrix:
+        """Sparse (b, n_train) matrix holding each row's neighbour weights."""
+        similarity = (self._normalised_rows(X) @ self.train_features_.T).toarray()
+        n_train = similarity.shape[1]
+        k = min(int(self.n_neighbors), n_train)
+        top = np.argpartition(-similarity, k - 1, axis=1)[:, :k]
+        if self.weighting == "similarity":
+            weights = np.maximum(np.take_along_axis(similarity, top, axis=1), 0.0)
+        else:
+            weights = np.ones(top.shape, dtype=np.float32)
+        rows = np.repeat(np.arange(top.shape[0]), k)
+        return sp.csr_matrix((weights.ravel(), (rows, top.ravel())), shape=similarity.shape)
+
+    def _predict_proba(self, X) -> np.ndarray:
+        out = np.empty((X.shape[0], self.n_labels_), dtype=np.float32)
+        for rows in iter_batches(X.shape[0], _SCORE_ROWS):
+            weights = self._neighbour_weights(X[rows])
+            votes = np.asarray((weights @ self.train_labels_).todense())
+            if self.train_mask_ is None:
+                totals = np.asarray(weights.sum(axis=1)) * np.ones((1, self.n_labels_))
+            else:
+                totals = np.asarray((weights @ self.train_mask_).todense())
+            usable = totals > 0
+            block = np.broadcast_to(self.label_prior_, votes.shape).copy()
+            block[usable] = votes[usable] / totals[usable]
+            out[rows] = np.clip(block, 0.0, 1.0)
+        return out
+
+    def _decision_function(self, X) -> np.ndarray:
+        return self._predict_proba(X) + 1e-6 * self.label_prior_.astype(np.float32)
+
+
+# ---------------------------------------------------------------------------------------------
+class _FileBackedModel(MultiLabelEstimator):
+    """Shared machinery for baselines whose fitted model is a folder of files written by a library.
+
+    The folder's files are kept as byte arrays in ``model_files_`` (so ``save``/``load`` stay inside the
+    library's pickle-free format) and unpacked into a temporary folder when the model is loaded.
+    Dense real features are standardised first (``feature_mean_``, ``feature_scale_``), and label
+    masks are not supported by the libraries: unobserved entries are used as negatives, with a warning.
+    """
+
+    def _new_workdir(self) -> str:
+        path = tempfile.mkdtemp(prefix="bayesmlc-baseline-")
+        weakref.finalize(self, shutil.rmtree, path, True)
+        return path
+
+    def _store_files(self, folder: str) -> None:
+        files = {}
+        for name in sorted(os.listdir(folder)):
+            full = os.path.join(folder, name)
+            if not os.path.isfile(full):
+                raise ValidationError(f"unexpected non-file {full!r} in the {type(self).__name__} model folder")
+            with open(full, "rb") as handle:
+                files[name] = np.frombuffer(handle.read(), dtype=np.uint8)
+        self.model_files_ = files
+
+    def _unpacked_folder(self) -> str:
+        folder = os.path.join(self._new_workdir(), "model")
+        os.makedirs(folder)
+        for name, content in self.model_files_.items():
+            with open(os.path.join(folder, name), "wb") as handle:
+                handle.write(np.asarray(content, dtype=np.uint8).tobytes())
+        return folder
+
+    def _set_state(self, state: dict) -> None:
+        super()._set_state(state)
+        self._loaded = None
+
+    def _model(self):
+        if getattr(self, "_loaded", None) is None:
+            self._loaded = self._load_from(self._unpacked_folder())
+        return self._loaded
+
+    def _load_from(self, folder: str):  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def _fit(self, X, Y, label_mask):
+        _warn_missing_labels(type(self).__name__, label_mask)
+        self.feature_mean_, self.feature_scale_ = _standardisation(X, self.standardize)
+        self._fit_library(_standardised(X, self.feature_mean_, self.feature_scale_), Y)
+
+    def _predict_proba(self, X) -> np.ndarray:
+        return self._proba_batch(_standardised(X, self.feature_mean_, self.feature_scale_))
+
+    def _decision_function(self, X) -> np.ndarray:
+        return self._predict_proba(X)
+
+
+class NapkinXCPLT(_FileBackedModel):
+    """napkinXC probabilistic label tree (PLT) with logistic node classifiers.
+
+    Scores are the tree's label probabilities for the ``predict_top_k`` most likely labels of each
+    row (all labels by default); labels left out score 0.
+
+    Parameters
+    ----------
+    tree_type : str, default "hierarchicalKmeans"
+    arity : int, default 2
+    max_leaves : int, default 100
+    liblinear_c : float, default 10.0
+    loss : {"log", "l2"}, default "log"
+    ensemble : int, default 1
+    standardize : {"auto", True, False}, default "auto"
+        Centre and scale dense real features first (as :class:`KNNBaseline`).
+    predict_top_k : int or None, default None (every label)
+    n_threads : int or None, default None (``OMP_NUM_THREADS``, else every core)
+    random_state : int or None
+    device, verbose : the estimator contract; napkinXC runs on the CPU.
+    """
+
+    def __init__(self, tree_type="hierarchicalKmeans", arity=2, max_leaves=100, liblinear_c=10.0, loss="log",
+                 ensemble=1, standardize="auto", predict_top_k=None, n_threads=None, random_state=None,
+                 device="auto", verbose=False):
+        self.tree_type = tree_type
+        self.arity = arity
+        self.max_leaves = max_leaves
+        self.liblinear_c = liblinear_c
+        self.loss = loss
+        self.ensemble = ensemble
+        self.standardize = standardize
+        self.predict_top_k = predict_top_k
+        self.n_threads = n_threads
+        self.random_state = random_state
+        self.device = device
+        self.verbose = verbose
+
+    def _plt(self, folder: str):
+        models = _import_optional("napkinxc.models")
+        seed = int(numpy_rng(self.random_state).integers(0, 2**31 - 1))
+        return models.PLT(
+            folder, tree_type=self.tree_type, arity=int(self.arity), max_leaves=int(self.max_leaves),
+            liblinear_c=float(self.liblinear_c), loss=self.loss, ensemble=int(self.ensemble), seed=seed,
+            threads=_resolve_threads(self.n_threads), verbose=int(bool(self.verbose)),
+        )
+
+    def _fit_library(self, X, Y):
+        folder = os.path.join(self._new_workdir(), "model")
+        model = self._plt(folder)
+        model.fit(X, _label_lists(Y))
+        self._store_files(folder)
+        self._loaded = model
+
+    def _load_from(self, folder: str):
+        model = self._plt(folder)
+        model.load()
+        return model
+
+    def _proba_batch(self, X) -> np.ndarray:
+        top_k = self.n_labels_ if self.predict_top_k is None else min(int(self.predict_top_k), self.n_labels_)
+        pairs = self._model().predict_proba(X, top_k=top_k, threshold=0)
+        return _scores_from_pairs(pairs, self.n_labels_)
+
+
+@contextlib.contextmanager
+def _stdout_to_stderr():
+    """omikuji's Rust logger writes to file descriptor 1; keep it off stdout, where ``--json`` prints."""
+    import sys
+
+    sys.stdout.flush()
+    saved = os.dup(1)
+    try:
+        os.dup2(2, 1)
+        yield
+    finally:
+        os.dup2(saved, 1)
+        os.close(saved)
+
+
+def _write_xc_file(path: str, X: sp.csr_matrix, Y: sp.csr_matrix) -> None:
+    """X and Y in the Extreme Classification text format (what omikuji trains from)."""
+    with open(path, "w", encoding="ascii") as handle:
+        handle.write(f"{X.shape[0]} {X.shape[1]} {Y.shape[1]}\n")
+        for i in range(X.shape[0]):
+            labels = ",".join(map(str, Y.indices[Y.indptr[i] : Y.indptr[i + 1]]))
+            start, stop = X.indptr[i], X.indptr[i + 1]
+            features = " ".join(f"{j}:{v:.9g}" for j, v in zip(X.indices[start:stop], X.data[start:stop]))
+            handle.write(f"{labels} {features}\n")
+
+
+class _OmikujiTrees(_FileBackedModel):
+    """omikuji partitioned label trees; subclasses fix the clustering preset.
+
+    Scores are omikuji's beam-search label scores for the ``predict_top_k`` best labels per row (all
+    labels by default); labels the beam never reaches score 0. omikuji takes no seed, so repeated
+    fits can differ slightly whatever ``random_state`` says.
+    """
+
+    _PRESETS = {
+        "parabel": {"cluster_balanced": True, "cluster_k": 2, "max_depth": 20},
+        "bonsai": {"cluster_balanced": False, "cluster_k": 100, "max_depth": 3},
+    }
+    _preset = "parabel"
+
+    def _hyper_parameters(self, omikuji):
+        hyper = omikuji.Model.default_hyper_param()
+        for key, value in self._PRESETS[self._preset].items():
+            setattr(hyper, key, value)
+        hyper.n_trees = int(self.n_trees)
+        hyper.linear_c = float(self.linear_c)
+        return hyper
+
+    def _fit_library(self, X, Y):
+        omikuji = _import_optional("omikuji")
+        workdir = self._new_workdir()
+        data_path = os.path.join(workdir, "train.txt")
+        _write_xc_file(data_path, X, Y)
+        folder = os.path.join(workdir, "model")
+        with _stdout_to_stderr():
+            model = omikuji.Model.train_on_data(data_path, self._hyper_parameters(omikuji), _resolve_threads(self.n_threads))
+            model.save(folder)
+        os.unlink(data_path)
+        self._store_files(folder)
+        self._loaded = model
+
+    def _load_from(self, folder: str):
+        omikuji = _import_optional("omikuji")
+        with _stdout_to_stderr():
+            return omikuji.Model.load(folder)
+
+    def _proba_batch(self, X) -> np.ndarray:
+        model = self._model()
+        top_k = self.n_labels_ if self.predict_top_k is None else min(int(self.predict_top_k), self.n_labels_)
+        rows = []
+        with _stdout_to_stderr():
+            for i in range(X.shape[0]):
+                start, stop = X.indptr[i], X.indptr[i + 1]
+                pairs = list(zip(X.indices[start:stop].tolist(), X.data[start:stop].tolist()))
+                rows.append(model.predict(pairs, beam_size=int(self.beam_size), top_k=top_k))
+        return _scores_from_pairs(rows, self.n_labels_)
+
+
+class OmikujiParabel(_OmikujiTrees):
+    """omikuji with the Parabel preset: balanced 2-means label clustering, trees up to depth 20.
+
+    Parameters
+    ----------
+    n_trees : int, default 3
+    linear_c : float, default 1.0
+    beam_size : int, default 10
+    standardize : {"auto", True, False}, default "auto"
+        Centre and scale dense real features first (as :class:`KNNBaseline`).
+    predict_top_k : int or None, default None (every label)
+    n_threads : int or None, default None (``OMP_NUM_THREADS``, else every core)
+    random_state, device, verbose : the estimator contract (omikuji takes no seed; CPU only).
+    """
+
+    _preset = "parabel"
+
+    def __init__(self, n_trees=3, linear_c=1.0, beam_size=10, standardize="auto", predict_top_k=None,
+                 n_threads=None, random_state=None, device="auto", verbose=False):
+        self.n_trees = n_trees
+        self.linear_c = linear_c
+        self.beam_size = beam_size
+        self.standardize = standardize
+        self.predict_top_k = predict_top_k
+        self.n_threads = n_threads
+        self.random_state = random_state
+        self.device = device
+        self.verbose = verbose
+
+
+class OmikujiBonsai(_OmikujiTrees):
+    """omikuji with the Bonsai preset: unbalanced 100-means label clustering, trees of depth 3.
+
+    Parameters are those of :class:`OmikujiParabel`.
+    """
+
+    _preset = "bonsai"
+
+    def __init__(self, n_trees=3, linear_c=1.0, beam_size=10, standardize="auto", predict_top_k=None,
+                 n_threads=None, random_state=None, device="auto", verbose=False):
+        self.n_trees = n_trees
+        self.linear_c = linear_c
+        self.beam_size = beam_size
+        self.standardize = standardize
+        self.predict_top_k = predict_top_k
+        self.n_threads = n_threads
+        self.random_state = random_state
+        self.device = device
+        self.verbose = verbose

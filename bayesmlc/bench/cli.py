@@ -1,0 +1,95 @@
+"""``bayesmlc bench``: run a suite, then write ``results.jsonl``, ``report.md`` and ``plots/*.png``.
+
+Exit status: 0 when every run finished or was skipped (an optional package not installed, a model
+not landed), 1 when some run failed or timed out (the report lists them), 2 on bad arguments.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+import time
+from pathlib import Path
+
+from ..exceptions import BayesMLCError
+from .runner import RESULTS_FILE, read_results, run_suite
+from .suites import SUITES, get_suite
+
+__all__ = ["add_arguments", "run", "main"]
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The ``bench`` options, added to ``parser``."""
+    parser.add_argument("--suite", required=True, choices=sorted(SUITES), help="which suite to run")
+    parser.add_argument("--datasets", nargs="+", metavar="NAME", help="only these datasets of the suite")
+    parser.add_argument("--models", nargs="+", metavar="NAME", help="only these models of the suite")
+    parser.add_argument("--repeats", type=int, default=1, help="runs per configuration, seeds seed..seed+n-1 (default 1)")
+    parser.add_argument("--out", help="output folder (default: bench-SUITE)")
+    parser.add_argument("--data-root", help="folder of the real datasets (default: ../shared/datasets beside the repository)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the first repeat (default 0)")
+    parser.add_argument("--threads", type=int, help="threads per run, via OMP_NUM_THREADS and friends (default: all cores)")
+    parser.add_argument("--device", help="--device passed to every run (default: each model's own)")
+    parser.add_argument("--timeout", type=float, help="seconds per run (default: the suite's and configuration's)")
+    parser.add_argument("--resume", action="store_true", help="keep finished runs of OUT/results.jsonl, rerun the rest")
+    parser.add_argument("--report-only", action="store_true", help="rebuild report and plots from OUT/results.jsonl")
+    parser.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+    parser.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+
+
+def _command_line(args) -> str:
+    parts = ["bayesmlc", "bench", "--suite", args.suite]
+    for option in ("datasets", "models"):
+        if getattr(args, option):
+            parts += [f"--{option}"] + list(getattr(args, option))
+    if args.repeats != 1:
+        parts += ["--repeats", str(args.repeats)]
+    for option, flag in (("seed", "--seed"), ("threads", "--threads"), ("device", "--device"), ("timeout", "--timeout")):
+        value = getattr(args, option)
+        if value is not None and not (option == "seed" and value == 0):
+            parts += [flag, str(value)]
+    parts += ["--out", str(args.out)]
+    return shlex.join(parts)
+
+
+def run(args) -> int:
+    """Run ``bayesmlc bench`` with parsed ``args``; returns the exit status."""
+    from .plots import make_plots
+    from .report import write_report
+
+    suite = get_suite(args.suite)
+    args.out = args.out or f"bench-{suite.name}"
+    out = Path(args.out)
+    log = (lambda message: None) if args.quiet else (lambda message: print(message, file=sys.stderr, flush=True))
+    start = time.perf_counter()
+    try:
+        if args.report_only:
+            if not (out / RESULTS_FILE).exists():
+                print(f"bayesmlc bench: error: --report-only: no {out / RESULTS_FILE}", file=sys.stderr)
+                return 2
+            records = read_results(out / RESULTS_FILE)
+        else:
+            records = run_suite(
+                suite, out, datasets=args.datasets, models=args.models, repeats=args.repeats, seed=args.seed,
+                data_root=args.data_root, threads=args.threads, device=args.device, timeout_s=args.timeout,
+                resume=args.resume, log=log,
+            )
+    except BayesMLCError as exc:
+        print(f"bayesmlc bench: error: {exc}", file=sys.stderr)
+        return 2
+    plots = {} if args.no_plots else make_plots(records, out, quality=suite.quality)
+    report = write_report(records, out, suite=suite.name, quality=suite.quality, plots=plots,
+                          command=_command_line(args))
+    counts = {}
+    for record in records:
+        counts[record.get("status")] = counts.get(record.get("status"), 0) + 1
+    log(f"{len(records)} runs ({', '.join(f'{n} {status}' for status, n in sorted(counts.items()))}) "
+        f"in {time.perf_counter() - start:.0f} s; report: {report}")
+    return 1 if counts.get("failed") or counts.get("timeout") else 0
+
+
+def main(argv=None) -> int:
+    """``python -m bayesmlc.bench ...``."""
+    parser = argparse.ArgumentParser(prog="bayesmlc bench", description="run a benchmark suite")
+    add_arguments(parser)
+    return run(parser.parse_args(argv))

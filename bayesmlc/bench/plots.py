@@ -1,0 +1,238 @@
+"""PNG plots of a suite's runs (matplotlib, Agg canvas; no display needed).
+
+Per dataset:
+
+* ``<dataset>-objective.png``: each model's training objective (ELBO, log-likelihood, penalised
+  log-likelihood: the model's own ``history_["objective"]``) against wall time, one panel per model
+  because the objectives are on different scales;
+* ``<dataset>-p1-time.png``: test P@1 against training time, one point per model (median over
+  repeats), plus the model's P@1 curve during training when its history logs ``"P@1"``;
+* ``<dataset>-reliability.png``: a reliability diagram per model (observed frequency of a label
+  against the mean predicted probability, per probability bin, from the run's ``reliability.json``).
+
+For the scale suite, ``scale.png``: seconds per epoch and peak memory against N, D and L.
+Curves come from the first finished repeat of each configuration.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+
+from .report import summarise
+
+__all__ = ["make_plots", "PLOTS_DIR"]
+
+PLOTS_DIR = "plots"
+
+
+def _figure(n_panels: int, panel_size=(4.2, 3.3), max_columns: int = 3):
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    columns = max(1, min(max_columns, n_panels))
+    rows = max(1, math.ceil(n_panels / columns))
+    figure = Figure(figsize=(panel_size[0] * columns, panel_size[1] * rows), dpi=110)
+    FigureCanvasAgg(figure)
+    axes = figure.subplots(rows, columns, squeeze=False).ravel()
+    for extra in axes[n_panels:]:
+        extra.set_visible(False)
+    return figure, axes[:n_panels]
+
+
+def _save(figure, path: Path) -> None:
+    figure.tight_layout()
+    figure.savefig(path)
+
+
+def _colours(labels) -> dict:
+    from matplotlib import colormaps
+
+    palette = colormaps["tab10"].colors + colormaps["Dark2"].colors
+    return {label: palette[i % len(palette)] for i, label in enumerate(labels)}
+
+
+def _plain_log_scale(ax, which: str) -> None:
+    """Log-scale ``ax``'s ``which`` ("x" or "y") axis, with ticks reading 0.5, 2, 300 rather than 5x10^-1."""
+    from matplotlib.ticker import FuncFormatter, LogLocator
+
+    (ax.set_xscale if which == "x" else ax.set_yscale)("log")
+    axis = ax.xaxis if which == "x" else ax.yaxis
+    axis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+    axis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:g}"))
+    axis.set_minor_formatter(FuncFormatter(lambda value, _: ""))
+
+
+def _read_json(path: Path):
+    try:
+        return json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+
+
+def _run_file(out_dir: Path, summary, name: str):
+    """The JSON file ``name`` of the summary's first finished run that has one."""
+    for record in summary.records:
+        if record.get("run_dir"):
+            content = _read_json(out_dir / record["run_dir"] / name)
+            if content:
+                return content
+    return None
+
+
+def _finite_pairs(xs, ys):
+    pairs = [(float(x), float(y)) for x, y in zip(xs or [], ys or [])
+             if x is not None and y is not None and np.isfinite(x) and np.isfinite(y)]
+    return [p[0] for p in pairs], [p[1] for p in pairs]
+
+
+def _objective_plot(dataset, summaries, out_dir, path, colours) -> bool:
+    curves = []
+    for summary in summaries:
+        history = _run_file(out_dir, summary, "history.json") or {}
+        times, objective = _finite_pairs(history.get("wall_time"), history.get("objective"))
+        if times:
+            curves.append((summary.label, times, objective))
+    if not curves:
+        return False
+    figure, axes = _figure(len(curves))
+    for ax, (label, times, objective) in zip(axes, curves):
+        ax.plot(times, objective, color=colours[label], marker="." if len(times) < 40 else None, lw=1.5)
+        ax.set_title(label, fontsize=10)
+        ax.set_xlabel("wall time since fit began (s)")
+        ax.set_ylabel("training objective (higher is better)")
+        ax.grid(alpha=0.3)
+    figure.suptitle(f"{dataset}: training objective against wall time", fontsize=11)
+    _save(figure, path)
+    return True
+
+
+def _p1_plot(dataset, summaries, out_dir, path, colours) -> bool:
+    points = [(s, s.median("train_seconds"), s.median("P@1")) for s in summaries]
+    points = [(s, t, p) for s, t, p in points if t is not None and p is not None]
+    if not points:
+        return False
+    figure, (ax,) = _figure(1, panel_size=(6.5, 4.5))
+    for summary, seconds, p1 in points:
+        colour = colours[summary.label]
+        history = _run_file(out_dir, summary, "history.json") or {}
+        times, curve = _finite_pairs(history.get("wall_time"), history.get("P@1"))
+        if times:
+            ax.plot([max(t, 1e-3) for t in times], [100 * v for v in curve], color=colour, lw=1, alpha=0.7)
+        ax.scatter([max(seconds, 1e-3)], [100 * p1], color=colour, s=45, label=summary.label, zorder=3,
+                   edgecolors="black", linewidths=0.5)
+        all_seconds, all_p1 = summary.values("train_seconds"), summary.values("P@1")
+        if len(all_seconds) > 1:  # repeats: bars span min..max
+            ax.errorbar([max(seconds, 1e-3)], [100 * p1], color=colour, lw=1, capsize=3,
+                        xerr=[[seconds - min(all_seconds)], [max(all_seconds) - seconds]],
+                        yerr=[[100 * (p1 - min(all_p1))], [100 * (max(all_p1) - p1)]])
+    _plain_log_scale(ax, "x")
+    ax.set_xlabel("training time (s, log scale)")
+    ax.set_ylabel("test P@1 (%)")
+    ax.set_title(f"{dataset}: P@1 against training time\n(points: final, median over repeats, bars min to max; "
+                 "lines: during training)", fontsize=10)
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=8, loc="best")
+    _save(figure, path)
+    return True
+
+
+def _reliability_plot(dataset, summaries, out_dir, path, colours) -> bool:
+    panels = []
+    for summary in summaries:
+        curve = _run_file(out_dir, summary, "reliability.json")
+        if curve and curve.get("counts"):
+            panels.append((summary, curve))
+    if not panels:
+        return False
+    figure, axes = _figure(len(panels), panel_size=(3.6, 3.4), max_columns=4)
+    for ax, (summary, curve) in zip(axes, panels):
+        counts = np.asarray(curve["counts"], dtype=float)
+        used = counts > 0
+        predicted = np.asarray(curve["mean_predicted"], dtype=float)[used]
+        observed = np.asarray(curve["observed"], dtype=float)[used]
+        share = counts[used] / counts.sum()
+        ax.plot([0, 1], [0, 1], ls="--", color="grey", lw=1, label="perfect calibration")
+        ax.plot(predicted, observed, color=colours[summary.label], lw=1.2)
+        ax.scatter(predicted, observed, s=10 + 400 * np.sqrt(share), color=colours[summary.label],
+                   edgecolors="black", linewidths=0.4, zorder=3)
+        ece = summary.median("ECE")
+        ax.set_title(summary.label + (f"\nECE {ece:.4f}" if ece is not None else ""), fontsize=9)
+        ax.set_xlim(0, 1)
+        ax.set_ylim(0, 1)
+        ax.set_xlabel("mean predicted probability")
+        ax.set_ylabel("observed frequency")
+        ax.grid(alpha=0.3)
+    figure.suptitle(f"{dataset}: reliability of predicted label probabilities "
+                    "(marker area grows with the bin's share of label entries)", fontsize=10)
+    _save(figure, path)
+    return True
+
+
+def _scale_plot(summaries, path, colours) -> bool:
+    dims = (("n_train", "N (training rows)"), ("n_features", "D (features)"), ("n_labels", "L (labels)"))
+    quantities = (("seconds_per_epoch", "seconds per epoch / sweep"), ("peak_rss_mb", "peak memory (MB)"))
+    series = []
+    for summary in summaries:
+        shape = next((r.get("dataset_shape") for r in summary.records if r.get("dataset_shape")), None)
+        if shape:
+            series.append((summary, shape))
+    if not series:
+        return False
+    figure, axes = _figure(6, panel_size=(4.2, 3.4))
+    labels_shown = set()
+    for row, (quantity, quantity_label) in enumerate(quantities):
+        for column, (dim, dim_label) in enumerate(dims):
+            ax = axes[3 * row + column]
+            for summary, shape in series:
+                value = summary.median(quantity)
+                if value is None or not shape.get(dim):
+                    continue
+                first = summary.model not in labels_shown
+                labels_shown.add(summary.model)
+                ax.scatter([shape[dim]], [value], color=colours[summary.model], s=30, edgecolors="black",
+                           linewidths=0.4, label=summary.model if first else None)
+            _plain_log_scale(ax, "x")
+            _plain_log_scale(ax, "y")
+            ax.set_xlabel(dim_label + ", log scale")
+            ax.set_ylabel(quantity_label)
+            ax.grid(alpha=0.3, which="both")
+    handles, names = [], []
+    for ax in axes:
+        for handle, name in zip(*ax.get_legend_handles_labels()):
+            if name not in names:
+                handles.append(handle)
+                names.append(name)
+    if handles:
+        figure.legend(handles, names, loc="upper right", fontsize=8)
+    figure.suptitle("scale suite: time per epoch and peak memory against N, D and L", fontsize=11)
+    _save(figure, path)
+    return True
+
+
+def make_plots(records, out_dir, quality: bool = True) -> dict:
+    """Write the PNGs under ``OUT/plots/``; returns ``{dataset or "scale": [(caption, relative path)]}``."""
+    out_dir = Path(out_dir)
+    folder = out_dir / PLOTS_DIR
+    folder.mkdir(parents=True, exist_ok=True)
+    summaries = [s for s in summarise(records) if s.records]
+    colours = _colours(list(dict.fromkeys([s.label for s in summaries] + [s.model for s in summaries])))
+    made: dict[str, list] = {}
+    if not quality:
+        if _scale_plot(summaries, folder / "scale.png", colours):
+            made["scale"] = [("time per epoch and peak memory against N, D and L", f"{PLOTS_DIR}/scale.png")]
+        return made
+    for dataset in dict.fromkeys(s.dataset for s in summaries):
+        mine = [s for s in summaries if s.dataset == dataset]
+        for suffix, caption, draw in (
+            ("objective", "training objective against wall time", _objective_plot),
+            ("p1-time", "P@1 against training time", _p1_plot),
+            ("reliability", "reliability diagrams", _reliability_plot),
+        ):
+            name = f"{dataset}-{suffix}.png"
+            if draw(dataset, mine, out_dir, folder / name, colours):
+                made.setdefault(dataset, []).append((f"{dataset}: {caption}", f"{PLOTS_DIR}/{name}"))
+    return made

@@ -1,0 +1,285 @@
+"""The markdown report of a suite's records.
+
+Per dataset: a ranking table (P@1/3/5, PSP@1/3/5, nDCG@5) and a probabilities-and-cost table (micro and
+macro AUC, example F1, exact match, expected calibration error, train and predict seconds, peak
+memory, and the ratio of the training time to the fastest baseline's), with the published numbers for
+that dataset alongside and marked as such, then the plots. With repeats, a cell is the median over the
+repeats followed by ``±`` half the range (max - min) / 2. Runs that did not finish are listed with
+their reason.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .published import published_for
+from .suites import BASELINE_MODELS
+
+__all__ = ["Summary", "summarise", "fastest_baselines", "format_cell", "dataset_tables", "render_report",
+           "write_report", "REPORT_FILE"]
+
+REPORT_FILE = "report.md"
+
+#: Baselines whose "training" only stores the data; their cost is at prediction, so they are left
+#: out of the fastest-baseline denominator (a ratio to ~0 s would say nothing).
+LAZY_MODELS = ("knn",)
+
+RANKING_COLUMNS = (
+    ("P@1", "P@1", "pct"), ("P@3", "P@3", "pct"), ("P@5", "P@5", "pct"),
+    ("PSP@1", "PSP@1", "pct"), ("PSP@3", "PSP@3", "pct"), ("PSP@5", "PSP@5", "pct"),
+    ("nDCG@5", "nDCG@5", "pct"),
+)
+PROBABILITY_COLUMNS = (
+    ("AUC_micro", "AUC micro", "frac"), ("AUC_macro", "AUC macro", "frac"),
+    ("F1_example", "F1 example", "pct"), ("exact_match", "exact match", "pct"), ("ECE", "ECE", "frac"),
+)
+COST_COLUMNS = (
+    ("train_seconds", "train s", "sec"), ("predict_seconds", "predict s", "sec"), ("peak_rss_mb", "peak MB", "mb"),
+)
+SCALE_COLUMNS = (
+    ("n_epochs", "epochs", "int"), ("seconds_per_epoch", "s / epoch", "sec"),
+) + COST_COLUMNS
+_TOP_LEVEL = {"train_seconds", "predict_seconds", "peak_rss_mb", "n_epochs", "seconds_per_epoch"}
+
+
+def _value(record: dict, key: str):
+    value = record.get(key) if key in _TOP_LEVEL else (record.get("metrics") or {}).get(key)
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+@dataclass
+class Summary:
+    """The runs of one (dataset, model, configuration): values of the finished runs, statuses of all."""
+
+    dataset: str
+    model: str
+    config: str
+    baseline: bool
+    statuses: list = field(default_factory=list)
+    records: list = field(default_factory=list)  # the records with status "ok"
+
+    @property
+    def label(self) -> str:
+        return f"{self.model} ({self.config})"
+
+    def values(self, key: str) -> list[float]:
+        return [v for v in (_value(r, key) for r in self.records) if v is not None]
+
+    def median(self, key: str) -> float | None:
+        values = self.values(key)
+        return statistics.median(values) if values else None
+
+
+def summarise(records) -> list[Summary]:
+    """Group records by (dataset, model, configuration), in the order they first appear."""
+    groups: dict[tuple, Summary] = {}
+    for record in records:
+        key = (record["dataset"], record["model"], record["config"])
+        if key not in groups:
+            groups[key] = Summary(record["dataset"], record["model"], record["config"],
+                                  bool(record.get("baseline", record["model"] in BASELINE_MODELS)))
+        groups[key].statuses.append(record.get("status"))
+        if record.get("status") == "ok":
+            groups[key].records.append(record)
+    return list(groups.values())
+
+
+def fastest_baselines(summaries) -> dict[str, Summary]:
+    """Per dataset, the baseline with the smallest median training time (lazy learners left out)."""
+    best: dict[str, Summary] = {}
+    for summary in summaries:
+        seconds = summary.median("train_seconds")
+        if not summary.baseline or summary.model in LAZY_MODELS or seconds is None:
+            continue
+        current = best.get(summary.dataset)
+        if current is None or seconds < current.median("train_seconds"):
+            best[summary.dataset] = summary
+    return best
+
+
+def _format_number(value: float, kind: str) -> str:
+    if kind == "pct":
+        return f"{100 * value:.2f}"
+    if kind == "frac":
+        return f"{value:.4f}"
+    if kind == "sec":
+        return f"{value:.3g}" if value < 100 else f"{value:.0f}"
+    if kind in ("mb", "int"):
+        return f"{value:.0f}"
+    raise ValueError(f"unknown column kind {kind!r}")
+
+
+def format_cell(values, kind: str) -> str:
+    """Median of ``values``, with ``±`` half their range when there is more than one; ``–`` when none."""
+    values = [v for v in values if v is not None]
+    if not values:
+        return "–"
+    text = _format_number(statistics.median(values), kind)
+    if len(values) > 1:
+        text += " ±" + _format_number((max(values) - min(values)) / 2, kind)
+    return text
+
+
+def _table(header: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def _ratio_cell(summary: Summary, fastest: Summary | None) -> str:
+    if fastest is None:
+        return "–"
+    base = fastest.median("train_seconds")
+    ratios = [seconds / base for seconds in summary.values("train_seconds")] if base and base > 0 else []
+    return (format_cell(ratios, "sec") + "×") if ratios else "–"
+
+
+def _runs_cell(summary: Summary) -> str:
+    return f"{len(summary.records)}/{len(summary.statuses)}"
+
+
+def dataset_tables(dataset: str, summaries, quality: bool = True, with_published: bool = True) -> str:
+    """The markdown tables of one dataset: measured rows, then the published ones, marked."""
+    mine = [s for s in summaries if s.dataset == dataset and s.records]
+    fastest = fastest_baselines(summaries).get(dataset)
+    fastest_note = (f"fastest baseline: {fastest.label}, {format_cell(fastest.values('train_seconds'), 'sec')} s"
+                    if fastest else "no baseline finished")
+    if not quality:
+        header = ["model", "runs"] + [h for _, h, _ in SCALE_COLUMNS] + ["train ÷ fastest baseline"]
+        rows = [[s.label, _runs_cell(s)] + [format_cell(s.values(k), kind) for k, _, kind in SCALE_COLUMNS]
+                + [_ratio_cell(s, fastest)] for s in mine]
+        return _table(header, rows) + f"\n\n({fastest_note}.)"
+    published = published_for(dataset) if with_published else []
+
+    def published_rows(columns):
+        rows = []
+        for entry in published:
+            if not any(key in entry.metrics for key, _, _ in columns):
+                continue
+            cells = [format_cell([entry.metrics.get(key)], kind) for key, _, kind in columns]
+            rows.append([f"{entry.method} *({entry.kind})*", "–"] + cells)
+        return rows
+
+    ranking_header = ["model", "runs"] + [h for _, h, _ in RANKING_COLUMNS]
+    ranking_rows = [[s.label, _runs_cell(s)] + [format_cell(s.values(k), kind) for k, _, kind in RANKING_COLUMNS]
+                    for s in mine] + published_rows(RANKING_COLUMNS)
+    other_columns = PROBABILITY_COLUMNS + COST_COLUMNS
+    other_header = ["model", "runs"] + [h for _, h, _ in other_columns] + ["train ÷ fastest baseline"]
+    other_rows = [[s.label, _runs_cell(s)] + [format_cell(s.values(k), kind) for k, _, kind in other_columns]
+                  + [_ratio_cell(s, fastest)] for s in mine]
+    other_rows += [row + ["–"] for row in published_rows(other_columns)]
+    sources = sorted({f"{e.method}: {e.source}" + (f" ({e.note})" if e.note else "") for e in published})
+    parts = [
+        "Ranking (%):", "", _table(ranking_header, ranking_rows), "",
+        "Probabilities and cost (AUC and ECE as fractions, F1 and exact match in %):", "",
+        _table(other_header, other_rows), "", f"({fastest_note}.)",
+    ]
+    if sources:
+        parts += ["", "Published and reference rows: " + "; ".join(sources) + "."]
+    return "\n".join(parts)
+
+
+def _environment_lines(records) -> list[str]:
+    first = next((r for r in records if r.get("machine")), None)
+    if first is None:
+        return []
+    machine, versions, git = first["machine"], first.get("versions") or {}, first.get("git") or {}
+    loads = [r["load_avg_1m"] for r in records if isinstance(r.get("load_avg_1m"), (int, float))]
+    lines = [
+        f"- machine: {machine.get('cpu')}, {machine.get('cpu_count')} cores, {machine.get('memory_gb')} GB"
+        + (f", GPU {machine['gpu']}" if machine.get("gpu") else ", no GPU") + f" ({machine.get('platform')})",
+        f"- threads per run: {first.get('threads')}; device requested: {first.get('device_requested') or 'model default'}",
+        "- versions: " + ", ".join(f"{k} {v}" for k, v in versions.items() if v),
+    ]
+    if git:
+        lines.append(f"- git commit: {git.get('commit')}" + (" (with uncommitted changes)" if git.get("dirty") else ""))
+    if loads:
+        lines.append(f"- 1-minute load average at run starts: {min(loads):.2f} to {max(loads):.2f}")
+    devices = sorted({str(r.get("device")) for r in records if r.get("status") == "ok" and r.get("device")})
+    if devices:
+        lines.append("- devices used: " + ", ".join(devices))
+    return lines
+
+
+def _settings_text(settings: dict) -> str:
+    return ", ".join(f"{key}={value!r}" for key, value in settings.items()) or "library defaults"
+
+
+def _configurations(records) -> list[str]:
+    """One line per configuration: its ``--set`` parameters, per dataset where they differ."""
+    by_label: dict[str, dict[str, dict]] = {}
+    for record in records:
+        label = f"{record['model']} ({record['config']})"
+        by_label.setdefault(label, {})[record["dataset"]] = record.get("settings") or {}
+    lines = []
+    for label, per_dataset in by_label.items():
+        distinct = {_settings_text(settings) for settings in per_dataset.values()}
+        if len(distinct) == 1:
+            lines.append(f"- {label}: {distinct.pop()}")
+        else:
+            shown = "; ".join(f"{dataset}: {_settings_text(settings)}" for dataset, settings in per_dataset.items())
+            lines.append(f"- {label}: {shown}")
+    return lines
+
+
+def _not_completed(records) -> str:
+    rows = []
+    for record in records:
+        if record.get("status") == "ok":
+            continue
+        tail = (record.get("stderr_tail") or "").strip().splitlines()
+        last = tail[-1][:160].replace("|", "\\|") if tail else ""
+        reason = str(record.get("reason", "")).replace("|", "\\|")
+        rows.append([record["run_id"], record.get("status", "?"), reason, f"`{last}`" if last else ""])
+    if not rows:
+        return "Every run finished."
+    return _table(["run", "status", "reason", "last stderr line"], rows)
+
+
+def render_report(records, *, suite: str, quality: bool = True, plots: dict | None = None,
+                  command: str | None = None, title: str | None = None) -> str:
+    """The whole report as markdown. ``plots`` maps a dataset (or ``"scale"``) to ``[(caption, path)]``
+    with paths relative to the report."""
+    plots = plots or {}
+    summaries = summarise(records)
+    datasets = list(dict.fromkeys(r["dataset"] for r in records))
+    lines = [f"# {title or f'bayesmlc benchmark: suite {suite}'}", ""]
+    if command:
+        lines += ["Reproduce with:", "", "```", command, "```", ""]
+    lines += _environment_lines(records)
+    lines += [
+        "",
+        "Each cell is the median over repeats, ± half the range when there are several; `runs` counts "
+        "finished runs out of those attempted. Rows marked *(published)* are the papers' numbers; rows "
+        "marked *(reference run)* are single runs of other tools on the development machine. The last "
+        "column divides each training time by that of the fastest baseline on the same dataset (kNN, "
+        "which only stores the data, is left out of that choice).",
+        "",
+    ]
+    if not quality:
+        lines += ["## Speed and memory", ""]
+        for dataset in datasets:
+            shape = next((r.get("dataset_shape") for r in records if r["dataset"] == dataset and r.get("dataset_shape")), None)
+            described = (f" (N={shape['n_train']}, D={shape['n_features']}, L={shape['n_labels']})" if shape else "")
+            lines += [f"### {dataset}{described}", "", dataset_tables(dataset, summaries, quality=False), ""]
+        for caption, path in plots.get("scale", []):
+            lines += [f"![{caption}]({path})", ""]
+    else:
+        for dataset in datasets:
+            lines += [f"## {dataset}", "", dataset_tables(dataset, summaries), ""]
+            for caption, path in plots.get(dataset, []):
+                lines += [f"![{caption}]({path})", ""]
+    lines += ["## Configurations", "", "Parameters passed to `bayesmlc train --set` (the rest are the "
+              "models' defaults; the `params` of each record in `results.jsonl` has them all):", ""]
+    lines += _configurations(records) + [""]
+    lines += ["## Runs not completed", "", _not_completed(records), ""]
+    return "\n".join(lines)
+
+
+def write_report(records, out_dir, **kwargs) -> Path:
+    """Write :func:`render_report` to ``OUT/report.md``; returns its path."""
+    path = Path(out_dir) / REPORT_FILE
+    path.write_text(render_report(records, **kwargs), encoding="utf-8")
+    return path

@@ -1,0 +1,479 @@
+"""Run a suite: every (dataset, model configuration, repeat) in its own process, one JSON line each.
+
+A run is ``python -m bayesmlc train --model M --train .. --test .. --set k=v .. --out RUN_DIR --json
+--quiet --seed S`` (:class:`CLIRunner`); the last line of its stdout is the CLI's JSON record. The
+harness adds what is needed to reproduce and compare it (machine, library versions, git commit, seed,
+threads, device, load average) and appends it to ``OUT/results.jsonl`` as soon as it finishes, so an
+interrupted suite keeps what it measured. A run that fails or times out is recorded with its status
+and the tail of its stderr; it never stops the suite. A model that is not installed (not importable,
+or its optional package missing) is recorded as ``skipped``.
+
+Tests, and callers with their own way to run a model, pass ``run_one(spec, run_dir) -> dict``
+instead of :class:`CLIRunner`; it returns the CLI's JSON record or raises :class:`RunFailure`.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import importlib.metadata
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from ..exceptions import ValidationError
+from .suites import DatasetSpec, Suite
+
+__all__ = [
+    "RunSpec",
+    "RunFailure",
+    "CLIRunner",
+    "plan_runs",
+    "run_suite",
+    "model_unavailable_reason",
+    "environment_info",
+    "read_results",
+    "epoch_timing",
+    "RESULTS_FILE",
+    "default_data_root",
+]
+
+RESULTS_FILE = "results.jsonl"
+STDERR_TAIL_CHARS = 4000
+_THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "NUMBA_NUM_THREADS",
+                     "VECLIB_MAXIMUM_THREADS")
+_VERSION_PACKAGES = ("bayesmlc", "numpy", "scipy", "scikit-learn", "torch", "numba", "matplotlib", "napkinxc",
+                     "omikuji")
+
+
+class RunFailure(Exception):
+    """A run that did not produce a record: ``message`` says why, ``stderr_tail`` shows the end of stderr."""
+
+    def __init__(self, message: str, *, stderr_tail: str = "", returncode: int | None = None, timed_out: bool = False):
+        super().__init__(message)
+        self.stderr_tail = stderr_tail
+        self.returncode = returncode
+        self.timed_out = timed_out
+
+
+@dataclass
+class RunSpec:
+    """One run: a model configuration on a dataset, with a seed."""
+
+    suite: str
+    dataset: str
+    model: str
+    config: str
+    params: dict
+    seed: int
+    repeat: int
+    baseline: bool
+    timeout_s: float
+    train_path: Path
+    test_path: Path
+    dataset_spec: DatasetSpec = field(default=None, repr=False)
+    excluded: str | None = None  # the suite's reason not to run this configuration on this dataset
+
+    @property
+    def run_id(self) -> str:
+        return f"{self.dataset}/{self.model}-{self.config}/r{self.repeat}"
+
+
+RunOne = Callable[[RunSpec, Path], dict]
+
+
+def default_data_root() -> Path:
+    """``../shared/datasets`` beside the repository (the folder holding the ``bayesmlc`` package), or
+    ``$BAYESMLC_SHARED_DATASETS``."""
+    from_env = os.environ.get("BAYESMLC_SHARED_DATASETS")
+    if from_env:
+        return Path(from_env)
+    return Path(__file__).resolve().parents[2].parent / "shared" / "datasets"
+
+
+# ---- environment ------------------------------------------------------------------------------
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as handle:
+            for line in handle:
+                if line.startswith("model name"):
+                    return line.partition(":")[2].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _memory_gb() -> float | None:
+    try:
+        return round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1)
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def _versions() -> dict:
+    out = {"python": platform.python_version()}
+    for package in _VERSION_PACKAGES:
+        try:
+            out[package] = importlib.metadata.version(package)
+        except importlib.metadata.PackageNotFoundError:
+            out[package] = None
+    return out
+
+
+def _git_info() -> dict | None:
+    repo = Path(__file__).resolve().parents[2]
+    try:
+        commit = subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True, text=True,
+                                timeout=10, check=True).stdout.strip()
+        status = subprocess.run(["git", "-C", str(repo), "status", "--porcelain", "--untracked-files=no"],
+                                capture_output=True, text=True, timeout=10, check=True).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return {"commit": commit, "dirty": bool(status.strip())}
+
+
+def _gpu_name() -> str | None:
+    try:
+        import torch
+    except ImportError:
+        return None
+    return torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
+
+
+def environment_info(threads: int, device: str | None) -> dict:
+    """Machine, library versions, git commit, threads and requested device, for every record."""
+    return {
+        "machine": {
+            "platform": platform.platform(),
+            "cpu": _cpu_model(),
+            "cpu_count": os.cpu_count(),
+            "memory_gb": _memory_gb(),
+            "gpu": _gpu_name(),
+        },
+        "versions": _versions(),
+        "git": _git_info(),
+        "threads": threads,
+        "device_requested": device,
+    }
+
+
+# ---- availability -----------------------------------------------------------------------------
+def model_unavailable_reason(model: str) -> str | None:
+    """Why ``model`` cannot run in this installation, or ``None`` when it can."""
+    from ..models import MODEL_CLASSES, get_model_class
+    from .baselines import missing_dependency
+
+    if model not in MODEL_CLASSES:
+        return f"model {model!r} is not registered in bayesmlc.models.MODEL_CLASSES"
+    try:
+        get_model_class(model)
+    except (ValidationError, AttributeError) as exc:
+        return f"not available in this installation: {exc}"
+    return missing_dependency(model)
+
+
+# ---- the default way to run one configuration ------------------------------------------------
+def _format_value(value) -> str:
+    """A ``--set`` value the CLI parses back to ``value`` (it reads Python literals)."""
+    return repr(value)
+
+
+def _tail(text: str) -> str:
+    return text[-STDERR_TAIL_CHARS:]
+
+
+class CLIRunner:
+    """Run a configuration as ``python -m bayesmlc train ... --json`` in a fresh process.
+
+    Parameters
+    ----------
+    threads : int
+        Exported as ``OMP_NUM_THREADS`` and friends in the child's environment.
+    device : str or None
+        Passed as ``--device`` when given.
+    python : str
+        The interpreter (default: the one running the harness).
+    """
+
+    def __init__(self, threads: int, device: str | None = None, python: str = sys.executable):
+        self.threads = threads
+        self.device = device
+        self.python = python
+
+    def command(self, spec: RunSpec, run_dir: Path) -> list[str]:
+        command = [self.python, "-m", "bayesmlc", "train", "--model", spec.model, "--train", str(spec.train_path),
+                   "--test", str(spec.test_path), "--out", str(run_dir), "--json", "--quiet", "--seed", str(spec.seed)]
+        for key, value in spec.params.items():
+            command += ["--set", f"{key}={_format_value(value)}"]
+        if self.device is not None:
+            command += ["--device", self.device]
+        return command
+
+    def environment(self) -> dict:
+        env = dict(os.environ)
+        for variable in _THREAD_VARIABLES:
+            env[variable] = str(self.threads)
+        return env
+
+    def __call__(self, spec: RunSpec, run_dir: Path) -> dict:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        command = self.command(spec, run_dir)
+        (run_dir / "command.txt").write_text(" ".join(command) + "\n")
+        stdout_path, stderr_path = run_dir / "stdout.txt", run_dir / "stderr.txt"
+        with open(stdout_path, "w") as stdout, open(stderr_path, "w") as stderr:
+            try:
+                completed = subprocess.run(command, stdout=stdout, stderr=stderr, env=self.environment(),
+                                           timeout=spec.timeout_s)
+            except subprocess.TimeoutExpired:
+                completed = None
+        stderr_text = stderr_path.read_text(errors="replace")
+        if completed is None:
+            raise RunFailure(f"timed out after {spec.timeout_s:g} s", stderr_tail=_tail(stderr_text), timed_out=True)
+        if completed.returncode != 0:
+            raise RunFailure(f"exit code {completed.returncode}", stderr_tail=_tail(stderr_text),
+                             returncode=completed.returncode)
+        lines = [line for line in stdout_path.read_text(errors="replace").splitlines() if line.strip()]
+        try:
+            record = json.loads(lines[-1])
+        except (IndexError, json.JSONDecodeError) as exc:
+            raise RunFailure(f"the last stdout line is not the CLI's JSON record ({exc})",
+                             stderr_tail=_tail(stderr_text), returncode=0) from None
+        if not isinstance(record, dict):
+            raise RunFailure("the last stdout line is JSON but not an object", stderr_tail=_tail(stderr_text))
+        return record
+
+
+# ---- planning -----------------------------------------------------------------------------------
+def _select(requested, available: list[str], what: str, suite: str) -> list[str]:
+    if not requested:
+        return available
+    unknown = [name for name in requested if name not in available]
+    if unknown:
+        raise ValidationError(
+            f"--{what} {', '.join(unknown)}: not in suite {suite!r}; it has {', '.join(available)}"
+        )
+    return [name for name in available if name in requested]
+
+
+def plan_runs(suite: Suite, out_dir: Path, *, datasets=None, models=None, repeats: int = 1, seed: int = 0,
+              data_root: Path | None = None, timeout_s: float | None = None) -> list[RunSpec]:
+    """Every run of ``suite`` (restricted to ``datasets`` and ``models`` when given), repeat by repeat.
+
+    Repeat r uses seed ``seed + r``. Real sets are read from ``data_root``; synthetic ones are written
+    to ``out_dir/data/<name>/`` by :func:`run_suite`.
+    """
+    if not isinstance(repeats, int) or repeats < 1:
+        raise ValidationError(f"--repeats must be a positive integer, got {repeats!r}")
+    data_root = Path(data_root) if data_root is not None else default_data_root()
+    dataset_names = _select(datasets, suite.dataset_names, "datasets", suite.name)
+    model_names = _select(models, suite.model_names, "models", suite.name)
+    runs = []
+    for name in dataset_names:
+        spec = suite.dataset(name)
+        folder = (Path(out_dir) / "data" / name) if spec.synthetic is not None else data_root / name
+        for config in suite.configs:
+            if config.model not in model_names:
+                continue
+            for repeat in range(repeats):
+                runs.append(RunSpec(
+                    suite=suite.name, dataset=name, model=config.model, config=config.config,
+                    params=config.params_for(name), seed=seed + repeat, repeat=repeat, baseline=config.baseline,
+                    timeout_s=float(timeout_s or config.timeout_s or suite.timeout_s),
+                    train_path=folder / "train.txt", test_path=folder / "test.txt", dataset_spec=spec,
+                    excluded=config.exclude.get(name),
+                ))
+    return runs
+
+
+# ---- synthetic data ------------------------------------------------------------------------------
+def write_synthetic(spec: DatasetSpec, folder: Path) -> None:
+    """Generate ``spec``'s synthetic set and write ``train.txt``/``test.txt`` (XC format) to ``folder``."""
+    from ..data import synthetic
+    from ..data.io import write_dataset
+
+    settings = dict(spec.synthetic)
+    test_fraction = float(settings.pop("test_fraction", 0.2))
+    random_state = settings.pop("random_state", 0)
+    if "preset" in settings:
+        data = synthetic.make_preset(settings.pop("preset"), scale=settings.pop("scale", 1.0),
+                                     random_state=random_state, **settings)
+    else:
+        data = synthetic.make_multilabel(random_state=random_state, **settings)
+    train, test = synthetic.split(data, test_fraction, random_state=random_state)
+    folder.mkdir(parents=True, exist_ok=True)
+    write_dataset(train, folder / "train.txt")
+    write_dataset(test, folder / "test.txt")
+
+
+def _read_header(path: Path) -> tuple[int, int, int] | None:
+    try:
+        with open(path, encoding="utf-8") as handle:
+            fields = handle.readline().split()
+        return tuple(int(value) for value in fields[:3]) if len(fields) >= 3 else None
+    except (OSError, ValueError):
+        return None
+
+
+def _dataset_shape(spec: RunSpec) -> dict | None:
+    train, test = _read_header(spec.train_path), _read_header(spec.test_path)
+    if train is None:
+        return None
+    return {"n_train": train[0], "n_test": test[0] if test else None, "n_features": train[1], "n_labels": train[2]}
+
+
+# ---- timing from a model's history --------------------------------------------------------------
+#: History keys that count training units, in order of preference: optimiser epochs, Gibbs sweeps,
+#: passes over the data (BNMC's SVI).
+EPOCH_KEYS = ("epoch", "sweep", "pass")
+
+
+def epoch_timing(history: dict) -> tuple[int | None, float | None]:
+    """``(n_epochs, seconds_per_epoch)`` from a ``history_`` dict.
+
+    The unit is the first of :data:`EPOCH_KEYS` the history has (epoch, Gibbs sweep, pass), else one
+    logged entry (an optimiser iteration). Seconds per unit is measured between the first and the
+    last logged entries, so set-up before the first entry (k-means, SVD, ...) is left out; with a
+    single unit it is the last entry's time.
+    """
+    times = list(history.get("wall_time") or [])
+    if not times:
+        return None, None
+    key = next((key for key in EPOCH_KEYS if history.get(key)), None)
+    units = list(history[key]) if key is not None else list(range(len(times)))
+    n_units = len(set(units))
+    if len(times) >= 2 and units[-1] > units[0]:
+        return n_units, float(times[-1] - times[0]) / float(units[-1] - units[0])
+    return n_units, float(times[-1]) / n_units
+
+
+def _history_fields(run_dir: Path) -> dict:
+    path = run_dir / "history.json"
+    if not path.exists():
+        return {}
+    try:
+        history = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return {}
+    n_epochs, per_epoch = epoch_timing(history)
+    return {"n_epochs": n_epochs, "seconds_per_epoch": per_epoch}
+
+
+# ---- the suite -----------------------------------------------------------------------------------
+def read_results(path: Path) -> list[dict]:
+    """The records of a ``results.jsonl`` file."""
+    records = []
+    with open(path, encoding="utf-8") as handle:
+        for number, line in enumerate(handle, 1):
+            if line.strip():
+                try:
+                    records.append(json.loads(line))
+                except json.JSONDecodeError as exc:
+                    raise ValidationError(f"{path}, line {number}: not a JSON record ({exc})") from None
+    return records
+
+
+def _stderr_log(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def _summary(record: dict) -> str:
+    if record["status"] != "ok":
+        return f"{record['status']}: {record.get('reason', '')}"
+    p1 = (record.get("metrics") or {}).get("P@1")
+    shown = f", P@1 {100 * p1:.2f}" if isinstance(p1, (int, float)) else ""
+    return f"ok, train {record.get('train_seconds') or 0:.2f} s{shown}"
+
+
+def run_suite(suite: Suite, out_dir, *, datasets=None, models=None, repeats: int = 1, seed: int = 0,
+              data_root=None, run_one: RunOne | None = None, availability: Callable[[str], str | None] | None = None,
+              threads: int | None = None, device: str | None = None, timeout_s: float | None = None,
+              resume: bool = False, log: Callable[[str], None] = _stderr_log) -> list[dict]:
+    """Run ``suite`` and return its records (also appended, one JSON line each, to ``OUT/results.jsonl``).
+
+    Parameters
+    ----------
+    run_one : callable ``(RunSpec, run_dir) -> dict``, default :class:`CLIRunner`
+    availability : callable ``model -> reason or None``, default :func:`model_unavailable_reason`
+    threads : threads per run (default: every core)
+    resume : keep the records already in ``results.jsonl`` and rerun only what is not ``ok`` there
+    """
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    threads = int(threads or os.cpu_count() or 1)
+    run_one = run_one or CLIRunner(threads=threads, device=device)
+    availability = availability or model_unavailable_reason
+    runs = plan_runs(suite, out_dir, datasets=datasets, models=models, repeats=repeats, seed=seed,
+                     data_root=data_root, timeout_s=timeout_s)
+    results_path = out_dir / RESULTS_FILE
+    kept = []
+    if resume and results_path.exists():
+        kept = [r for r in read_results(results_path) if r.get("status") == "ok" and r.get("suite") == suite.name]
+    done = {r["run_id"] for r in kept}
+    with open(results_path, "w", encoding="utf-8") as handle:
+        for record in kept:
+            handle.write(json.dumps(record) + "\n")
+    environment = environment_info(threads, device)
+    unavailable: dict[str, str | None] = {}
+    data_problems: dict[str, str | None] = {}
+    records = list(kept)
+    for index, spec in enumerate(runs, 1):
+        if spec.run_id in done:
+            continue
+        if spec.model not in unavailable:
+            unavailable[spec.model] = availability(spec.model)
+        if spec.dataset not in data_problems and not spec.excluded:
+            data_problems[spec.dataset] = _prepare_dataset(spec)
+        record = {
+            "suite": suite.name, "run_id": spec.run_id, "dataset": spec.dataset, "model": spec.model,
+            "config": spec.config, "baseline": spec.baseline, "repeat": spec.repeat, "seed": spec.seed,
+            "settings": spec.params, **environment,
+            "load_avg_1m": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
+            "started_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        }
+        reason = spec.excluded or unavailable[spec.model] or data_problems.get(spec.dataset)
+        if reason:
+            record.update(status="skipped", reason=reason)
+        else:
+            record.update(_run(spec, out_dir, run_one))
+        records.append(record)
+        with open(results_path, "a", encoding="utf-8") as handle:
+            handle.write(json.dumps(record, default=str) + "\n")
+        log(f"[{index}/{len(runs)}] {spec.run_id}: {_summary(record)}")
+    return records
+
+
+def _prepare_dataset(spec: RunSpec) -> str | None:
+    """Make sure the dataset's files exist; returns a reason to skip its runs, or ``None``."""
+    if spec.dataset_spec is not None and spec.dataset_spec.synthetic is not None and not spec.train_path.exists():
+        try:
+            write_synthetic(spec.dataset_spec, spec.train_path.parent)
+        except Exception as exc:  # recorded as the reason every run on this dataset is skipped
+            return f"could not generate synthetic dataset {spec.dataset!r}: {type(exc).__name__}: {exc}"
+    missing = [str(path) for path in (spec.train_path, spec.test_path) if not path.exists()]
+    if missing:
+        return f"dataset files not found: {', '.join(missing)} (set --data-root)"
+    return None
+
+
+def _run(spec: RunSpec, out_dir: Path, run_one: RunOne) -> dict:
+    run_dir = out_dir / "runs" / spec.dataset / f"{spec.model}-{spec.config}" / f"r{spec.repeat}"
+    run_dir.mkdir(parents=True, exist_ok=True)
+    fields = {"run_dir": str(run_dir.relative_to(out_dir)), "dataset_shape": _dataset_shape(spec)}
+    start = time.perf_counter()
+    try:
+        result = run_one(spec, run_dir)
+    except RunFailure as failure:
+        fields.update(status="timeout" if failure.timed_out else "failed", reason=str(failure),
+                      returncode=failure.returncode, stderr_tail=failure.stderr_tail)
+    else:
+        fields.update({key: value for key, value in result.items() if key not in ("dataset", "model")})
+        fields["cli_dataset"] = result.get("dataset")
+        fields["status"] = "ok"
+        fields.update(_history_fields(run_dir))
+    fields["wall_seconds"] = time.perf_counter() - start
+    return fields

@@ -1,0 +1,350 @@
+"""The BMLS Gibbs sweep as small step functions on an explicit state.
+
+Notation (paper: Zhao, Rai, Du & Buntine, AISTATS 2018; layout follows the authors' code):
+N instances, L labels, D' = D + 1 binary features (the last one is the all-ones bias feature of
+eq. (8)), K topics.
+
+* ``phi`` (L, K): topics over labels, columns on the simplex (eq. (7)).
+* ``h`` (D', K): feature weights; theta_kn = prod_{d: x_nd = 1} h_dk (eq. (8)); ``theta`` is stored
+  transposed as (N, K) so that the rows touched by a feature are contiguous.
+* y_ln = 1[z_ln > 0], z_ln ~ Poisson(sum_k phi_lk theta_kn) (eqs. (1), (2), (4)).
+
+Missing labels. ``mask`` marks the *observed* label entries. An unobserved entry contributes no
+likelihood term. With the Bernoulli-Poisson link the zeros enter only through the exposure, so
+
+* theta / h see the per-instance exposure e_nk = sum_{l observed for n} phi_lk (instead of 1):
+  h_dk | . ~ Gamma(mu0 + c_dk, nu0 + sum_{n: x_nd=1} e_nk theta_kn / h_dk), exact;
+* phi is not conjugate any more (the exposure sum_l phi_lk W_lk has W_lk = sum of theta_kn over the
+  instances where l is observed, which differs between labels). We augment: the latent counts of the
+  unobserved entries are drawn from their prior predictive, z_lnk ~ Poisson(phi_lk theta_kn); only
+  their per-(label, topic) totals Z^u_lk ~ Poisson(phi_lk W^u_lk), W^u_lk = sum over instances where
+  l is unobserved of theta_kn, enter phi's conditional, which becomes Dirichlet(beta0 + B + Z^u)
+  because the complete-data exposure sum_l phi_lk sum_n theta_kn = sum_n theta_kn no longer
+  depends on phi. The augmented counts are discarded after the phi draw (a data-augmentation step
+  for p(phi | rest), which leaves the target invariant); h is then drawn with them integrated out.
+
+Label co-occurrence (BMLS-co, eqs. (10)-(12), (17)-(18), (25)-(27)): c_ij for i < j only (the
+authors' code), c_ij ~ Poisson(sum_k phi_ik lambda_k phi_jk).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+import numba
+import numpy as np
+import scipy.sparse as sp
+
+from .samplers import (
+    allocate_label_tokens,
+    allocate_pair_tokens,
+    crt,
+    dirichlet_columns,
+    zero_truncated_poisson,
+)
+
+__all__ = [
+    "SweepData",
+    "SamplerState",
+    "positive_rates",
+    "feature_token_counts",
+    "sweep_feature_weights",
+    "theta_from_log_h",
+    "label_log_likelihood",
+    "gibbs_sweep",
+    "init_state",
+]
+
+HYPER_SHAPE = 1.0  # gamma0 ~ Gamma(1, 1), c0 ~ Gamma(1, 1) (authors' code)
+HYPER_RATE = 1.0
+BETA0_PRIOR = 0.01  # beta0 ~ Gamma(0.01, 0.01) when sampled (authors' code)
+
+
+@dataclass
+class SweepData:
+    """Everything about the data the sweep needs, prepared once.
+
+    x_csr_indptr/x_csr_indices : pattern of X' (N, D') by rows (bias column included).
+    x_csc_indptr/x_csc_indices : pattern of X' by columns (rows where feature d is on).
+    x_csr : scipy CSR X' (float64) for theta = exp(X' log h).
+    pos_rows, pos_cols : (E,) instance and label of each positive observed entry.
+    mask_obs : None (all observed) or CSR (N, L) with ones at observed entries.
+    pair_first, pair_second, pair_counts : co-occurrence triples (i < j), or None.
+    """
+
+    n_instances: int
+    n_labels: int
+    x_csr_indptr: np.ndarray
+    x_csr_indices: np.ndarray
+    x_csc_indptr: np.ndarray
+    x_csc_indices: np.ndarray
+    x_csr: sp.csr_matrix
+    pos_rows: np.ndarray
+    pos_cols: np.ndarray
+    mask_obs: Optional[sp.csr_matrix] = None
+    mask_obs_t: Optional[sp.csr_matrix] = None
+    pair_first: Optional[np.ndarray] = None
+    pair_second: Optional[np.ndarray] = None
+    pair_counts: Optional[np.ndarray] = None
+
+    @classmethod
+    def build(cls, X_bias: sp.csr_matrix, Y: sp.csr_matrix, mask: Optional[sp.csr_matrix], pairs=None):
+        """``X_bias`` binary CSR (N, D') with the bias column; ``Y`` CSR (N, L) of observed positives;
+        ``mask`` CSR of observed entries or None; ``pairs`` (first, second, counts) or None."""
+        x_csr = sp.csr_matrix(X_bias, dtype=np.float64)
+        x_csc = x_csr.tocsc()
+        x_csc.sort_indices()
+        y = sp.coo_matrix(Y)
+        mask_obs = None if mask is None else sp.csr_matrix(mask, dtype=np.float64)
+        data = cls(
+            n_instances=x_csr.shape[0],
+            n_labels=Y.shape[1],
+            x_csr_indptr=x_csr.indptr.astype(np.int64),
+            x_csr_indices=x_csr.indices.astype(np.int64),
+            x_csc_indptr=x_csc.indptr.astype(np.int64),
+            x_csc_indices=x_csc.indices.astype(np.int64),
+            x_csr=x_csr,
+            pos_rows=y.row.astype(np.int64),
+            pos_cols=y.col.astype(np.int64),
+            mask_obs=mask_obs,
+            mask_obs_t=None if mask_obs is None else sp.csr_matrix(mask_obs.T),
+        )
+        if pairs is not None:
+            data.pair_first, data.pair_second, data.pair_counts = (np.asarray(a, dtype=np.int64) for a in pairs)
+        return data
+
+    @property
+    def uses_cooccurrence(self) -> bool:
+        return self.pair_counts is not None and self.pair_counts.size > 0
+
+
+@dataclass
+class SamplerState:
+    """The Markov chain's state. ``rates`` caches sum_k phi_lk theta_kn at the positive entries."""
+
+    phi: np.ndarray  # (L, K)
+    h: np.ndarray  # (D', K)
+    theta: np.ndarray  # (N, K) = Theta^T
+    beta0: float
+    r: np.ndarray  # (K,) lambda_k of eq. (12)
+    gamma0: float
+    c0: float  # f0 of eq. (12)
+    rates: np.ndarray = field(default=None)  # (E,)
+    topic_tokens: np.ndarray = field(default=None)  # (K,) label tokens per topic in the last sweep
+
+
+@numba.njit(cache=True, nogil=True)
+def positive_rates(rows, cols, phi, theta):
+    """rho_e = sum_k phi[cols[e], k] * theta[rows[e], k] for every positive entry e (eq. (6))."""
+    out = np.empty(rows.shape[0])
+    n_topics = phi.shape[1]
+    for e in range(rows.shape[0]):
+        n = rows[e]
+        l = cols[e]
+        acc = 0.0
+        for k in range(n_topics):
+            acc += phi[l, k] * theta[n, k]
+        out[e] = acc
+    return out
+
+
+@numba.njit(cache=True, nogil=True)
+def feature_token_counts(x_indptr, x_indices, tokens, n_features):
+    """c_dk = sum_n x_nd A_nk (the shape increment of eq. (22)), from the CSR pattern of X'.
+
+    ``tokens`` (N, K) int64 = A. Cost O(sum_n nnz(A_n) nnz(X_n)), i.e. proportional to the number of
+    label tokens times the features per row, not to nnz(X) K.
+    """
+    n_rows, n_topics = tokens.shape
+    out = np.zeros((n_features, n_topics), dtype=np.int64)
+    active = np.empty(n_topics, dtype=np.int64)
+    for n in range(n_rows):
+        n_active = 0
+        for k in range(n_topics):
+            if tokens[n, k] != 0:
+                active[n_active] = k
+                n_active += 1
+        if n_active == 0:
+            continue
+        for p in range(x_indptr[n], x_indptr[n + 1]):
+            d = x_indices[p]
+            for a in range(n_active):
+                k = active[a]
+                out[d, k] += tokens[n, k]
+    return out
+
+
+@numba.njit(cache=True, nogil=True)
+def sweep_feature_weights(csc_indptr, csc_indices, gamma_draws, h, theta, exposure, use_exposure, nu0):
+    """Sequential exact Gibbs update of every h_dk, keeping theta consistent (eqs. (21)-(23)).
+
+    For d = 0 .. D'-1 in order (the K topics of one d are independent given the rest):
+        S_dk  = sum_{n: x_nd = 1} e_nk theta_nk           (e = 1 when all labels are observed)
+        h'_dk = G_dk / (nu0 + S_dk / h_dk)  ~ Gamma(mu0 + c_dk, rate nu0 + S_dk / h_dk)
+        theta_nk *= h'_dk / h_dk  for n with x_nd = 1.
+    ``gamma_draws`` (D', K) are Gamma(mu0 + c_dk, 1) variates. ``h`` (D', K) and ``theta`` (N, K) are
+    updated in place.
+    """
+    n_features, n_topics = h.shape
+    total = np.empty(n_topics)
+    for d in range(n_features):
+        start = csc_indptr[d]
+        stop = csc_indptr[d + 1]
+        total[:] = 0.0
+        if use_exposure:
+            for p in range(start, stop):
+                n = csc_indices[p]
+                for k in range(n_topics):
+                    total[k] += theta[n, k] * exposure[n, k]
+        else:
+            for p in range(start, stop):
+                n = csc_indices[p]
+                for k in range(n_topics):
+                    total[k] += theta[n, k]
+        for k in range(n_topics):
+            new_h = gamma_draws[d, k] / (nu0 + total[k] / h[d, k])
+            total[k] = new_h / h[d, k]  # reuse the buffer for the ratio
+            h[d, k] = new_h
+        for p in range(start, stop):
+            n = csc_indices[p]
+            for k in range(n_topics):
+                theta[n, k] *= total[k]
+
+
+def theta_from_log_h(x_csr: sp.csr_matrix, h: np.ndarray) -> np.ndarray:
+    """theta (N, K) = exp(X' log h), eq. (8) computed in log space (no accumulated rounding)."""
+    return np.exp(np.asarray(x_csr @ np.log(h)))
+
+
+def exposure_matrix(data: SweepData, phi: np.ndarray) -> Optional[np.ndarray]:
+    """e_nk = sum_{l observed for n} phi_lk, (N, K); None when every entry is observed (then e = 1)."""
+    if data.mask_obs is None:
+        return None
+    return np.asarray(data.mask_obs @ phi)
+
+
+def label_log_likelihood(data: SweepData, state: SamplerState, exposure: Optional[np.ndarray]) -> float:
+    """log p(observed labels | phi, theta) = sum_pos log(1 - exp(-rho)) - sum_observed-zeros rho (eq. (3))."""
+    rates = state.rates
+    log_pos = float(np.sum(np.log(-np.expm1(-np.maximum(rates, 1e-300)))))
+    if exposure is None:
+        total_rate = float(state.theta.sum())  # columns of phi sum to 1
+    else:
+        total_rate = float(np.sum(state.theta * exposure))
+    return log_pos - (total_rate - float(rates.sum()))
+
+
+def init_state(data: SweepData, n_topics: int, n_features_bias: int, beta0: float, rng) -> SamplerState:
+    """Initial values of the authors' code: h = 1 (theta = 1), phi from normalised Gamma(0.1) draws,
+    lambda = 1/K, gamma0 = c0 = 1."""
+    phi = dirichlet_columns(np.full((data.n_labels, n_topics), 0.1), rng)
+    h = np.ones((n_features_bias, n_topics))
+    theta = np.ones((data.n_instances, n_topics))
+    state = SamplerState(
+        phi=phi, h=h, theta=theta, beta0=float(beta0), r=np.full(n_topics, 1.0 / n_topics), gamma0=1.0, c0=1.0
+    )
+    state.rates = positive_rates(data.pos_rows, data.pos_cols, state.phi, state.theta)
+    return state
+
+
+def sample_label_tokens(data: SweepData, state: SamplerState, rng):
+    """Eqs. (13)-(16): z_ln ~ Poisson_+(rho_ln) at the positives, then its split over topics.
+    Returns (A (N, K), B (L, K)) token counts."""
+    counts = zero_truncated_poisson(state.rates, rng)
+    uniforms = rng.random(int(counts.sum()))
+    return allocate_label_tokens(data.pos_rows, data.pos_cols, counts, state.phi, state.theta, uniforms, data.n_instances)
+
+
+def sample_unobserved_label_tokens(data: SweepData, state: SamplerState, rng) -> np.ndarray:
+    """Data augmentation for missing labels: Z^u_lk ~ Poisson(phi_lk W^u_lk), W^u_lk = sum of theta_kn
+    over the instances n where label l is unobserved. (L, K) int64."""
+    observed_mass = np.asarray(data.mask_obs_t @ state.theta)  # (L, K): sum over observed instances
+    unobserved_mass = np.maximum(state.theta.sum(axis=0)[None, :] - observed_mass, 0.0)
+    return rng.poisson(state.phi * unobserved_mass)
+
+
+def sample_beta0(label_topic_counts: np.ndarray, beta0: float, rng) -> float:
+    """beta0 | counts with phi integrated out (Dirichlet-multinomial per topic column; not in the paper).
+
+    With n_k = sum_l N_lk: q_k ~ Beta(L beta0, n_k) for every topic with n_k > 0, ell = sum CRT(N_lk, beta0),
+    beta0 ~ Gamma(0.01 + ell, rate 0.01 - L sum_k log q_k). Each phi_k is an L-dimensional Dirichlet,
+    so the Beta uses L beta0 (the authors' code uses K beta0 per label row; see docs/bmls.md).
+    """
+    n_labels = label_topic_counts.shape[0]
+    per_topic = label_topic_counts.sum(axis=0)
+    used = per_topic > 0
+    q = rng.beta(n_labels * beta0, per_topic[used])
+    tables = int(crt(label_topic_counts, beta0, rng).sum())
+    rate = BETA0_PRIOR - n_labels * np.sum(np.log(np.maximum(q, np.finfo(float).tiny)))
+    return float(rng.gamma(BETA0_PRIOR + tables) / rate)
+
+
+def sample_cooccurrence_hyper(state: SamplerState, endpoint: np.ndarray, rng) -> None:
+    """lambda (r), gamma0, f0 (c0) given the co-occurrence tokens (eqs. (12), (27)), in place.
+
+    Exposure of topic k over the strict upper triangle: E_k = sum_{i<j} phi_ik phi_jk = (1 - sum_i phi_ik^2)/2.
+    Order: gamma0 with lambda integrated out (CRT augmentation), then lambda | gamma0, then f0 | lambda,
+    gamma0, so that every draw conditions on current values (a valid partially collapsed Gibbs order).
+    """
+    n_topics = state.phi.shape[1]
+    exposure = 0.5 * (1.0 - np.sum(state.phi**2, axis=0))
+    tokens = endpoint.sum(axis=0) // 2
+    shape_k = state.gamma0 / n_topics
+    tables = int(crt(tokens, shape_k, rng).sum())
+    log_ratio = np.log(np.maximum(state.c0 / (state.c0 + exposure), np.finfo(float).tiny))
+    state.gamma0 = float(rng.gamma(HYPER_SHAPE + tables) / (HYPER_RATE - log_ratio.sum() / n_topics))
+    state.r = rng.gamma(state.gamma0 / n_topics + tokens) / (state.c0 + exposure)
+    state.c0 = float(rng.gamma(HYPER_SHAPE + state.gamma0) / (HYPER_RATE + state.r.sum()))
+
+
+def gibbs_sweep(
+    data: SweepData,
+    state: SamplerState,
+    rng,
+    mu0: float,
+    nu0: float,
+    sample_beta0_flag: bool,
+    recompute_theta: bool,
+) -> float:
+    """One full Gibbs sweep, in place. Returns the log-likelihood of the observed labels afterwards.
+
+    Order: label tokens (eqs. (13)-(16)) -> unobserved-label augmentation (missing labels only) ->
+    co-occurrence tokens (eqs. (17)-(18)) -> beta0 (phi collapsed, optional) -> phi (eqs. (24)/(26)) ->
+    lambda, gamma0, f0 -> h and theta (eqs. (21)-(23)) -> rates at the positives for the next sweep.
+    """
+    tokens_nk, tokens_lk = sample_label_tokens(data, state, rng)
+    label_topic = tokens_lk
+    if data.mask_obs is not None:
+        label_topic = label_topic + sample_unobserved_label_tokens(data, state, rng)
+    endpoint = None
+    if data.uses_cooccurrence:
+        uniforms = rng.random(int(data.pair_counts.sum()))
+        endpoint = allocate_pair_tokens(data.pair_first, data.pair_second, data.pair_counts, state.phi, state.r, uniforms)
+        label_topic = label_topic + endpoint
+    if sample_beta0_flag:
+        state.beta0 = sample_beta0(label_topic, state.beta0, rng)
+    # eq. (24) / (26): phi_k ~ Dir(beta0 + z_{l.k} (+ c_{l.k}))
+    state.phi = dirichlet_columns(state.beta0 + label_topic, rng)
+    if endpoint is not None:
+        sample_cooccurrence_hyper(state, endpoint, rng)
+
+    exposure = exposure_matrix(data, state.phi)
+    n_features = state.h.shape[0]
+    shape_increment = feature_token_counts(data.x_csr_indptr, data.x_csr_indices, tokens_nk, n_features)
+    gamma_draws = rng.standard_gamma(mu0 + shape_increment)
+    sweep_feature_weights(
+        data.x_csc_indptr,
+        data.x_csc_indices,
+        gamma_draws,
+        state.h,
+        state.theta,
+        exposure if exposure is not None else state.theta,  # placeholder array, unused when e = 1
+        exposure is not None,
+        nu0,
+    )
+    if recompute_theta:
+        state.theta = theta_from_log_h(data.x_csr, state.h)
+    state.topic_tokens = tokens_lk.sum(axis=0)
+    state.rates = positive_rates(data.pos_rows, data.pos_cols, state.phi, state.theta)
+    return label_log_likelihood(data, state, exposure)

@@ -1,0 +1,320 @@
+"""Truncated stick-breaking Dirichlet-process mixture over feature/label patterns {phi_k, psi_k}.
+
+Section 3.3 of the BNMC paper (Nguyen et al., ACML 2016). Each row i has a pattern z_i ~ pi,
+features x_i ~ F(phi_{z_i}) and labels y_i ~ Mult(psi_{z_i}). The variational family is
+
+* q(v_k) = Beta(a_k, b_k), k < K, with v_K = 1 (Blei and Jordan's truncation; pi_k = v_k prod_{j<k} (1 - v_j));
+* q(psi_k) = Dir(label_conc[k]) over the L labels (prior Dir(omega_psi));
+* q(phi_k): Dir(conc[k]) over the D features (Dirichlet-multinomial emission, prior Dir(omega_phi)),
+  or, for real-valued features, an independent Normal-Gamma per feature (conjugate diagonal Gaussian);
+* q(z_i) = Mult(r_i).
+
+Fitting is stochastic variational inference (Hoffman et al. 2013): a minibatch E-step (eq. 2) then a
+natural-gradient step on every global factor, lambda <- (1 - rho_t) lambda + rho_t lambda_hat with
+lambda_hat = prior + (N / |B|) * minibatch statistics (eqs. 3-5) and rho_t = (t + tau)^(-kappa).
+Every global factor is stored by parameters that are affine in its natural parameters, so the
+convex combination is exactly the natural-gradient step.
+
+Rows without observed labels contribute nothing to the label term (their label count vector is empty),
+so they inform pi and phi only, as in section 3.4.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import scipy.sparse as sp
+from scipy.special import digamma, gammaln
+
+__all__ = ["DirichletEmission", "GaussianEmission", "DPMixture"]
+
+LOG_2PI = np.log(2.0 * np.pi)
+
+
+def _dirichlet_expected_log(conc: np.ndarray) -> np.ndarray:
+    """E[log theta] under Dir(conc) for each row of ``conc`` (K, V)."""
+    return digamma(conc) - digamma(conc.sum(axis=1, keepdims=True))
+
+
+def _dirichlet_kl(conc: np.ndarray, prior: float) -> float:
+    """sum_k KL(Dir(conc_k) || Dir(prior, ..., prior))."""
+    n_dims = conc.shape[1]
+    totals = conc.sum(axis=1)
+    return float(
+        np.sum(gammaln(totals) - gammaln(conc).sum(axis=1) - gammaln(n_dims * prior) + n_dims * gammaln(prior))
+        + np.sum((conc - prior) * _dirichlet_expected_log(conc))
+    )
+
+
+def _dense_rows(X) -> np.ndarray:
+    return X.toarray() if sp.issparse(X) else np.asarray(X)
+
+
+class DirichletEmission:
+    """Dirichlet-multinomial emission for non-negative features: x_i ~ Mult(phi_k), phi_k ~ Dir(omega).
+
+    ``expected_loglik`` is sum_d x_d E[log phi_kd] (eq. 2; the multinomial coefficient does not
+    depend on k and is left out of the ELBO as a constant).
+    """
+
+    def __init__(self, n_features: int, prior: float):
+        self.prior = float(prior)
+        self.conc = None
+        self.n_features = n_features
+
+    def init_from_stats(self, stats: np.ndarray) -> None:
+        self.conc = self.prior + stats
+
+    def statistics(self, X, resp: np.ndarray) -> np.ndarray:
+        """Sufficient statistics sum_i r_ik x_i, shape (K, D)."""
+        return np.asarray((X.T @ resp).T)
+
+    def natural_step(self, stats: np.ndarray, rho: float) -> None:
+        self.conc = (1.0 - rho) * self.conc + rho * (self.prior + stats)
+
+    def expected_loglik(self, X) -> np.ndarray:
+        """(n, K) matrix of E_q[log p(x_i | phi_k)] up to a k-independent constant."""
+        return np.asarray(X @ _dirichlet_expected_log(self.conc).T)
+
+    def kl(self) -> float:
+        return _dirichlet_kl(self.conc, self.prior)
+
+    def state(self) -> dict:
+        return {"conc": self.conc}
+
+    def set_state(self, state: dict) -> None:
+        self.conc = np.asarray(state["conc"], dtype=np.float64)
+
+
+class GaussianEmission:
+    """Diagonal Gaussian emission with a Normal-Gamma prior per feature and pattern.
+
+    x_d | k ~ N(m_kd, 1 / tau_kd), (m_kd, tau_kd) ~ NG(mean0, kappa0, shape0, rate0). q keeps the
+    Normal-Gamma posterior in the affine-in-natural-parameter form
+
+        kappa = kappa0 + n,  h = kappa0 mean0 + s1,  twice_shape = 2 shape0 + n,
+        g = kappa0 mean0^2 + 2 rate0 + s2,
+
+    with (n, s1, s2) = sum_i r_ik (1, x_id, x_id^2); the mean is h / kappa, the shape twice_shape / 2
+    and the rate (g - h^2 / kappa) / 2.
+    """
+
+    def __init__(self, n_features: int, mean0: np.ndarray, kappa0: float, shape0: float, rate0: np.ndarray):
+        self.n_features = n_features
+        self.mean0 = np.asarray(mean0, dtype=np.float64)
+        self.kappa0 = float(kappa0)
+        self.shape0 = float(shape0)
+        self.rate0 = np.asarray(rate0, dtype=np.float64)
+        self.kappa = self.h = self.twice_shape = self.g = None
+
+    def _prior_natural(self):
+        return (
+            self.kappa0,
+            self.kappa0 * self.mean0,
+            2.0 * self.shape0,
+            self.kappa0 * self.mean0**2 + 2.0 * self.rate0,
+        )
+
+    def init_from_stats(self, stats) -> None:
+        k0, h0, a0, g0 = self._prior_natural()
+        n, s1, s2 = stats
+        self.kappa = k0 + np.broadcast_to(n[:, None], s1.shape).copy()
+        self.h = h0 + s1
+        self.twice_shape = a0 + np.broadcast_to(n[:, None], s1.shape).copy()
+        self.g = g0 + s2
+
+    def statistics(self, X, resp: np.ndarray):
+        """(n_k (K,), s1 (K, D), s2 (K, D)) weighted by the responsibilities."""
+        n = resp.sum(axis=0)
+        s1 = np.asarray((X.T @ resp).T)
+        Xsq = X.multiply(X) if sp.issparse(X) else X * X
+        s2 = np.asarray((Xsq.T @ resp).T)
+        return n, s1, s2
+
+    def natural_step(self, stats, rho: float) -> None:
+        k0, h0, a0, g0 = self._prior_natural()
+        n, s1, s2 = stats
+        self.kappa = (1.0 - rho) * self.kappa + rho * (k0 + n[:, None])
+        self.h = (1.0 - rho) * self.h + rho * (h0 + s1)
+        self.twice_shape = (1.0 - rho) * self.twice_shape + rho * (a0 + n[:, None])
+        self.g = (1.0 - rho) * self.g + rho * (g0 + s2)
+
+    def moments(self):
+        mean = self.h / self.kappa
+        shape = self.twice_shape / 2.0
+        rate = np.maximum((self.g - self.h * mean) / 2.0, 1e-12)
+        return mean, shape, rate
+
+    def expected_loglik(self, X) -> np.ndarray:
+        """(n, K): sum_d E_q[log N(x_d | m_kd, 1/tau_kd)]."""
+        mean, shape, rate = self.moments()
+        e_tau = shape / rate
+        e_log_tau = digamma(shape) - np.log(rate)
+        const = 0.5 * np.sum(e_log_tau - LOG_2PI - 1.0 / self.kappa - e_tau * mean**2, axis=1)
+        Xsq = X.multiply(X) if sp.issparse(X) else X * X
+        quad = np.asarray(Xsq @ e_tau.T) - 2.0 * np.asarray(X @ (e_tau * mean).T)
+        return const[None, :] - 0.5 * quad
+
+    def kl(self) -> float:
+        mean, shape, rate = self.moments()
+        gamma_kl = (
+            (shape - self.shape0) * digamma(shape)
+            - gammaln(shape)
+            + gammaln(self.shape0)
+            + self.shape0 * (np.log(rate) - np.log(self.rate0))
+            + shape * (self.rate0 - rate) / rate
+        )
+        ratio = self.kappa0 / self.kappa
+        normal_kl = 0.5 * (ratio - 1.0 - np.log(ratio) + self.kappa0 * (shape / rate) * (mean - self.mean0) ** 2)
+        return float(np.sum(gamma_kl + normal_kl))
+
+    def state(self) -> dict:
+        return {
+            "kappa": self.kappa, "h": self.h, "twice_shape": self.twice_shape, "g": self.g,
+            "mean0": self.mean0, "rate0": self.rate0, "kappa0": self.kappa0, "shape0": self.shape0,
+        }
+
+    def set_state(self, state: dict) -> None:
+        for key in ("kappa", "h", "twice_shape", "g", "mean0", "rate0"):
+            setattr(self, key, np.asarray(state[key], dtype=np.float64))
+        self.kappa0 = float(state["kappa0"])
+        self.shape0 = float(state["shape0"])
+
+
+class DPMixture:
+    """The truncated DP mixture and its SVI updates.
+
+    Parameters
+    ----------
+    truncation : int, K, the cap on the number of patterns.
+    emission : DirichletEmission or GaussianEmission, the feature part phi.
+    n_labels : int, L.
+    label_prior : float, omega_psi.
+    concentration : float, alpha of the stick-breaking prior.
+    """
+
+    def __init__(self, truncation: int, emission, n_labels: int, label_prior: float, concentration: float):
+        self.truncation = int(truncation)
+        self.emission = emission
+        self.n_labels = n_labels
+        self.label_prior = float(label_prior)
+        self.concentration = float(concentration)
+        self.label_conc = None  # (K, L)
+        self.stick_a = None  # (K - 1,)
+        self.stick_b = None
+
+    # ---- expectations ---------------------------------------------------------------------
+    def expected_log_weights(self) -> np.ndarray:
+        """E[log pi_k] = E[log v_k] + sum_{j<k} E[log(1 - v_j)], with v_K = 1 (K,)."""
+        total = digamma(self.stick_a + self.stick_b)
+        e_log_v = digamma(self.stick_a) - total
+        e_log_1mv = digamma(self.stick_b) - total
+        out = np.zeros(self.truncation)
+        out[:-1] = e_log_v
+        out[1:] += np.cumsum(e_log_1mv)
+        return out
+
+    def expected_weights(self) -> np.ndarray:
+        """E[pi_k] under the stick-breaking q (K,)."""
+        e_v = self.stick_a / (self.stick_a + self.stick_b)
+        out = np.ones(self.truncation)
+        out[:-1] = e_v
+        out[1:] *= np.cumprod(1.0 - e_v)
+        return out
+
+    def label_means(self) -> np.ndarray:
+        """E[psi_kc] = conc_kc / sum_c conc_kc (K, L)."""
+        return self.label_conc / self.label_conc.sum(axis=1, keepdims=True)
+
+    def log_scores(self, X, Y=None) -> np.ndarray:
+        """Unnormalised log responsibilities, eq. (2): E log pi_k + E log p(x|phi_k) [+ E log p(y|psi_k)]."""
+        scores = self.emission.expected_loglik(X) + self.expected_log_weights()[None, :]
+        if Y is not None and Y.nnz:
+            scores += np.asarray(Y @ _dirichlet_expected_log(self.label_conc).T)
+        return scores
+
+    @staticmethod
+    def _normalise(scores: np.ndarray):
+        top = scores.max(axis=1, keepdims=True)
+        resp = np.exp(scores - top)
+        norm = resp.sum(axis=1, keepdims=True)
+        resp /= norm
+        log_norm = (top + np.log(norm)).ravel()
+        return resp, log_norm
+
+    def responsibilities(self, X, Y=None) -> np.ndarray:
+        """q(z_i = k), shape (n, K). With ``Y=None`` only features (and pi) are used: section 3.4 and the
+        test-time p(z = k | x) of eq. (8)."""
+        return self._normalise(self.log_scores(X, Y))[0]
+
+    # ---- SVI -------------------------------------------------------------------------------
+    def _stick_targets(self, counts: np.ndarray):
+        """(1 + N_k, alpha + sum_{j>k} N_j) for k < K: the Beta natural-gradient targets of eq. (5)."""
+        tail = np.cumsum(counts[::-1])[::-1]
+        return 1.0 + counts[:-1], self.concentration + tail[1:]
+
+    def initialise(self, X, Y, scale: float, rng: np.random.Generator) -> None:
+        """Global parameters from hard assignments to K seeds chosen k-means++-style on a subsample
+        (features standardised by the row norm), scaled to the data size."""
+        n = X.shape[0]
+        K = self.truncation
+        take = rng.choice(n, size=min(n, 2000), replace=False)
+        Xs = _dense_rows(X[take]).astype(np.float64)
+        Xs = Xs - Xs.mean(axis=0)
+        Xs /= np.linalg.norm(Xs, axis=1, keepdims=True) + 1e-12
+        seeds = [int(rng.integers(len(take)))]
+        dist = np.sum((Xs - Xs[seeds[0]]) ** 2, axis=1)
+        for _ in range(1, min(K, len(take))):
+            probs = dist / dist.sum() if dist.sum() > 0 else np.full(len(take), 1.0 / len(take))
+            seeds.append(int(rng.choice(len(take), p=probs)))
+            dist = np.minimum(dist, np.sum((Xs - Xs[seeds[-1]]) ** 2, axis=1))
+        sims = Xs @ Xs[seeds].T
+        resp = np.zeros((len(take), K))
+        resp[np.arange(len(take)), np.argmax(sims, axis=1)] = 1.0
+        factor = scale / len(take)
+        stats = self.emission.statistics(X[take], resp)
+        self.emission.init_from_stats(_scale_stats(stats, factor))
+        label_stats = np.asarray((Y[take].T @ resp).T)
+        self.label_conc = self.label_prior + factor * label_stats
+        a, b = self._stick_targets(factor * resp.sum(axis=0))
+        self.stick_a, self.stick_b = a, b
+
+    def svi_step(self, X, Y, scale: float, rho: float) -> None:
+        """One natural-gradient step (eqs. 2-5) from the minibatch (X, Y); ``scale`` = N / |B|."""
+        resp = self.responsibilities(X, Y)
+        stats = self.emission.statistics(X, resp)
+        self.emission.natural_step(_scale_stats(stats, scale), rho)
+        label_target = self.label_prior + scale * np.asarray((Y.T @ resp).T)
+        self.label_conc = (1.0 - rho) * self.label_conc + rho * label_target
+        a, b = self._stick_targets(scale * resp.sum(axis=0))
+        self.stick_a = (1.0 - rho) * self.stick_a + rho * a
+        self.stick_b = (1.0 - rho) * self.stick_b + rho * b
+
+    # ---- objective -------------------------------------------------------------------------
+    def local_elbo(self, X, Y) -> float:
+        """sum_i max_{q(z_i)} (E[log p(x_i, y_i, z_i | globals)] - E[log q(z_i)]) = sum_i logsumexp_k(scores)."""
+        _, log_norm = self._normalise(self.log_scores(X, Y))
+        return float(log_norm.sum())
+
+    def global_kl(self) -> float:
+        a0, b0 = 1.0, self.concentration
+        a, b = self.stick_a, self.stick_b
+        beta_kl = (
+            gammaln(a + b) - gammaln(a) - gammaln(b) - (gammaln(a0 + b0) - gammaln(a0) - gammaln(b0))
+            + (a - a0) * (digamma(a) - digamma(a + b))
+            + (b - b0) * (digamma(b) - digamma(a + b))
+        )
+        return float(beta_kl.sum()) + _dirichlet_kl(self.label_conc, self.label_prior) + self.emission.kl()
+
+    def state(self) -> dict:
+        return {"label_conc": self.label_conc, "stick_a": self.stick_a, "stick_b": self.stick_b}
+
+    def set_state(self, state: dict) -> None:
+        self.label_conc = np.asarray(state["label_conc"], dtype=np.float64)
+        self.stick_a = np.asarray(state["stick_a"], dtype=np.float64)
+        self.stick_b = np.asarray(state["stick_b"], dtype=np.float64)
+
+
+def _scale_stats(stats, factor: float):
+    if isinstance(stats, tuple):
+        return tuple(factor * s for s in stats)
+    return factor * stats

@@ -1,0 +1,696 @@
+"""The BNMC estimator: Dirichlet-process mixture of feature/label patterns plus per-label Bayesian
+classifiers (Nguyen, Gupta, Rana, Li and Venkatesh, "A Bayesian Nonparametric Approach for
+Multi-label Classification", ACML 2016). See docs/bnmc.md for every choice the paper leaves open.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import scipy.sparse as sp
+import torch
+from tqdm.auto import tqdm
+
+from ..base import MultiLabelEstimator
+from ..exceptions import ValidationError
+from ..utils import iter_batches, numpy_rng, resolve_device
+from ..validation import check_features, check_fit_inputs
+from .classifiers import Design, SGDClassifier, choose_solver, gibbs_classifier
+from .mixture import DirichletEmission, DPMixture, GaussianEmission
+
+__all__ = ["BNMC"]
+
+_COUNT_RULES = ("threshold", "count", "expected", "sample")
+
+
+def _sigmoid(x):
+    return 0.5 * (1.0 + np.tanh(0.5 * x))
+
+
+def _logit(p):
+    p = np.clip(p, 1e-7, 1.0 - 1e-7)
+    return np.log(p) - np.log1p(-p)
+
+
+class BNMC(MultiLabelEstimator):
+    """Bayesian nonparametric multi-label classification (BNMC), batch and online.
+
+    A truncated stick-breaking DP mixture over patterns {phi_k, psi_k} (features and labels) is fitted
+    by stochastic variational inference; per-label Bayesian linear classifiers (Polya-Gamma logistic
+    regression or the Polson-Scott SVM, Gibbs-sampled; SGD in online mode) are fitted for all labels
+    at once. Predictions combine both (eq. 8) and pick the number of labels per row from the fitted
+    label-count distribution (eq. 9).
+
+    Parameters
+    ----------
+    truncation : int, default 20
+        K, the cap on the number of patterns; ``n_patterns_`` reports how many are used.
+    emission : {"auto", "dirichlet", "gaussian"}, default "auto"
+        Feature emission. "dirichlet": the paper's Dirichlet-multinomial (features must be
+        non-negative); "gaussian": conjugate diagonal Gaussian on standardised features. "auto" picks
+        "dirichlet" when every feature value is >= 0, else "gaussian".
+    classifier : {"logistic", "svm"}, default "logistic"
+        Polya-Gamma logistic regression (BNMC-L) or Polson-Scott Bayesian SVM (BNMC-S).
+    online : bool, default False
+        False: SVI mixture + Gibbs-sampled classifiers. True: single-sweep-per-pass SVI + averaged SGD
+        classifiers (eq. 7), the cost of ``partial_fit`` on the data.
+    n_passes : int, default 3
+        Passes of SVI over the data (and of SGD in online mode).
+    batch_size : int, default 256
+        SVI / SGD minibatch size.
+    tau, kappa : float, default 1.0 and 0.7
+        Robbins-Monro step size rho_t = (t + tau)^(-kappa), t counting minibatch steps (kappa in (0.5, 1]).
+    concentration : float, default 1.0
+        alpha of the stick-breaking prior (paper: 1).
+    feature_prior : float, default 0.1
+        omega_phi, Dirichlet prior of the feature patterns (paper: 0.1). For the Gaussian emission,
+        the Normal-Gamma prior strength kappa0 = shape0 = ``feature_prior``, mean 0, rate chosen so
+        the prior mean precision is 1 on standardised features.
+    label_prior : float, default 0.01
+        omega_psi, Dirichlet prior of the label patterns (paper: 0.01).
+    weight_precision : float, default 1.0
+        Prior precision of each classifier weight (w ~ N(0, I / weight_precision)); the bias has
+        precision 1e-2.
+    n_gibbs : int, default 8
+        Gibbs sweeps of the batch classifiers; the last ``n_keep`` draws are averaged at prediction.
+    n_keep : int, default 4
+    n_mode_steps : int, default 5
+        EM steps (omega replaced by its expectation) to the posterior mode before the Gibbs sweeps,
+        so that the short chain starts in the bulk of the posterior (burn-in).
+    solver : {"auto", "dense", "woodbury", "cg"}, default "auto"
+        How each Gibbs draw of the weights is made (see ``bnmc.classifiers``).
+    standardize : {"auto", True, False}, default "auto"
+        Standardise features for the classifiers (and the Gaussian emission). "auto": when the
+        features are dense (over half the entries non-zero); sparse features are left as they are.
+    count_rule : {"threshold", "expected", "sample"}, default "threshold"
+        How :meth:`predict` chooses the labels of a row when no ``threshold`` / ``top_k`` is given:
+        "threshold": calibrated probability >= a threshold tuned for example-F1 on the validation
+        split, at least one label; "expected": the top round(mean label count) labels by nu (eq. 8);
+        "sample": the paper's eq. (9), T ~ round(N(mean, std)), labels ~ Mult(nu, T) (random).
+    validation_fraction : float, default 0.2
+        Share of the labelled training rows held out to calibrate the combination of classifier and
+        pattern evidence and to tune the threshold; the classifiers are then refitted on all rows.
+        0 disables calibration (the plain product of eq. 8) and "threshold" falls back to 0.5.
+    sgd_alpha : float or None, default None
+        lambda of the online SGD (eq. 7); None means 32 / n_train, the paper's value.
+    sgd_eta0 : float, default 0.5
+        First SGD step size (sets t0 = 1 / (lambda eta0)).
+    unlabeled_rows : {"missing", "negative"}, default "missing"
+        Rows with no positive label (and no ``label_mask``) are treated as missing label vectors
+        (section 3.4: they inform the feature patterns only) or as observed all-negative rows.
+    random_state : int, Generator or None
+    device : {"auto", "cpu", "cuda"}, default "auto"
+        Where the classifier linear algebra runs.
+    verbose : bool, default False
+        Progress bar on stderr.
+
+    Fitted attributes
+    -----------------
+    n_patterns_ : int, patterns with an expected share of at least 1 % of the rows (or 1 row)
+    pattern_weights_ : ndarray (K,), E[pi_k]
+    label_count_mean_, label_count_std_ : label-count distribution of the labelled training rows
+    threshold_ : float, the tuned probability threshold
+    calibration_ : ndarray (3,), (a, b, d) of the calibrated logit a * s_clf + b * s_pattern + d
+    history_ : per pass: ``wall_time``, ``objective`` (the mixture ELBO over the data seen), ``pass``,
+        ``n_patterns``
+    classifier_trace_ : ndarray, per Gibbs sweep the log-likelihood (logistic) or minus the hinge
+        sum (svm) of the observed training labels
+    """
+
+    def __init__(
+        self,
+        truncation=20,
+        emission="auto",
+        classifier="logistic",
+        online=False,
+        n_passes=3,
+        batch_size=256,
+        tau=1.0,
+        kappa=0.7,
+        concentration=1.0,
+        feature_prior=0.1,
+        label_prior=0.01,
+        weight_precision=1.0,
+        n_gibbs=8,
+        n_keep=4,
+        n_mode_steps=5,
+        solver="auto",
+        standardize="auto",
+        count_rule="threshold",
+        validation_fraction=0.2,
+        sgd_alpha=None,
+        sgd_eta0=0.5,
+        unlabeled_rows="missing",
+        random_state=None,
+        device="auto",
+        verbose=False,
+    ):
+        self.truncation = truncation
+        self.emission = emission
+        self.classifier = classifier
+        self.online = online
+        self.n_passes = n_passes
+        self.batch_size = batch_size
+        self.tau = tau
+        self.kappa = kappa
+        self.concentration = concentration
+        self.feature_prior = feature_prior
+        self.label_prior = label_prior
+        self.weight_precision = weight_precision
+        self.n_gibbs = n_gibbs
+        self.n_keep = n_keep
+        self.n_mode_steps = n_mode_steps
+        self.solver = solver
+        self.standardize = standardize
+        self.count_rule = count_rule
+        self.validation_fraction = validation_fraction
+        self.sgd_alpha = sgd_alpha
+        self.sgd_eta0 = sgd_eta0
+        self.unlabeled_rows = unlabeled_rows
+        self.random_state = random_state
+        self.device = device
+        self.verbose = verbose
+
+    # ---- parameter checks ---------------------------------------------------------------------
+    def _check_params(self):
+        def positive_int(name):
+            value = getattr(self, name)
+            if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 1:
+                raise ValidationError(f"{name} must be a positive integer, got {value!r}")
+
+        def positive(name):
+            value = getattr(self, name)
+            if not isinstance(value, (int, float, np.number)) or isinstance(value, bool) or not value > 0:
+                raise ValidationError(f"{name} must be a positive number, got {value!r}")
+
+        for name in ("truncation", "n_passes", "batch_size", "n_gibbs", "n_keep"):
+            positive_int(name)
+        for name in ("tau", "concentration", "feature_prior", "label_prior", "weight_precision", "sgd_eta0"):
+            positive(name)
+        if self.truncation < 2:
+            raise ValidationError(f"truncation must be at least 2, got {self.truncation}")
+        if self.n_keep > self.n_gibbs:
+            raise ValidationError(f"n_keep ({self.n_keep}) cannot exceed n_gibbs ({self.n_gibbs})")
+        if not 0.5 < float(self.kappa) <= 1.0:
+            raise ValidationError(f"kappa must be in (0.5, 1] (Robbins-Monro), got {self.kappa!r}")
+        choices = {
+            "emission": ("auto", "dirichlet", "gaussian"),
+            "classifier": ("logistic", "svm"),
+            "solver": ("auto", "dense", "woodbury", "cg"),
+            "count_rule": _COUNT_RULES,
+            "unlabeled_rows": ("missing", "negative"),
+        }
+        for name, options in choices.items():
+            if getattr(self, name) not in options:
+                raise ValidationError(f"{name} must be one of {options}, got {getattr(self, name)!r}")
+        if self.standardize not in ("auto", True, False):
+            raise ValidationError(f"standardize must be 'auto', True or False, got {self.standardize!r}")
+        if not isinstance(self.n_mode_steps, (int, np.integer)) or self.n_mode_steps < 0:
+            raise ValidationError(f"n_mode_steps must be a non-negative integer, got {self.n_mode_steps!r}")
+        if not isinstance(self.online, (bool, np.bool_)):
+            raise ValidationError(f"online must be True or False, got {self.online!r}")
+        if not 0.0 <= float(self.validation_fraction) < 1.0:
+            raise ValidationError(f"validation_fraction must be in [0, 1), got {self.validation_fraction!r}")
+        if self.sgd_alpha is not None and not float(self.sgd_alpha) > 0:
+            raise ValidationError(f"sgd_alpha must be None or positive, got {self.sgd_alpha!r}")
+
+    # ---- preprocessing ------------------------------------------------------------------------
+    def _setup_preprocessing(self, X: sp.csr_matrix) -> None:
+        """Choose the emission and the classifier feature scaling from the (first) training data."""
+        density = X.nnz / max(1, X.shape[0] * X.shape[1])
+        standardize = density > 0.5 if self.standardize == "auto" else bool(self.standardize)
+        has_negative = X.nnz > 0 and X.data.min() < 0
+        emission = self.emission
+        if emission == "auto":
+            emission = "gaussian" if has_negative else "dirichlet"
+        if emission == "dirichlet" and has_negative:
+            raise ValidationError(
+                "emission='dirichlet' needs non-negative features (X has negative values); use 'gaussian' or 'auto'"
+            )
+        self.emission_ = emission
+        self.standardized_ = bool(standardize)
+        if standardize:
+            mean = np.asarray(X.mean(axis=0)).ravel()
+            sq = np.asarray(X.multiply(X).mean(axis=0)).ravel()
+            scale = np.sqrt(np.maximum(sq - mean**2, 0.0))
+            self.feature_mean_ = mean
+            self.feature_scale_ = np.where(scale > 1e-8, scale, 1.0)
+        else:
+            self.feature_mean_ = np.zeros(X.shape[1])
+            self.feature_scale_ = np.ones(X.shape[1])
+
+    def _classifier_features(self, X: sp.csr_matrix) -> sp.csr_matrix:
+        if not self.standardized_:
+            return X
+        dense = (X.toarray() - self.feature_mean_) / self.feature_scale_
+        return sp.csr_matrix(dense.astype(np.float32))
+
+    def _mixture_features(self, X: sp.csr_matrix):
+        """Raw counts for the Dirichlet emission; standardised dense features for the Gaussian one."""
+        if self.emission_ == "dirichlet":
+            return X.astype(np.float64)
+        return (X.toarray() - self.feature_mean_) / self.feature_scale_ if self.standardized_ else X.toarray()
+
+    def _new_mixture(self, X_mix) -> DPMixture:
+        D = self.n_features_in_
+        if self.emission_ == "dirichlet":
+            emission = DirichletEmission(D, self.feature_prior)
+        else:
+            prior = float(self.feature_prior)
+            emission = GaussianEmission(D, np.zeros(D), kappa0=prior, shape0=prior, rate0=np.full(D, prior))
+        return DPMixture(self.truncation, emission, self.n_labels_, self.label_prior, self.concentration)
+
+    # ---- label bookkeeping ----------------------------------------------------------------------
+    def _entry_mask(self, Y: sp.csr_matrix, label_mask) -> tuple[np.ndarray, np.ndarray]:
+        """Dense (n, L) mask of observed entries and the boolean vector of rows with a label vector."""
+        n, L = Y.shape
+        if label_mask is not None:
+            mask = label_mask.toarray().astype(np.float64)
+            labelled = mask.sum(axis=1) > 0
+        else:
+            mask = np.ones((n, L))
+            labelled = np.ones(n, dtype=bool)
+            if self.unlabeled_rows == "missing":
+                labelled = np.diff(Y.indptr) > 0
+                mask[~labelled] = 0.0
+        return mask, labelled
+
+    def _update_count_stats(self, Y, mask, labelled):
+        complete = labelled & (mask.sum(axis=1) == mask.shape[1])
+        counts = np.diff(Y.indptr)[complete].astype(np.float64)
+        self.count_sums_ = self.count_sums_ + np.array([counts.size, counts.sum(), (counts**2).sum()])
+        n, total, total_sq = self.count_sums_
+        if n > 0:
+            self.label_count_mean_ = float(total / n)
+            self.label_count_std_ = float(np.sqrt(max(total_sq / n - (total / n) ** 2, 0.0) * n / max(n - 1, 1)))
+
+    def _sgd_alpha(self, n_rows: int) -> float:
+        return float(self.sgd_alpha) if self.sgd_alpha is not None else 32.0 / max(n_rows, 1)
+
+    # ---- fit ----------------------------------------------------------------------------------
+    def _fit(self, X, Y, label_mask, **fit_params):
+        if fit_params:
+            raise ValidationError(f"BNMC.fit got unexpected arguments: {', '.join(fit_params)}")
+        self._check_params()
+        start = time.perf_counter()
+        rng = numpy_rng(self.random_state)
+        device = resolve_device(self.device)
+        n = X.shape[0]
+        self._setup_preprocessing(X)
+        mask, labelled = self._entry_mask(Y, label_mask)
+        if not labelled.any():
+            raise ValidationError("Y has no labelled row: BNMC needs at least one observed label vector")
+        self.count_sums_ = np.zeros(3)
+        self.label_count_mean_, self.label_count_std_ = 1.0, 0.0
+        self._update_count_stats(Y, mask, labelled)
+        self.n_seen_ = n
+        self.svi_steps_ = 0
+
+        X_mix_all = self._mixture_features(X)
+        Y_mix = Y  # masked entries are already zero, and unlabelled rows are empty: section 3.4
+        self._mixture = self._new_mixture(X_mix_all)
+        self._mixture.initialise(X_mix_all, Y_mix, float(n), rng)
+        n_batches = -(-n // self.batch_size)
+        total_steps = self.n_passes * n_batches + self._classifier_steps(n)
+        bar = tqdm(total=total_steps, disable=not self.verbose, desc="BNMC", leave=False)
+        for pass_index in range(self.n_passes):
+            order = rng.permutation(n)
+            for rows in iter_batches(n, self.batch_size):
+                take = order[rows]
+                self._svi_step(X_mix_all[take], Y_mix[take], n)
+                bar.update(1)
+            self._record(pass_index + 1, X_mix_all, Y_mix, start)
+
+        Z = self._classifier_features(X)
+        Y_dense = Y.toarray().astype(np.float64)
+        self._fit_classifiers(Z, Y_dense, mask, labelled, rng, device, bar)
+        bar.close()
+        self._finish_mixture()
+
+    def _classifier_steps(self, n: int) -> int:
+        if self.online:
+            return self.n_passes * -(-n // self.batch_size)
+        refit = max(2, self.n_gibbs // 2) + 1 if float(self.validation_fraction) > 0 else 0
+        return self.n_mode_steps + self.n_gibbs + refit
+
+    def _rho(self) -> float:
+        return float((self.svi_steps_ + self.tau) ** (-self.kappa))
+
+    def _svi_step(self, X_mix, Y_mix, n_total: int) -> None:
+        """Eqs. (2)-(5) on one minibatch, natural gradients scaled by n_total / batch rows."""
+        rho = 1.0 if X_mix.shape[0] >= n_total else self._rho()
+        self._mixture.svi_step(X_mix, Y_mix, n_total / X_mix.shape[0], rho)
+        self.svi_steps_ += 1
+
+    def _record(self, pass_index, X_mix, Y_mix, start) -> None:
+        elbo = self._mixture.local_elbo(X_mix, Y_mix) - self._mixture.global_kl()
+        weights = self._mixture.expected_weights()
+        self.history_["wall_time"].append(time.perf_counter() - start)
+        self.history_["objective"].append(float(elbo))
+        self.history_.setdefault("pass", []).append(int(pass_index))
+        self.history_.setdefault("n_patterns", []).append(int(self._count_patterns(weights)))
+
+    def _count_patterns(self, weights) -> int:
+        return int(np.sum(weights * self.n_seen_ >= max(1.0, 0.01 * self.n_seen_)))
+
+    def _finish_mixture(self) -> None:
+        self.pattern_weights_ = self._mixture.expected_weights()
+        self.n_patterns_ = self._count_patterns(self.pattern_weights_)
+        self.label_share_ = self.pattern_weights_ @ self._mixture.label_means()  # marginal E[psi] (L,)
+
+    def _prior_precision(self) -> np.ndarray:
+        prior = np.full(self.n_features_in_ + 1, float(self.weight_precision))
+        prior[-1] = 1e-2
+        return prior
+
+    def _fit_classifiers(self, Z, Y, mask, labelled, rng, device, bar) -> None:
+        rows = np.flatnonzero(labelled)
+        n_val = int(round(float(self.validation_fraction) * rows.size))
+        if n_val >= 1 and rows.size - n_val >= 1:
+            shuffled = rng.permutation(rows)
+            val_rows, train_rows = np.sort(shuffled[:n_val]), np.sort(shuffled[n_val:])
+        else:
+            val_rows, train_rows = np.array([], dtype=np.int64), rows
+        self.calibration_ = np.array([1.0, 1.0, 0.0])
+        self.threshold_ = 0.5
+        if self.online:
+            self._sgd = SGDClassifier(self.n_features_in_, self.n_labels_, self.classifier,
+                                      self._sgd_alpha(rows.size), self.sgd_eta0)
+            self._sgd_passes(Z, Y, mask, train_rows, rng, bar)
+            self.classifier_samples_ = None
+            if val_rows.size:
+                self._calibrate(Z[val_rows], Y[val_rows], mask[val_rows])
+                # the held-out rows are then streamed in like any later data
+                self._sgd_passes(Z, Y, mask, val_rows, rng, bar, passes=1)
+            self.classifier_trace_ = np.zeros(0)
+            return
+        solver = self.solver
+        if solver == "auto":
+            solver = choose_solver(rows.size, self.n_features_in_, self.n_labels_, Z.nnz / max(1, Z.shape[0] * Z.shape[1]))
+        self.solver_ = solver
+        prior = self._prior_precision()
+        dense = solver != "cg"
+        fit_rows = train_rows if val_rows.size else rows
+        design = Design(Z[fit_rows], device, dense=dense)
+        samples, trace = gibbs_classifier(design, Y[fit_rows], mask[fit_rows], self.classifier, prior,
+                                          self.n_gibbs, self.n_keep, rng, solver, progress=bar,
+                                          n_mode_steps=self.n_mode_steps)
+        traces = list(trace)
+        if val_rows.size:
+            self.classifier_samples_ = samples
+            self._calibrate(Z[val_rows], Y[val_rows], mask[val_rows])
+            # refit on every labelled row, starting from the posterior mean of the first fit
+            n_refit = max(2, self.n_gibbs // 2)
+            design = Design(Z[rows], device, dense=dense)
+            samples, trace = gibbs_classifier(design, Y[rows], mask[rows], self.classifier, prior, n_refit,
+                                              min(self.n_keep, n_refit), rng, solver, init=samples.mean(axis=0),
+                                              progress=bar, n_mode_steps=1)
+            traces += list(trace)
+        self.classifier_samples_ = samples
+        self.classifier_trace_ = np.asarray(traces)
+
+    def _sgd_passes(self, Z, Y, mask, rows, rng, bar, passes=None) -> None:
+        for _ in range(self.n_passes if passes is None else passes):
+            order = rng.permutation(rows)
+            for batch in iter_batches(order.size, self.batch_size):
+                take = order[batch]
+                self._sgd.step(Z[take], Y[take], mask[take])
+                if bar is not None:
+                    bar.update(1)
+
+    # ---- calibration ----------------------------------------------------------------------------
+    def _calibrate(self, Z_val, Y_val, mask_val) -> None:
+        """Fit (a, b, d) of logit p = a s_clf + b s_pattern + d by Newton's method on the observed
+        validation entries, then the example-F1-optimal threshold on the calibrated probabilities."""
+        self._finish_mixture()
+        X_val = self._raw_from_classifier(Z_val)
+        s_clf, s_pat = self._evidence(Z_val, X_val)
+        observed = mask_val > 0
+        feats = np.stack([s_clf[observed], s_pat[observed], np.ones(observed.sum())], axis=1)
+        target = Y_val[observed]
+        theta = _logistic_newton(feats, target, np.array([1.0, 1.0, 0.0]))
+        self.calibration_ = theta
+        proba = _sigmoid(theta[0] * s_clf + theta[1] * s_pat + theta[2])
+        best, best_f1 = 0.5, -1.0
+        for threshold in np.linspace(0.05, 0.95, 37):
+            f1 = _example_f1(Y_val, mask_val, _threshold_rows(proba, threshold))
+            if f1 > best_f1:
+                best, best_f1 = float(threshold), f1
+        self.threshold_ = best
+
+    def _raw_from_classifier(self, Z):
+        """Classifier features back to raw features (for the mixture) in the validation step."""
+        if not self.standardized_:
+            return Z
+        return sp.csr_matrix(Z.toarray() * self.feature_scale_ + self.feature_mean_)
+
+    # ---- prediction -----------------------------------------------------------------------------
+    def _classifier_margins(self, Z) -> np.ndarray:
+        """Per kept draw the margins z^T w (S, b, L), or the SGD average's (1, b, L)."""
+        if self.classifier_samples_ is None:
+            W = self._sgd.W_avg
+            return (np.asarray(Z @ W[:-1]) + W[-1])[None]
+        W = self.classifier_samples_
+        return np.stack([np.asarray(Z @ w[:-1]) + w[-1] for w in W])
+
+    def _evidence(self, Z, X):
+        """Classifier evidence s_clf (logit of the posterior-averaged probability for logistic, the
+        posterior-mean margin for svm) and pattern evidence s_pattern = log(sum_k q_k(x) E psi_kc)
+        - log(marginal share of c) (eq. 8), both (b, L)."""
+        margins = self._classifier_margins(Z)
+        if self.classifier == "logistic":
+            s_clf = _logit(_sigmoid(margins).mean(axis=0))
+        else:
+            s_clf = margins.mean(axis=0)
+        resp = self._mixture.responsibilities(self._mixture_features(X))
+        share = resp @ self._mixture.label_means()
+        s_pat = np.log(share + 1e-300) - np.log(self.label_share_)[None, :]
+        return s_clf, s_pat
+
+    def _decision_function(self, X) -> np.ndarray:
+        s_clf, s_pat = self._evidence(self._classifier_features(X), X)
+        a, b, d = self.calibration_
+        return (a * s_clf + b * s_pat + d).astype(np.float32)
+
+    def _nu(self, X) -> np.ndarray:
+        """Eq. (8): nu_c proportional to the combination of classifier and pattern evidence for label c,
+        normalised over labels. The product sigma(w_c^T x) * sum_k q_k(x) E[psi_kc] is taken in logit
+        space with the calibrated weights, i.e. nu_c proportional to the calibrated probability."""
+        proba = self._batched(X, self._predict_proba, self.label_prior_).astype(np.float64)
+        return proba / proba.sum(axis=1, keepdims=True)
+
+    def predict(self, X, threshold: float | None = None, top_k: int | None = None, rule: str | None = None,
+                random_state=None) -> sp.csr_matrix:
+        """Sparse 0/1 label predictions.
+
+        ``top_k`` or a numeric ``threshold`` behave as in the base class (top-k labels; calibrated
+        probability >= threshold). With neither, ``rule`` (default ``self.count_rule``) applies:
+        "threshold" (tuned threshold, at least one label), "expected" (top round(mean count) by nu,
+        eq. 8) or "sample" (eq. 9: T ~ round(N(mean, std)), labels ~ Mult(nu, T), seeded by
+        ``random_state``).
+        """
+        if top_k is not None or threshold is not None:
+            return super().predict(X, threshold=0.5 if threshold is None else threshold, top_k=top_k)
+        rule = self.count_rule if rule is None else rule
+        if rule not in _COUNT_RULES:
+            raise ValidationError(f"rule must be one of {_COUNT_RULES}, got {rule!r}")
+        X = self._validated(X)
+        parts = []
+        rng = numpy_rng(random_state)
+        for rows in iter_batches(X.shape[0], 2048):
+            block = X[rows]
+            if rule == "threshold":
+                parts.append(sp.csr_matrix(_threshold_rows(self.predict_proba(block), self.threshold_)))
+                continue
+            proba = self.predict_proba(block).astype(np.float64)
+            if rule == "count":
+                counts = np.clip(np.rint(proba.sum(axis=1)), 1, self.n_labels_).astype(int)
+                parts.append(sp.csr_matrix(_top_counts(proba, counts)))
+                continue
+            nu = proba / proba.sum(axis=1, keepdims=True)
+            pred = np.zeros(nu.shape, dtype=np.float32)
+            if rule == "expected":
+                k = int(np.clip(round(self.label_count_mean_), 1, self.n_labels_))
+                top = np.argpartition(-nu, k - 1, axis=1)[:, :k]
+                np.put_along_axis(pred, top, 1.0, axis=1)
+            else:
+                draws = np.rint(rng.normal(self.label_count_mean_, self.label_count_std_, size=nu.shape[0]))
+                for i, t in enumerate(np.clip(draws, 0, None).astype(int)):
+                    if t:
+                        pred[i, np.flatnonzero(rng.multinomial(t, nu[i]))] = 1.0
+            parts.append(sp.csr_matrix(pred))
+        if not parts:
+            return sp.csr_matrix((0, self.n_labels_), dtype=np.float32)
+        return sp.vstack(parts, format="csr")
+
+    # ---- online ---------------------------------------------------------------------------------
+    def partial_fit(self, X_batch, Y_batch, label_mask=None):
+        """Update the model with one batch of a stream, without revisiting earlier data.
+
+        The first call initialises the model from the batch (feature scaling, emission and the
+        label count are fixed then). Later calls: one SVI natural-gradient step (eqs. 2-5) with the
+        natural gradient scaled to the number of rows seen so far, and one epoch of SGD (eq. 7) on
+        the batch in minibatches of ``batch_size``. A model fitted in batch mode continues with SGD
+        from the posterior mean of its classifiers.
+        """
+        self._check_params()
+        first = not hasattr(self, "n_labels_")
+        if first:
+            X, Y, label_mask = check_fit_inputs(X_batch, Y_batch, label_mask)
+        else:
+            X = check_features(X_batch, self.n_features_in_, name="X_batch")
+            Y = self._check_stream_labels(Y_batch, X.shape[0])
+            if label_mask is not None:
+                _, Y, label_mask = check_fit_inputs(X, Y, _pad_columns(label_mask, self.n_labels_, "label_mask"))
+        rng = numpy_rng(self.random_state) if first else getattr(self, "_stream_rng", None) or numpy_rng(self.random_state)
+        n = X.shape[0]
+        mask, labelled = self._entry_mask(Y, label_mask)
+        if first:
+            start = time.perf_counter()
+            self.n_features_in_ = X.shape[1]
+            self.n_labels_ = Y.shape[1]
+            self.history_ = {"wall_time": [], "objective": []}
+            self._stream_start = start
+            self._stream_rng = rng
+            self._setup_preprocessing(X)
+            self.count_sums_ = np.zeros(3)
+            self.label_count_mean_, self.label_count_std_ = 1.0, 0.0
+            self.label_frequencies_ = np.zeros(self.n_labels_, dtype=np.int64)
+            self.observed_counts_ = np.zeros(self.n_labels_, dtype=np.int64)
+            self.n_seen_ = 0
+            self.svi_steps_ = 0
+            self.calibration_ = np.array([1.0, 1.0, 0.0])
+            self.threshold_ = 0.5
+            self.classifier_samples_ = None
+            self.classifier_trace_ = np.zeros(0)
+        elif not hasattr(self, "observed_counts_"):  # batch-fitted model: rebuild the running totals
+            self.observed_counts_ = np.full(self.n_labels_, self.n_seen_, dtype=np.int64)
+        self.label_frequencies_ = self.label_frequencies_ + np.bincount(Y.indices, minlength=self.n_labels_)
+        self.observed_counts_ = self.observed_counts_ + mask.sum(axis=0).astype(np.int64)
+        self.label_prior_ = (self.label_frequencies_ + 0.5) / (self.observed_counts_ + 1.0)
+        self.empty_labels_ = np.flatnonzero(self.label_frequencies_ == 0)
+        self._update_count_stats(Y, mask, labelled)
+        self.n_seen_ += n
+
+        X_mix = self._mixture_features(X)
+        Y_mix = Y
+        if first:
+            self._mixture = self._new_mixture(X_mix)
+            self._mixture.initialise(X_mix, Y_mix, float(n), rng)
+        else:
+            self._svi_step(X_mix, Y_mix, self.n_seen_)
+        if getattr(self, "_sgd", None) is None:
+            self._sgd = SGDClassifier(self.n_features_in_, self.n_labels_, self.classifier,
+                                      self._sgd_alpha(max(n, 1000)), self.sgd_eta0)
+            if self.classifier_samples_ is not None:
+                self._sgd.W[...] = self.classifier_samples_.mean(axis=0)
+                self._sgd.W_avg[...] = self._sgd.W
+                self.classifier_samples_ = None
+        self._sgd_passes(self._classifier_features(X), Y.toarray().astype(np.float64), mask,
+                         np.flatnonzero(labelled), rng, None, passes=1)
+        self._finish_mixture()
+        elbo = self._mixture.local_elbo(X_mix, Y_mix) * (self.n_seen_ / n) - self._mixture.global_kl()
+        self.history_["wall_time"].append(time.perf_counter() - getattr(self, "_stream_start", time.perf_counter()))
+        self.history_["objective"].append(float(elbo))
+        self.history_.setdefault("pass", []).append(len(self.history_["objective"]))
+        self.history_.setdefault("n_patterns", []).append(int(self.n_patterns_))
+        return self
+
+    def _check_stream_labels(self, Y_batch, n_rows: int) -> sp.csr_matrix:
+        from ..validation import check_labels
+
+        Y = check_labels(Y_batch, name="Y_batch")
+        if Y.shape[0] != n_rows:
+            raise ValidationError(f"Y_batch has {Y.shape[0]} rows but X_batch has {n_rows}")
+        if Y.shape[1] > self.n_labels_:
+            beyond = Y.indices[Y.indices >= self.n_labels_]
+            if beyond.size:
+                raise ValidationError(
+                    f"Y_batch uses label index {int(beyond.max())} but the model was initialised with "
+                    f"{self.n_labels_} labels (0..{self.n_labels_ - 1}); new labels cannot be added online"
+                )
+        return sp.csr_matrix((Y.data, Y.indices, Y.indptr), shape=(n_rows, self.n_labels_))
+
+    # ---- persistence ----------------------------------------------------------------------------
+    def _get_state(self) -> dict:
+        state = super()._get_state()
+        state["mixture_state"] = {**self._mixture.state(), **{"emission." + k: v for k, v in self._mixture.emission.state().items()}}
+        sgd = getattr(self, "_sgd", None)
+        state["sgd_state"] = None if sgd is None else sgd.state()
+        return state
+
+    def _set_state(self, state: dict) -> None:
+        state = dict(state)
+        mixture_state = state.pop("mixture_state")
+        sgd_state = state.pop("sgd_state")
+        super()._set_state(state)
+        self._mixture = self._new_mixture(None)
+        self._mixture.set_state(mixture_state)
+        self._mixture.emission.set_state({k.split(".", 1)[1]: v for k, v in mixture_state.items() if k.startswith("emission.")})
+        self._sgd = None
+        if sgd_state is not None:
+            self._sgd = SGDClassifier(self.n_features_in_, self.n_labels_, self.classifier, 1.0, self.sgd_eta0)
+            self._sgd.set_state(sgd_state)
+
+
+def _pad_columns(matrix, n_cols: int, name: str):
+    matrix = sp.csr_matrix(matrix)
+    if matrix.shape[1] > n_cols:
+        raise ValidationError(f"{name} has {matrix.shape[1]} columns but the model has {n_cols} labels")
+    return sp.csr_matrix((matrix.data, matrix.indices, matrix.indptr), shape=(matrix.shape[0], n_cols))
+
+
+def _top_counts(scores: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """0/1 rows with the ``counts[i]`` highest ``scores`` of row i set."""
+    order = np.argsort(-scores, axis=1, kind="stable")
+    ranks = np.empty_like(order)
+    np.put_along_axis(ranks, order, np.arange(scores.shape[1])[None, :].repeat(scores.shape[0], 0), axis=1)
+    return (ranks < counts[:, None]).astype(np.float32)
+
+
+def _threshold_rows(proba: np.ndarray, threshold: float) -> np.ndarray:
+    """proba >= threshold, and the most probable label for rows that would otherwise be empty."""
+    pred = (proba >= threshold).astype(np.float32)
+    empty = pred.sum(axis=1) == 0
+    if empty.any():
+        pred[np.flatnonzero(empty), np.argmax(proba[empty], axis=1)] = 1.0
+    return pred
+
+
+def _example_f1(Y: np.ndarray, mask: np.ndarray, pred: np.ndarray) -> float:
+    """Example-based F1 over the rows' observed entries (empty/empty rows score 1)."""
+    pred = pred * mask
+    true = Y * mask
+    inter = (pred * true).sum(axis=1)
+    denom = pred.sum(axis=1) + true.sum(axis=1)
+    return float(np.mean(np.where(denom > 0, 2 * inter / np.maximum(denom, 1e-12), 1.0)))
+
+
+def _logistic_newton(feats: np.ndarray, target: np.ndarray, theta: np.ndarray, ridge: float = 1e-4) -> np.ndarray:
+    """Maximise sum log Bernoulli(target | sigma(feats @ theta)) - ridge/2 |theta|^2 by Newton's
+    method with step halving (so the objective never decreases)."""
+
+    def objective(t):
+        logits = feats @ t
+        return float(np.sum(target * logits - np.logaddexp(0.0, logits)) - 0.5 * ridge * t @ t)
+
+    current = objective(theta)
+    for _ in range(50):
+        p = _sigmoid(feats @ theta)
+        grad = feats.T @ (target - p) - ridge * theta
+        hess = (feats * (p * (1 - p))[:, None]).T @ feats + ridge * np.eye(theta.size)
+        step = np.linalg.solve(hess, grad)
+        scale = 1.0
+        while scale > 1e-6:
+            candidate = objective(theta + scale * step)
+            if candidate >= current:
+                break
+            scale *= 0.5
+        if scale <= 1e-6:
+            break
+        theta = theta + scale * step
+        improvement, current = candidate - current, candidate
+        if improvement < 1e-8 * max(1.0, abs(current)):
+            break
+    return theta

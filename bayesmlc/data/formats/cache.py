@@ -1,0 +1,165 @@
+"""Binary ``.npz`` dataset files and the parse-once cache of text files.
+
+A dataset ``.npz`` holds the CSR parts of X, Y and the optional label mask, the names (fixed-width
+unicode arrays) and a JSON record (provenance, format version, and for a cache the size and mtime
+of the files it was parsed from). It is written with :func:`numpy.savez` and read with
+``allow_pickle=False``, so loading one never runs code.
+
+The cache: ``read_dataset(path, cache=True)`` parses a text file once and stores
+``<file>.bayesmlc.npz`` next to it (or, when that folder is not writable, in ``$BAYESMLC_CACHE_DIR``
+or ``~/.cache/bayesmlc``); ``cache=DIR`` stores it in ``DIR``. It is reused while the recorded size
+and modification time of the source (and of the companion name files) still match and it was made
+with the same reader options; otherwise the text is parsed again and the cache rewritten.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+import warnings
+from pathlib import Path
+from typing import Callable, List, Optional, Sequence, Tuple
+
+import numpy as np
+import scipy.sparse as sp
+
+from ...exceptions import DataFormatError
+from ..dataset import Dataset
+
+__all__ = ["save_npz", "load_npz", "cached_read", "cache_file_for", "NPZ_FORMAT_VERSION"]
+
+NPZ_FORMAT_VERSION = 1
+_SUFFIX = ".bayesmlc.npz"
+
+
+def _csr_parts(prefix: str, matrix: sp.csr_matrix, with_data: bool) -> dict:
+    parts = {f"{prefix}_indices": matrix.indices, f"{prefix}_indptr": matrix.indptr,
+             f"{prefix}_shape": np.asarray(matrix.shape, dtype=np.int64)}
+    if with_data:
+        parts[f"{prefix}_data"] = matrix.data
+    return parts
+
+
+def save_npz(dataset: Dataset, path, *, record: Optional[dict] = None) -> Path:
+    """Write ``dataset`` to ``path`` (an ``.npz``), atomically (a temporary file, then a rename)."""
+    path = Path(path)
+    arrays = {"format_version": np.asarray(NPZ_FORMAT_VERSION, dtype=np.int64)}
+    arrays.update(_csr_parts("X", dataset.X, True))
+    arrays.update(_csr_parts("Y", dataset.Y, False))
+    if dataset.label_mask is not None:
+        arrays.update(_csr_parts("mask", dataset.label_mask, False))
+    for key, names in (("feature_names", dataset.feature_names), ("label_names", dataset.label_names)):
+        if names is not None:
+            arrays[key] = np.asarray([str(n) for n in names], dtype=str) if len(names) else np.zeros(0, dtype="<U1")
+    meta = {"source": dataset.source, **(record or {})}
+    arrays["meta"] = np.asarray(json.dumps(meta, default=str))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handle, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
+    try:
+        with os.fdopen(handle, "wb") as stream:
+            np.savez(stream, **arrays)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def _csr(contents, prefix: str, path, data=None) -> sp.csr_matrix:
+    indices, indptr = contents[f"{prefix}_indices"], contents[f"{prefix}_indptr"]
+    shape = tuple(int(v) for v in contents[f"{prefix}_shape"])
+    if data is None:
+        data = contents[f"{prefix}_data"] if f"{prefix}_data" in contents else np.ones(indices.size, dtype=np.float32)
+    try:
+        return sp.csr_matrix((data.astype(np.float32, copy=False), indices, indptr), shape=shape)
+    except (ValueError, TypeError) as exc:
+        raise DataFormatError(f"corrupt {prefix} matrix: {exc}", path=path) from None
+
+
+def load_npz(path) -> Tuple[Dataset, dict]:
+    """Read a dataset ``.npz`` written by :func:`save_npz`; returns ``(dataset, meta record)``."""
+    path = Path(path)
+    try:
+        with np.load(path, allow_pickle=False) as archive:
+            contents = {key: archive[key] for key in archive.files}
+    except (OSError, ValueError, EOFError) as exc:
+        raise DataFormatError(f"not a readable dataset .npz file: {exc}", path=path) from None
+    except Exception as exc:  # zipfile.BadZipFile and friends
+        raise DataFormatError(f"not a readable dataset .npz file: {type(exc).__name__}: {exc}", path=path) from None
+    required = {"format_version", "meta", "X_data", "X_indices", "X_indptr", "X_shape", "Y_indices", "Y_indptr",
+                "Y_shape"}
+    missing = sorted(required - set(contents))
+    if missing:
+        raise DataFormatError(f"not a bayesmlc dataset .npz: missing {missing}", path=path)
+    version = int(contents["format_version"])
+    if version > NPZ_FORMAT_VERSION:
+        raise DataFormatError(f"written by a newer bayesmlc (dataset format {version}; this version reads up to "
+                              f"{NPZ_FORMAT_VERSION})", path=path)
+    try:
+        meta = json.loads(str(contents["meta"]))
+    except ValueError as exc:
+        raise DataFormatError(f"corrupt metadata record: {exc}", path=path) from None
+    X = _csr(contents, "X", path)
+    Y = _csr(contents, "Y", path)
+    mask = _csr(contents, "mask", path) if "mask_indices" in contents else None
+    names = {key: contents[key].tolist() if key in contents else None for key in ("feature_names", "label_names")}
+    try:
+        dataset = Dataset(X=X, Y=Y, label_mask=mask, source=dict(meta.get("source", {})), **names)
+    except ValueError as exc:
+        raise DataFormatError(f"inconsistent dataset file: {exc}", path=path) from None
+    return dataset, meta
+
+
+# ----------------------------------------------------------------------------------------------
+# cache of parsed text files
+# ----------------------------------------------------------------------------------------------
+def _fallback_dir() -> Path:
+    env = os.environ.get("BAYESMLC_CACHE_DIR")
+    return Path(env) if env else Path.home() / ".cache" / "bayesmlc"
+
+
+def cache_file_for(source, cache) -> Path:
+    """Where the cache of ``source`` lives for ``cache=True`` or ``cache=DIR``."""
+    source = Path(source).resolve()
+    keyed_name = f"{source.name}-{hashlib.sha1(str(source).encode()).hexdigest()[:12]}{_SUFFIX}"
+    if cache is True:
+        if os.access(source.parent, os.W_OK):
+            return source.with_name(source.name + _SUFFIX)
+        return _fallback_dir() / keyed_name
+    return Path(cache) / keyed_name
+
+
+def _stamp(paths: Sequence[Path]) -> List[list]:
+    return [[str(Path(p).resolve()), os.stat(p).st_size, os.stat(p).st_mtime_ns] for p in paths]
+
+
+def cached_read(source, dependencies: Sequence[Path], options: dict, parse: Callable[[], Dataset], cache
+                ) -> Dataset:
+    """``parse()`` with a cache: reuse the cache of ``source`` if its record still matches.
+
+    ``dependencies`` are the files the parse reads (the source first, then companion name files);
+    ``options`` are the reader options (JSON-serialisable) that change the result.
+    """
+    target = cache_file_for(source, cache)
+    stamp = _stamp(dependencies)
+    options = json.loads(json.dumps(options, default=str))
+    if target.exists():
+        try:
+            dataset, meta = load_npz(target)
+        except DataFormatError as exc:
+            warnings.warn(f"ignoring unreadable cache {target}: {exc}", stacklevel=3)
+        else:
+            record = meta.get("cache", {})
+            if record.get("files") == stamp and record.get("options") == options:
+                dataset.source = {**dataset.source, "cache": str(target), "from_cache": True}
+                return dataset
+    dataset = parse()
+    try:
+        save_npz(dataset, target, record={"cache": {"files": stamp, "options": options}})
+    except OSError as exc:
+        warnings.warn(f"could not write the cache {target}: {exc}", stacklevel=3)
+    else:
+        dataset.source = {**dataset.source, "cache": str(target), "from_cache": False}
+    return dataset

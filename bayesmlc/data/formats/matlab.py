@@ -1,0 +1,107 @@
+"""MATLAB ``.mat`` files (version 4 to 7.2, through :func:`scipy.io.loadmat`).
+
+The caller names the variables: ``variables={"X": "X_tr", "Y": "Y_tr"}`` (optionally
+``"label_mask"``). Matrices may be dense or sparse, ``Y`` (and the mask) must hold 0/1 and have as
+many rows as ``X``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Mapping, Optional
+
+import numpy as np
+import scipy.io
+import scipy.sparse as sp
+
+from ...exceptions import DataFormatError
+from ..dataset import Dataset
+
+__all__ = ["read_mat", "write_mat", "DEFAULT_VARIABLES"]
+
+DEFAULT_VARIABLES = {"X": "X", "Y": "Y"}
+_ROLES = ("X", "Y", "label_mask")
+
+
+def _load(path: Path) -> dict:
+    try:
+        return scipy.io.loadmat(path)
+    except NotImplementedError as exc:  # MATLAB v7.3 files are HDF5
+        raise DataFormatError(f"cannot read this .mat file ({exc}); save it with -v7 or read it with h5py",
+                              path=path) from None
+    except OSError as exc:
+        raise DataFormatError(f"cannot read the file: {exc.strerror or exc}", path=path) from None
+    except Exception as exc:  # scipy raises ValueError, TypeError, MatReadError... for corrupt files
+        raise DataFormatError(f"not a readable MATLAB .mat file: {exc}", path=path) from None
+
+
+def _matrix(contents: dict, name: str, role: str, path: Path) -> sp.csr_matrix:
+    value = contents[name]
+    if sp.issparse(value):
+        matrix = sp.csr_matrix(value)
+    else:
+        array = np.asarray(value)
+        if array.ndim != 2 or array.dtype.kind not in "biuf":
+            raise DataFormatError(
+                f"variable {name!r} ({role}) must be a 2-D numeric matrix, got {array.dtype} of shape {array.shape}",
+                path=path,
+            )
+        matrix = sp.csr_matrix(array)
+    if matrix.dtype.kind not in "biuf":
+        raise DataFormatError(f"variable {name!r} ({role}) must be numeric, got {matrix.dtype}", path=path)
+    if matrix.nnz and not np.all(np.isfinite(matrix.data)):
+        raise DataFormatError(f"variable {name!r} ({role}) holds NaN or infinite values", path=path)
+    if role != "X":
+        bad = matrix.data[(matrix.data != 0) & (matrix.data != 1)]
+        if bad.size:
+            raise DataFormatError(
+                f"variable {name!r} ({role}) must hold 0/1, found values {np.unique(bad)[:5].tolist()}"
+                + (" (a -1/+1 coding? map -1 to 0 first)" if np.all(np.isin(bad, (-1,))) else ""),
+                path=path,
+            )
+        matrix.eliminate_zeros()
+    return matrix
+
+
+def read_mat(path, variables: Optional[Mapping[str, str]] = None) -> Dataset:
+    """Read a :class:`Dataset` from a ``.mat`` file.
+
+    Parameters
+    ----------
+    variables:
+        Maps the roles ``"X"``, ``"Y"`` and optionally ``"label_mask"`` to variable names in the
+        file; default ``{"X": "X", "Y": "Y"}``.
+    """
+    path = Path(path)
+    variables = dict(DEFAULT_VARIABLES if variables is None else variables)
+    unknown = set(variables) - set(_ROLES)
+    if unknown or not {"X", "Y"} <= set(variables):
+        raise DataFormatError(f"variables must map 'X', 'Y' (and optionally 'label_mask') to variable names, got "
+                              f"{variables}", path=path)
+    contents = _load(path)
+    present = sorted(k for k in contents if not k.startswith("__"))
+    for role, name in variables.items():
+        if name not in contents:
+            raise DataFormatError(f"no variable {name!r} (for {role}) in the file; it holds {present}", path=path)
+    X = _matrix(contents, variables["X"], "X", path)
+    Y = _matrix(contents, variables["Y"], "Y", path)
+    mask = _matrix(contents, variables["label_mask"], "label_mask", path) if "label_mask" in variables else None
+    for role, matrix in (("Y", Y), ("label_mask", mask)):
+        if matrix is not None and matrix.shape[0] != X.shape[0]:
+            hint = " (stored transposed? it has as many columns as X has rows)" if matrix.shape[1] == X.shape[0] else ""
+            raise DataFormatError(
+                f"variable {variables[role]!r} ({role}) has shape {matrix.shape} but {variables['X']!r} (X) has "
+                f"{X.shape[0]} rows{hint}", path=path,
+            )
+    if mask is not None and mask.shape != Y.shape:
+        raise DataFormatError(f"label_mask {variables['label_mask']!r} has shape {mask.shape}, Y has {Y.shape}", path=path)
+    return Dataset(X=X.astype(np.float32), Y=Y.astype(np.float32), label_mask=mask)
+
+
+def write_mat(path, dataset: Dataset, variables: Optional[Mapping[str, str]] = None) -> None:
+    """Write ``dataset`` to a ``.mat`` file as sparse matrices (names as in :func:`read_mat`)."""
+    variables = dict(DEFAULT_VARIABLES if variables is None else variables)
+    contents = {variables["X"]: dataset.X.astype(np.float64), variables["Y"]: dataset.Y.astype(np.float64)}
+    if dataset.label_mask is not None:
+        contents[variables.get("label_mask", "label_mask")] = dataset.label_mask.astype(np.float64)
+    scipy.io.savemat(path, contents, do_compression=True)

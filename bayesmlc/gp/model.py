@@ -1,0 +1,633 @@
+"""The MLGPF estimator: P latent GPs with shared inducing inputs, utilities f = Phi h + b, logistic
+likelihood, trained by doubly stochastic variational inference (journal paper; subspace paper)."""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import time
+import warnings
+
+import numpy as np
+import scipy.sparse as sp
+import torch
+from torch import nn
+
+from ..base import MultiLabelEstimator
+from ..exceptions import ModelFormatError, ValidationError
+from ..utils import numpy_rng, resolve_device
+from .inducing import (
+    INDUCING_NAMES,
+    FeatureBatch,
+    InputSpaceInducing,
+    SubspaceInducing,
+    kmeans_centres,
+    truncated_svd,
+)
+from .kernels import KERNEL_NAMES, make_kernel
+from .likelihoods import BernoulliLogit
+from .objective import data_term_full, data_term_sampled, sample_label_entries, utility_moments
+from .training import (
+    TrainingDivergedError,
+    all_finite,
+    batch_size_at,
+    early_stop,
+    epoch_batches,
+    load_checkpoint,
+    make_optimizer,
+    optimizer_state_from_checkpoint,
+    save_checkpoint,
+)
+from .variational import VARIATIONAL_NAMES, make_variational
+
+__all__ = ["MLGPF", "MLGPFModule"]
+
+# Precompute the training rows' subspace projections X X~^T (= U S) when they take at most this many
+# entries (200 MB in float32); otherwise they are formed per batch by a sparse product.
+PROJECTION_CACHE_ENTRIES = 50_000_000
+_DTYPES = {"float32": torch.float32, "float64": torch.float64}
+
+
+class MLGPFModule(nn.Module):
+    """The parameters of the bound: kernel, inducing inputs, q(u), loadings Phi (L, P), bias b (L,)."""
+
+    def __init__(self, kernel, inducing, variational, Phi: np.ndarray, bias: np.ndarray):
+        super().__init__()
+        self.kernel = kernel
+        self.inducing = inducing
+        self.variational = variational
+        self.Phi = nn.Parameter(torch.as_tensor(np.asarray(Phi, dtype=np.float32)))
+        self.bias = nn.Parameter(torch.as_tensor(np.asarray(bias, dtype=np.float32)))
+
+    def latent(self, batch: FeatureBatch, jitter: float, timings: dict | None = None, need_var: bool = True):
+        """Kernel blocks, factorisation and the (B, P) marginals of q(h) for a batch."""
+        clock = _Clock(timings)
+        inner = self.inducing.inner_products(batch, self.kernel.input_weights())
+        blocks = self.kernel(inner)
+        clock.lap("kernels")
+        prep = self.variational.prepare(blocks.zz, jitter)
+        clock.lap("factorisations")
+        if not need_var:
+            return blocks.xz @ self.variational.mean_weights(prep), None, prep
+        mean_h, var_h = self.variational.marginals(prep, blocks.xz, blocks.xx)
+        clock.lap("marginals")
+        return mean_h, var_h, prep
+
+
+class _Clock:
+    """Accumulates wall time per stage into ``timings`` (a dict) when one is given."""
+
+    def __init__(self, timings: dict | None):
+        self.timings = timings
+        self.last = time.perf_counter()
+
+    def lap(self, name: str) -> None:
+        if self.timings is not None:
+            now = time.perf_counter()
+            self.timings[name] = self.timings.get(name, 0.0) + now - self.last
+            self.last = now
+
+
+def minibatch_elbo(module, likelihood, batch, targets, n_total, kl_weight, jitter, timings=None):
+    """The doubly stochastic ELBO estimate for one minibatch (see :mod:`bayesmlc.gp.objective`).
+
+    ``targets`` is ``("full", Y_dense, mask_dense_or_None)`` or ``("sampled", LabelEntries)``.
+    Returns (elbo, sum_p KL, mean_h (B, P), relative jitter used).
+    """
+    mean_h, var_h, prep = module.latent(batch, jitter, timings)
+    clock = _Clock(timings)
+    if targets[0] == "full":
+        data = data_term_full(likelihood, mean_h, var_h, module.Phi, module.bias, targets[1], targets[2])
+    else:
+        data = data_term_sampled(likelihood, mean_h, var_h, module.Phi, module.bias, targets[1])
+    clock.lap("quadrature")
+    kl = module.variational.kl(prep).sum()
+    clock.lap("kl")
+    n_batch = batch.sq_norm.shape[0]
+    return (n_total / n_batch) * data - kl_weight * kl, kl, mean_h, prep.jitter
+
+
+def _logit(p):
+    return np.log(p) - np.log1p(-p)
+
+
+def _normalize_rows(X: sp.csr_matrix) -> sp.csr_matrix:
+    norms = np.sqrt(np.asarray(X.multiply(X).sum(axis=1)).ravel())
+    norms[norms == 0] = 1.0
+    return sp.csr_matrix(sp.diags((1.0 / norms).astype(np.float32)) @ X, dtype=np.float32)
+
+
+class MLGPF(MultiLabelEstimator):
+    """Multi-label Gaussian-process factor model (MLGPF).
+
+    P independent latent GPs h_p ~ GP(0, k) share M inducing inputs Z; the label utilities are
+    f = Phi h + b (L labels) with a logistic likelihood. q(u_p) is Gaussian; the bound is maximised
+    with Adam on minibatches of rows and, optionally, sampled negative labels.
+
+    Parameters
+    ----------
+    n_latent : int, P, number of latent GPs.
+    n_inducing : int, M, number of inducing inputs.
+    kernel : {"linear", "se", "linear+se"}
+    ard : bool, per-dimension weights (per feature for fixed/free inducing inputs; per subspace
+        coordinate plus one for the complement for subspace ones).
+    inducing : {"subspace", "subspace-fixed", "free", "fixed"}
+    subspace_rank : int, R, rank of the truncated SVD basis (subspace inducing inputs).
+    variational : {"whitened", "cholesky", "preconditioned"}
+    batch_size : int, rows per minibatch (at the start when it grows).
+    batch_size_growth, batch_size_every, max_batch_size : the batch grows by ``batch_size_growth``
+        rows every ``batch_size_every`` epochs, up to ``max_batch_size`` (0 = fixed size).
+    epochs : int
+    learning_rate : float, Adam step size for kernel, inducing inputs, Phi and b.
+    variational_learning_rate : float or None, Adam step size for q(u) (None = ``learning_rate``).
+    negative_samples : int or None, negatives sampled per row (None = all labels).
+    quadrature_points : int, Gauss-Hermite nodes.
+    kl_weight : float, weight of sum_p KL (1 = the paper's bound; 0.5 = the authors' code).
+    init_factors : {"svd", "random"}, Phi from the top-P singular vectors of the label matrix, or
+        N(0, 1/P) draws as in the authors' code.
+    normalize_features : bool, scale every feature row to unit L2 norm (as the authors' code does).
+    jitter : float, relative jitter added to K_ZZ before its Cholesky factorisation (grown x10 on
+        failure, recorded in ``history_["jitter"]``).
+    svd_max_rows : int or None, rows the subspace SVD and the k-means initialisation see at most.
+    validation_fraction : float in [0, 1), rows held out for validation metrics / early stopping.
+    validation_every : int, epochs between validation evaluations.
+    early_stopping_patience : int or None, stop when validation P@1 has not improved for this many
+        evaluations (the best parameters are kept).
+    checkpoint_every : int or None, epochs between checkpoints written to ``checkpoint_path``.
+    checkpoint_path : str or None
+    dtype : {"float32", "float64"}, working precision (M x M factorisations always in float64).
+    n_threads : int or None, torch threads during fit and prediction (None = torch's setting).
+    random_state, device, verbose : as for every bayesmlc estimator.
+
+    Attributes
+    ----------
+    parameters_ : dict of name -> tensor, the fitted parameters.
+    jitter_ : float, relative jitter the last factorisation needed.
+    history_ : per-epoch lists: ``epoch``, ``wall_time``, ``objective`` (mean minibatch ELBO
+        estimate), ``kl``, ``batch_size``, ``jitter``, ``train_P@1`` (running, on the batches),
+        ``val_P@1``, ``val_P@3``, ``val_P@5`` (NaN when not evaluated).
+    step_history_ : per-step lists ``step``, ``wall_time``, ``elbo``.
+    """
+
+    def __init__(
+        self,
+        n_latent=30,
+        n_inducing=200,
+        kernel="linear",
+        ard=False,
+        inducing="subspace",
+        subspace_rank=1000,
+        variational="whitened",
+        batch_size=500,
+        batch_size_growth=0,
+        batch_size_every=10,
+        max_batch_size=None,
+        epochs=100,
+        learning_rate=0.01,
+        variational_learning_rate=None,
+        negative_samples=None,
+        quadrature_points=10,
+        kl_weight=1.0,
+        init_factors="svd",
+        normalize_features=True,
+        jitter=1e-5,
+        svd_max_rows=100_000,
+        validation_fraction=0.0,
+        validation_every=1,
+        early_stopping_patience=None,
+        checkpoint_every=None,
+        checkpoint_path=None,
+        dtype="float32",
+        n_threads=None,
+        random_state=None,
+        device="auto",
+        verbose=False,
+    ):
+        self.n_latent = n_latent
+        self.n_inducing = n_inducing
+        self.kernel = kernel
+        self.ard = ard
+        self.inducing = inducing
+        self.subspace_rank = subspace_rank
+        self.variational = variational
+        self.batch_size = batch_size
+        self.batch_size_growth = batch_size_growth
+        self.batch_size_every = batch_size_every
+        self.max_batch_size = max_batch_size
+        self.epochs = epochs
+        self.learning_rate = learning_rate
+        self.variational_learning_rate = variational_learning_rate
+        self.negative_samples = negative_samples
+        self.quadrature_points = quadrature_points
+        self.kl_weight = kl_weight
+        self.init_factors = init_factors
+        self.normalize_features = normalize_features
+        self.jitter = jitter
+        self.svd_max_rows = svd_max_rows
+        self.validation_fraction = validation_fraction
+        self.validation_every = validation_every
+        self.early_stopping_patience = early_stopping_patience
+        self.checkpoint_every = checkpoint_every
+        self.checkpoint_path = checkpoint_path
+        self.dtype = dtype
+        self.n_threads = n_threads
+        self.random_state = random_state
+        self.device = device
+        self.verbose = verbose
+
+    # ---- parameter checks ---------------------------------------------------------------------
+    def _check_params(self, n_rows: int):
+        def positive_int(name, value, allow_none=False, low=1):
+            if value is None and allow_none:
+                return
+            if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < low:
+                raise ValidationError(f"{name} must be an integer >= {low}, got {value!r}")
+
+        def positive_float(name, value, allow_zero=False):
+            ok = isinstance(value, (int, float, np.floating)) and not isinstance(value, bool) and math.isfinite(value)
+            if not ok or value < 0 or (value == 0 and not allow_zero):
+                raise ValidationError(f"{name} must be a {'non-negative' if allow_zero else 'positive'} number, got {value!r}")
+
+        for name, choices in (
+            ("kernel", KERNEL_NAMES),
+            ("inducing", INDUCING_NAMES),
+            ("variational", VARIATIONAL_NAMES),
+            ("init_factors", ("svd", "random")),
+            ("dtype", tuple(_DTYPES)),
+        ):
+            if getattr(self, name) not in choices:
+                raise ValidationError(f"{name} must be one of {', '.join(map(repr, choices))}; got {getattr(self, name)!r}")
+        positive_int("n_latent", self.n_latent)
+        positive_int("n_inducing", self.n_inducing)
+        positive_int("subspace_rank", self.subspace_rank)
+        positive_int("batch_size", self.batch_size)
+        positive_int("batch_size_growth", self.batch_size_growth, low=0)
+        positive_int("batch_size_every", self.batch_size_every)
+        positive_int("max_batch_size", self.max_batch_size, allow_none=True)
+        positive_int("epochs", self.epochs, low=0)
+        positive_int("negative_samples", self.negative_samples, allow_none=True)
+        positive_int("quadrature_points", self.quadrature_points)
+        positive_int("validation_every", self.validation_every)
+        positive_int("early_stopping_patience", self.early_stopping_patience, allow_none=True)
+        positive_int("checkpoint_every", self.checkpoint_every, allow_none=True)
+        positive_int("svd_max_rows", self.svd_max_rows, allow_none=True)
+        positive_int("n_threads", self.n_threads, allow_none=True)
+        positive_float("learning_rate", self.learning_rate)
+        if self.variational_learning_rate is not None:
+            positive_float("variational_learning_rate", self.variational_learning_rate)
+        positive_float("kl_weight", self.kl_weight, allow_zero=True)
+        positive_float("jitter", self.jitter, allow_zero=True)
+        if not (isinstance(self.validation_fraction, (int, float)) and 0 <= self.validation_fraction < 1):
+            raise ValidationError(f"validation_fraction must be in [0, 1), got {self.validation_fraction!r}")
+        if self.early_stopping_patience is not None and self.validation_fraction == 0:
+            raise ValidationError("early_stopping_patience needs validation_fraction > 0 (a held-out set to watch)")
+        if self.checkpoint_every is not None and not self.checkpoint_path:
+            raise ValidationError("checkpoint_every is set but checkpoint_path is not: say where to write checkpoints")
+        if self.n_inducing > n_rows:
+            raise ValidationError(
+                f"n_inducing={self.n_inducing} exceeds the {n_rows} training rows available to initialise "
+                "the inducing inputs; lower n_inducing"
+            )
+
+    # ---- context ------------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def _threads(self):
+        if self.n_threads is None:
+            yield
+            return
+        previous = torch.get_num_threads()
+        torch.set_num_threads(int(self.n_threads))
+        try:
+            yield
+        finally:
+            torch.set_num_threads(previous)
+
+    def _prepare_features(self, X: sp.csr_matrix) -> sp.csr_matrix:
+        return _normalize_rows(X) if self.normalize_features else X
+
+    # ---- construction -------------------------------------------------------------------------
+    def _initial_arrays(self, X, Y, rng):
+        """Data-driven initial values: inducing inputs, Phi, b; plus the cached training projections."""
+        M, P = self.n_inducing, self.n_latent
+        n, D = X.shape
+        seed = int(rng.integers(2**31 - 1))
+        arrays, projection = {}, None
+        if self.inducing.startswith("subspace"):
+            rank = min(self.subspace_rank, n, D)
+            if rank < self.subspace_rank:
+                warnings.warn(
+                    f"subspace_rank={self.subspace_rank} exceeds min(rows, features) = {rank}; using {rank}",
+                    UserWarning,
+                    stacklevel=4,
+                )
+            basis, US, used_rows = truncated_svd(X, rank, seed, self.svd_max_rows)
+            arrays["basis"] = basis
+            arrays["A"] = kmeans_centres(US, M, seed)  # A init: k-means on U S (sec. 2.2)
+            if used_rows is None and n * rank <= PROJECTION_CACHE_ENTRIES:
+                projection = US  # X X~^T for every training row
+        elif self.inducing == "free":
+            arrays["Z"] = kmeans_centres(X, M, seed)
+        else:  # fixed: a random subset of training rows
+            arrays["Z"] = X[np.sort(rng.choice(n, M, replace=False))].toarray()
+        prior = np.clip((np.bincount(Y.indices, minlength=Y.shape[1]) + 0.5) / (n + 1.0), 1e-6, 1 - 1e-6)
+        arrays["bias"] = _logit(prior).astype(np.float32)
+        arrays["Phi"] = self._initial_factors(Y, rng)
+        return arrays, projection
+
+    def _initial_factors(self, Y, rng) -> np.ndarray:
+        """(L, P) loadings: N(0, 1/P) draws (the authors' code), or a warm start from the top-P right
+        singular vectors of the label matrix scaled by sqrt(singular value / mean) and normalised to
+        an average squared row norm of 1, plus 0.1 x the random draw (so the GPs only have to learn
+        the leading left singular directions of Y; notes: this speeds convergence)."""
+        from sklearn.utils.extmath import randomized_svd
+
+        L, P = Y.shape[1], self.n_latent
+        noise = rng.standard_normal((L, P)) / math.sqrt(P)
+        if self.init_factors == "random" or P >= min(Y.shape):
+            return noise.astype(np.float32)
+        _, s, Vt = randomized_svd(Y, P, n_iter=4, random_state=int(rng.integers(2**31 - 1)))
+        Phi = Vt.T * np.sqrt(s / s.mean())
+        Phi *= math.sqrt(L) / np.linalg.norm(Phi)
+        return (Phi + 0.1 * noise).astype(np.float32)
+
+    def _build_module(self, arrays: dict, n_labels: int) -> MLGPFModule:
+        if "basis" in arrays:
+            inducing = SubspaceInducing(arrays["basis"], arrays["A"], trainable=self.inducing == "subspace")
+        else:
+            inducing = InputSpaceInducing(arrays["Z"], trainable=self.inducing == "free")
+        kernel = make_kernel(self.kernel, inducing.n_weights if self.ard else None)
+        variational = make_variational(self.variational, self.n_latent, self.n_inducing)
+        return MLGPFModule(kernel, inducing, variational, arrays["Phi"], arrays["bias"])
+
+    # ---- batches ------------------------------------------------------------------------------
+    def _feature_batch(self, module, X, rows=None, projection=None) -> FeatureBatch:
+        X_rows = X if rows is None else X[rows]
+        projected = None if (projection is None or rows is None) else projection[rows]
+        return module.inducing.make_batch(X_rows, projected)
+
+    def _targets(self, Y, mask, rows, rng, device, dtype):
+        Y_rows = Y[rows]
+        mask_rows = None if mask is None else mask[rows]
+        if self.negative_samples is None:
+            Y_dense = torch.as_tensor(Y_rows.toarray(), device=device, dtype=dtype)
+            mask_dense = None if mask_rows is None else torch.as_tensor(mask_rows.toarray(), device=device, dtype=dtype)
+            return ("full", Y_dense, mask_dense), Y_rows
+        return ("sampled", sample_label_entries(Y_rows, mask_rows, self.negative_samples, rng)), Y_rows
+
+    # ---- fit ----------------------------------------------------------------------------------
+    def _fit(self, X, Y, label_mask, resume=False):
+        self._check_params(X.shape[0])
+        self._device = resolve_device(self.device)
+        self._torch_dtype = _DTYPES[self.dtype]
+        with self._threads():
+            self._train(self._prepare_features(X), Y, label_mask, resume)
+        return self
+
+    def _train(self, X, Y, label_mask, resume):
+        device, dtype = self._device, self._torch_dtype
+        start_clock = time.perf_counter()
+        rng = numpy_rng(self.random_state)
+        n_all = X.shape[0]
+        n_val = int(round(self.validation_fraction * n_all))
+        order = rng.permutation(n_all)
+        val_rows, train_rows = np.sort(order[:n_val]), np.sort(order[n_val:])
+        checkpoint = None
+        if resume:
+            if not self.checkpoint_path:
+                raise ValidationError("resume=True needs checkpoint_path (the checkpoint to continue from)")
+            if os.path.exists(self.checkpoint_path):
+                checkpoint = load_checkpoint(self.checkpoint_path)
+                self._check_checkpoint(checkpoint, X, Y)
+                val_rows = np.asarray(checkpoint["val_rows"], dtype=np.int64)
+                train_rows = np.setdiff1d(np.arange(n_all), val_rows)
+            else:
+                warnings.warn(f"{self.checkpoint_path}: no checkpoint yet; starting from scratch", UserWarning, stacklevel=4)
+        X_tr, Y_tr = X[train_rows], Y[train_rows]
+        mask_tr = None if label_mask is None else label_mask[train_rows]
+        n_train = X_tr.shape[0]
+
+        if checkpoint is None:
+            arrays, projection = self._initial_arrays(X_tr, Y_tr, rng)
+            module = self._build_module(arrays, Y.shape[1]).to(device=device, dtype=dtype)
+        else:
+            module = self._build_module(_structural_arrays(checkpoint["parameters"]), Y.shape[1])
+            module.load_state_dict(checkpoint["parameters"])
+            module = module.to(device=device, dtype=dtype)
+            projection = None
+            if isinstance(module.inducing, SubspaceInducing) and n_train * module.inducing.rank <= PROJECTION_CACHE_ENTRIES:
+                projection = module.inducing.project(X_tr).cpu().numpy()
+        if isinstance(module.inducing, SubspaceInducing) and projection is not None:
+            # U S from the SVD equals X X~^T; keep it in the working dtype
+            projection = np.asarray(projection, dtype=np.float32 if dtype == torch.float32 else np.float64)
+        likelihood = BernoulliLogit(self.quadrature_points)
+        optimizer = make_optimizer(module, self.learning_rate, self.variational_learning_rate)
+        history = {
+            "epoch": [], "wall_time": [], "objective": [], "kl": [], "batch_size": [], "jitter": [],
+            "train_P@1": [], "val_P@1": [], "val_P@3": [], "val_P@5": [],
+        }
+        steps = {"step": [], "wall_time": [], "elbo": []}
+        start_epoch, best_state, elapsed_before = 0, None, 0.0
+        jitter = self.jitter
+        if checkpoint is not None:
+            optimizer.load_state_dict(optimizer_state_from_checkpoint(checkpoint["optimizer"]))
+            rng.bit_generator.state = checkpoint["rng_state"]
+            history = {k: list(v) for k, v in checkpoint["history"].items()}
+            steps = {k: list(v) for k, v in checkpoint["steps"].items()}
+            start_epoch = int(checkpoint["epoch"])
+            jitter = float(checkpoint["jitter"])
+            elapsed_before = float(checkpoint["elapsed"])
+            if checkpoint.get("best_state") is not None:
+                best_state = {k: torch.as_tensor(v) for k, v in checkpoint["best_state"].items()}
+        self._module = module
+        self.history_, self.step_history_ = history, steps
+
+        progress = None
+        if self.verbose:
+            from tqdm.auto import tqdm
+
+            progress = tqdm(total=self.epochs, initial=start_epoch, desc="MLGPF", unit="epoch", leave=False)
+        params = [p for p in module.parameters() if p.requires_grad]
+        step_count = len(steps["step"])
+        try:
+            for epoch in range(start_epoch, self.epochs):
+                batch_size = batch_size_at(
+                    epoch, self.batch_size, self.batch_size_growth, self.batch_size_every, self.max_batch_size
+                )
+                epoch_elbo, epoch_kl, hits, seen, max_jitter = 0.0, 0.0, 0, 0, 0.0
+                batches = epoch_batches(n_train, batch_size, rng)
+                for rows in batches:
+                    batch = self._feature_batch(module, X_tr, rows, projection)
+                    targets, Y_rows = self._targets(Y_tr, mask_tr, rows, rng, device, dtype)
+                    optimizer.zero_grad(set_to_none=True)
+                    elbo, kl, mean_h, used = minibatch_elbo(
+                        module, likelihood, batch, targets, n_train, self.kl_weight, jitter
+                    )
+                    loss = -elbo / n_train
+                    loss.backward()
+                    if not all_finite(loss, params):
+                        self._keep_parameters(module, jitter)
+                        raise TrainingDivergedError(
+                            f"MLGPF: the bound or its gradient became NaN/inf at epoch {epoch + 1}, step "
+                            f"{step_count + 1}; training stopped and the parameters before that step were kept. "
+                            "Try a smaller learning_rate, a larger jitter or dtype='float64'."
+                        )
+                    optimizer.step()
+                    jitter = max(jitter, used)  # a jitter that was needed once stays
+                    max_jitter = max(max_jitter, used)
+                    step_count += 1
+                    value = float(elbo.detach())
+                    steps["step"].append(step_count)
+                    steps["wall_time"].append(elapsed_before + time.perf_counter() - start_clock)
+                    steps["elbo"].append(value)
+                    epoch_elbo += value / len(batches)
+                    epoch_kl += float(kl.detach()) / len(batches)
+                    with torch.no_grad():
+                        top = np.array((mean_h.detach() @ module.Phi.T + module.bias).argmax(1).cpu())
+                    hits += int(np.asarray(Y_rows[np.arange(len(rows)), top]).sum())
+                    seen += len(rows)
+                history["epoch"].append(epoch + 1)
+                history["wall_time"].append(elapsed_before + time.perf_counter() - start_clock)
+                history["objective"].append(epoch_elbo)
+                history["kl"].append(epoch_kl)
+                history["batch_size"].append(batch_size)
+                history["jitter"].append(max_jitter)
+                history["train_P@1"].append(hits / max(seen, 1))
+                val = [math.nan] * 3
+                if n_val and ((epoch + 1) % self.validation_every == 0 or epoch + 1 == self.epochs):
+                    val = self._validation_scores(module, X[val_rows], Y[val_rows], jitter)
+                for k, value in zip((1, 3, 5), val):
+                    history[f"val_P@{k}"].append(value)
+                if n_val and not math.isnan(val[0]):
+                    evaluated = [v for v in history["val_P@1"] if not math.isnan(v)]
+                    if val[0] >= max(evaluated):
+                        best_state = {k: v.detach().clone() for k, v in module.state_dict().items()}
+                if progress is not None:
+                    progress.update(1)
+                    shown = {"ELBO": f"{epoch_elbo:.4g}", "P@1": f"{history['train_P@1'][-1]:.3f}"}
+                    if not math.isnan(val[0]):
+                        shown["val P@1"] = f"{val[0]:.3f}"
+                    progress.set_postfix(shown)
+                stop = self.early_stopping_patience is not None and early_stop(
+                    history["val_P@1"], self.early_stopping_patience
+                )
+                last = epoch + 1 == self.epochs or stop
+                if self.checkpoint_every and ((epoch + 1) % self.checkpoint_every == 0 or last):
+                    save_checkpoint(
+                        self.checkpoint_path,
+                        {
+                            "params": {k: v for k, v in self.get_params().items() if _json_plain(v)},
+                            "n_features": X.shape[1],
+                            "n_labels": Y.shape[1],
+                            "n_rows": n_all,
+                            "epoch": epoch + 1,
+                            "parameters": {k: v.detach().cpu() for k, v in module.state_dict().items()},
+                            "optimizer": optimizer.state_dict(),
+                            "rng_state": rng.bit_generator.state,
+                            "history": history,
+                            "steps": steps,
+                            "jitter": jitter,
+                            "val_rows": val_rows,
+                            "elapsed": elapsed_before + time.perf_counter() - start_clock,
+                            "best_state": None if best_state is None else {k: v.cpu() for k, v in best_state.items()},
+                        },
+                    )
+                if stop:
+                    break
+        finally:
+            if progress is not None:
+                progress.close()
+        if best_state is not None:  # validation was used: keep the best parameters seen
+            module.load_state_dict(best_state)
+        self._keep_parameters(module, jitter)
+
+    def _check_checkpoint(self, checkpoint, X, Y):
+        mine = {k: v for k, v in self.get_params().items() if _json_plain(v)}
+        ignored = {"epochs", "verbose", "checkpoint_every", "checkpoint_path", "n_threads", "device",
+                   "early_stopping_patience", "validation_every"}
+        different = sorted(k for k in mine if k not in ignored and checkpoint["params"].get(k) != mine[k])
+        if different:
+            raise ValidationError(
+                f"{self.checkpoint_path}: checkpoint was written with different parameters ({', '.join(different)}); "
+                "resume needs the same model settings"
+            )
+        if (checkpoint["n_rows"], checkpoint["n_features"], checkpoint["n_labels"]) != (X.shape[0], X.shape[1], Y.shape[1]):
+            raise ValidationError(
+                f"{self.checkpoint_path}: checkpoint is for data of shape rows={checkpoint['n_rows']}, "
+                f"features={checkpoint['n_features']}, labels={checkpoint['n_labels']}, not "
+                f"{X.shape[0]}, {X.shape[1]}, {Y.shape[1]}"
+            )
+
+    def _validation_scores(self, module, X_val, Y_val, jitter):
+        from ..metrics import precision_at_k
+
+        self._keep_parameters(module, jitter)
+        scores = np.vstack([
+            self._mean_utilities(X_val[start : start + 2048]) for start in range(0, X_val.shape[0], 2048)
+        ])
+        return [precision_at_k(Y_val, scores, k) for k in (1, 3, 5)]
+
+    def _keep_parameters(self, module, jitter):
+        self._module = module
+        self.parameters_ = {k: v.detach().cpu().clone() for k, v in module.state_dict().items()}
+        self.jitter_ = float(jitter)
+        self._mean_cache = None
+
+    # ---- prediction ---------------------------------------------------------------------------
+    def _ensure_module(self):
+        if getattr(self, "_module", None) is None:
+            self._device = resolve_device(self.device)
+            module = self._build_module(_structural_arrays(self.parameters_), self.n_labels_)
+            module.load_state_dict(self.parameters_)
+            self._module = module.to(device=self._device, dtype=_DTYPES[self.dtype])
+        return self._module
+
+    def _mean_utilities(self, X) -> np.ndarray:
+        """E_q[f] for a batch of (already prepared) rows: (b, L) float32."""
+        module = self._ensure_module()
+        with torch.no_grad():
+            batch = module.inducing.make_batch(X)
+            blocks = module.kernel(module.inducing.inner_products(batch, module.kernel.input_weights()))
+            if getattr(self, "_mean_cache", None) is None:
+                self._mean_cache = module.variational.mean_weights(module.variational.prepare(blocks.zz, self.jitter_))
+            mean_h = blocks.xz @ self._mean_cache
+            scores = mean_h @ module.Phi.T + module.bias
+        return scores.float().cpu().numpy()
+
+    def _decision_function(self, X) -> np.ndarray:
+        with self._threads():
+            return self._mean_utilities(self._prepare_features(X))
+
+    def _predict_proba(self, X) -> np.ndarray:
+        """E[sigmoid(f)] under q(f), by Gauss-Hermite quadrature over the predictive variance."""
+        module = self._ensure_module()
+        likelihood = BernoulliLogit(self.quadrature_points)
+        with self._threads(), torch.no_grad():
+            batch = module.inducing.make_batch(self._prepare_features(X))
+            mean_h, var_h, _ = module.latent(batch, self.jitter_)
+            f_mean, f_var = utility_moments(mean_h, var_h, module.Phi, module.bias)
+            return likelihood.predictive_mean(f_mean, f_var).float().cpu().numpy()
+
+    # ---- persistence --------------------------------------------------------------------------
+    def _set_state(self, state: dict) -> None:
+        super()._set_state(state)
+        self.parameters_ = {k: torch.as_tensor(v) for k, v in self.parameters_.items()}
+        self._module = None
+        self._mean_cache = None
+
+
+def _structural_arrays(parameters: dict) -> dict:
+    """The arrays the module constructors need (shapes and fixed buffers) from a state dict."""
+    arrays = {}
+    for key, name in (
+        ("inducing.basis", "basis"), ("inducing.A", "A"), ("inducing.Z", "Z"), ("Phi", "Phi"), ("bias", "bias")
+    ):
+        if key in parameters:
+            arrays[name] = np.asarray(parameters[key], dtype=np.float32)
+    if not any(k in arrays for k in ("basis", "Z")):
+        raise ModelFormatError("MLGPF parameters hold neither inducing.basis nor inducing.Z")
+    return arrays
+
+
+def _json_plain(value) -> bool:
+    return value is None or isinstance(value, (bool, int, float, str))

@@ -1,0 +1,127 @@
+"""Small pure pieces of the MLGPF training loop: batches, schedule, optimiser, checks, checkpoints."""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+import os
+import tempfile
+import zipfile
+
+import numpy as np
+import torch
+
+from ..exceptions import ModelFormatError
+from ..persistence import decode, encode
+
+__all__ = [
+    "TrainingDivergedError",
+    "epoch_batches",
+    "batch_size_at",
+    "make_optimizer",
+    "all_finite",
+    "early_stop",
+    "save_checkpoint",
+    "load_checkpoint",
+    "optimizer_state_from_checkpoint",
+]
+
+CHECKPOINT_FORMAT = "bayesmlc-mlgpf-checkpoint"
+CHECKPOINT_VERSION = 1
+
+
+class TrainingDivergedError(FloatingPointError):
+    """The bound or its gradient became NaN or infinite; the model keeps the last good parameters."""
+
+
+def epoch_batches(n_rows: int, batch_size: int, rng: np.random.Generator) -> list[np.ndarray]:
+    """One epoch: a fresh random permutation of ``range(n_rows)`` cut into batches (last may be short).
+
+    Per-epoch permutations (not the reference code's shuffle-after-repeat) so every row is seen once
+    per epoch.
+    """
+    order = rng.permutation(n_rows)
+    return [np.sort(order[start : start + batch_size]) for start in range(0, n_rows, batch_size)]
+
+
+def batch_size_at(epoch: int, batch_size: int, growth: int, every: int, max_batch_size: int | None) -> int:
+    """Batch size in 0-based ``epoch``: ``batch_size + growth * (epoch // every)``, capped.
+
+    The authors' code grows the batch by 20 every 10 epochs (reference notes, sec. 1.8).
+    """
+    size = batch_size + (growth * (epoch // every) if growth and every else 0)
+    return size if max_batch_size is None else min(size, max(max_batch_size, batch_size))
+
+
+def make_optimizer(module: torch.nn.Module, learning_rate: float, variational_learning_rate: float | None):
+    """Adam over all trainable parameters; those of ``module.variational`` and the factor loadings may
+    get their own learning rate (the notes found a higher one for variational parameters helps)."""
+    variational_names = {f"variational.{name}" for name, _ in module.variational.named_parameters()}
+    variational, others = [], []
+    for name, param in module.named_parameters():
+        if param.requires_grad:
+            (variational if name in variational_names else others).append(param)
+    rate = learning_rate if variational_learning_rate is None else variational_learning_rate
+    return torch.optim.Adam(
+        [{"params": others, "lr": learning_rate}, {"params": variational, "lr": rate}]
+    )
+
+
+def all_finite(loss: torch.Tensor, parameters) -> bool:
+    """True when the loss and every gradient are finite."""
+    if not torch.isfinite(loss).all():
+        return False
+    return all(p.grad is None or torch.isfinite(p.grad).all() for p in parameters)
+
+
+def early_stop(scores: list[float], patience: int) -> bool:
+    """True when the best of ``scores`` (higher is better; NaN = not evaluated) is more than
+    ``patience`` evaluations old."""
+    evaluated = [s for s in scores if not math.isnan(s)]
+    if len(evaluated) <= patience:
+        return False
+    best = int(np.argmax(evaluated))
+    return len(evaluated) - 1 - best >= patience
+
+
+def save_checkpoint(path, payload: dict) -> None:
+    """Write ``payload`` (tensors, arrays, dicts, numbers) atomically: temporary file, then rename."""
+    arrays: dict = {}
+    meta = {"format": CHECKPOINT_FORMAT, "version": CHECKPOINT_VERSION, "payload": encode(payload, arrays, "c")}
+    arrays["__meta__"] = np.frombuffer(json.dumps(meta).encode("utf-8"), dtype=np.uint8)
+    path = os.fspath(path)
+    folder = os.path.dirname(os.path.abspath(path))
+    os.makedirs(folder, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp-ckpt-", suffix=".npz")
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            np.savez(handle, **arrays)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def load_checkpoint(path) -> dict:
+    """Read a checkpoint written by :func:`save_checkpoint`."""
+    path = os.fspath(path)
+    try:
+        with open(path, "rb") as handle:
+            data = np.load(io.BytesIO(handle.read()), allow_pickle=False)
+            arrays = {key: data[key] for key in data.files}
+        meta = json.loads(arrays.pop("__meta__").tobytes().decode("utf-8"))
+    except (OSError, ValueError, KeyError, zipfile.BadZipFile) as exc:
+        raise ModelFormatError(f"{path}: not a readable MLGPF checkpoint ({exc})") from None
+    if meta.get("format") != CHECKPOINT_FORMAT or meta.get("version", 0) > CHECKPOINT_VERSION:
+        raise ModelFormatError(f"{path}: not an MLGPF checkpoint this version can read")
+    return decode(meta["payload"], arrays)
+
+
+def optimizer_state_from_checkpoint(state: dict) -> dict:
+    """Undo the string keys JSON gave the optimizer's per-parameter state."""
+    return {
+        "state": {int(k): v for k, v in state["state"].items()},
+        "param_groups": state["param_groups"],
+    }

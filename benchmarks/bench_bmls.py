@@ -1,0 +1,171 @@
+"""BMLS benchmark: seconds per Gibbs sweep, and the AUC table of the BMLS paper on Bibtex.
+
+Usage (from the repository root; ../shared/datasets/bibtex is the BMLS split)::
+
+    python benchmarks/bench_bmls.py speed                      # s/sweep vs N (20..100%) and vs K
+    python benchmarks/bench_bmls.py auc --settings full        # the headline run
+    python benchmarks/bench_bmls.py auc --settings full,labels20,labels20-co,inst20,inst20-co
+    python benchmarks/bench_bmls.py all --out bmls-results.jsonl
+
+Settings (paper Sec. 6.1-6.2, Tables 2-4; test set always the full test split):
+
+* ``full``: all training labels.
+* ``labels20`` / ``labels20-co``: 80% of the training label entries hidden at random (a mask, the
+  entries are integrated out); ``-co`` adds the co-occurrence counts of the *complete* training labels,
+  as the paper's code does.
+* ``labels20pos`` / ``labels20pos-co``: the authors' released variant: 80% of the *positives* turned
+  into zeros, no mask.
+* ``inst20`` / ``inst20-co``: a random 20% of the training rows; ``-co`` with C from all training rows.
+
+Every row reports the global AUC over all (instance, label) test pairs (scikit-learn ``roc_auc_score``
+on the flattened matrices, as the paper computes it), macro-AUC over labels, P@1/3/5, training time,
+median seconds per sweep and the 1-minute load average (the machine may be shared).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+from sklearn.metrics import roc_auc_score
+
+from bayesmlc.bmls import BMLS, cooccurrence_matrix, remove_labels, subsample_instances
+from bayesmlc.data.io import read_dataset
+from bayesmlc.metrics import auc_macro, precision_at_k
+
+DEFAULT_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "datasets" / "bibtex"
+SETTINGS = ["full", "labels20", "labels20-co", "inst20", "inst20-co", "labels20pos", "labels20pos-co"]
+PAPER_AUC = {"full": 0.9379, "labels20": 0.8598, "labels20-co": 0.8764, "inst20": 0.8651, "inst20-co": 0.8723,
+             "labels20pos": 0.8598, "labels20pos-co": 0.8764}
+
+
+def load(folder: Path):
+    train = read_dataset(folder / "train.txt")
+    test = read_dataset(folder / "test.txt").with_features_width(train.n_features)
+    return train, test
+
+
+def load_average() -> float:
+    return round(os.getloadavg()[0], 2)
+
+
+def speed(train, n_sweeps: int, seed: int):
+    """Median seconds per sweep (first 3 sweeps excluded: compilation, the chain's transient)."""
+    rows_all = np.random.default_rng(seed).permutation(train.n_samples)
+    results = []
+
+    def measure(rows, n_topics):
+        model = BMLS(n_topics=n_topics, mu0=10, nu0=10, n_burnin=n_sweeps + 3, n_samples=1, thin=1, random_state=seed)
+        model.fit(train.X[rows], train.Y[rows])
+        return float(np.median(model.history_["sweep_time"][3:]))
+
+    print(f"{'setting':<24}{'N':>7}{'K':>6}{'s/sweep':>10}{'load':>7}")
+    for fraction in (0.2, 0.4, 0.6, 0.8, 1.0):
+        rows = np.sort(rows_all[: int(round(fraction * train.n_samples))])
+        seconds = measure(rows, 100)
+        row = {"part": "speed", "vary": "N", "fraction": fraction, "n": int(rows.size), "K": 100,
+               "s_per_sweep": seconds, "load": load_average()}
+        results.append(row)
+        print(f"{'N = ' + format(fraction, '.0%'):<24}{rows.size:>7}{100:>6}{seconds:>10.4f}{row['load']:>7}")
+    rows = np.arange(train.n_samples)
+    for n_topics in (25, 50, 100, 200):
+        seconds = measure(rows, n_topics)
+        row = {"part": "speed", "vary": "K", "fraction": 1.0, "n": int(rows.size), "K": n_topics,
+               "s_per_sweep": seconds, "load": load_average()}
+        results.append(row)
+        print(f"{'K = ' + str(n_topics):<24}{rows.size:>7}{n_topics:>6}{seconds:>10.4f}{row['load']:>7}")
+    return results
+
+
+def auc_run(setting: str, train, test, seed: int, params: dict, save_dir: Path | None):
+    X, Y, mask = train.X, train.Y, None
+    co = setting.endswith("-co")
+    base = setting[:-3] if co else setting
+    if base == "labels20":
+        Y, mask = remove_labels(train.Y, 0.8, mode="entries", random_state=seed)
+    elif base == "labels20pos":
+        Y, mask = remove_labels(train.Y, 0.8, mode="positives", random_state=seed)
+    elif base == "inst20":
+        rows = subsample_instances(train.n_samples, 0.2, random_state=seed)
+        X, Y = train.X[rows], train.Y[rows]
+    elif base != "full":
+        raise SystemExit(f"unknown setting {setting!r}; choose from {', '.join(SETTINGS)}")
+    # the paper builds C from the complete training labels, even in the reduced-data runs
+    model = BMLS(cooccurrence=cooccurrence_matrix(train.Y) if co else False, random_state=seed, **params)
+    start = time.perf_counter()
+    model.fit(X, Y, label_mask=mask)
+    fit_seconds = time.perf_counter() - start
+    start = time.perf_counter()
+    proba = model.predict_proba(test.X)
+    predict_seconds = time.perf_counter() - start
+    Y_test = test.Y.toarray()
+    row = {
+        "part": "auc",
+        "setting": setting,
+        "auc": float(roc_auc_score(Y_test.ravel(), proba.ravel())),
+        "paper_auc": PAPER_AUC[setting],
+        "macro_auc": float(auc_macro(test.Y, proba)),
+        "p@1": float(precision_at_k(test.Y, proba, 1)),
+        "p@3": float(precision_at_k(test.Y, proba, 3)),
+        "p@5": float(precision_at_k(test.Y, proba, 5)),
+        "fit_s": round(fit_seconds, 1),
+        "predict_s": round(predict_seconds, 1),
+        "s_per_sweep": float(np.median(model.history_["sweep_time"])),
+        "n_sweeps": int(model.n_sweeps_),
+        "beta0": model.beta0_,
+        "load": load_average(),
+        "params": {**model.get_params(), "cooccurrence": bool(co)},
+    }
+    if save_dir is not None:
+        save_dir.mkdir(parents=True, exist_ok=True)
+        model.save(save_dir / f"bmls-{setting}.npz")
+    return row
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("part", choices=["speed", "auc", "all"])
+    parser.add_argument("--data", type=Path, default=DEFAULT_DATA, help="folder with train.txt / test.txt")
+    parser.add_argument("--settings", default="full,labels20,labels20-co,inst20,inst20-co")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--speed-sweeps", type=int, default=40)
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="override a BMLS parameter for the AUC runs (JSON value), e.g. --set n_samples=100")
+    parser.add_argument("--out", type=Path, help="append result rows as JSON lines")
+    parser.add_argument("--save-dir", type=Path, help="save each AUC run's model here")
+    args = parser.parse_args(argv)
+
+    params = {"n_topics": 100, "mu0": 10.0, "nu0": 10.0}
+    for item in args.set:
+        key, _, value = item.partition("=")
+        params[key] = json.loads(value)
+    train, test = load(args.data)
+    if args.part in ("speed", "all"):
+        speed_rows = speed(train, args.speed_sweeps, args.seed)
+        if args.out:
+            with open(args.out, "a") as handle:
+                handle.writelines(json.dumps(row) + "\n" for row in speed_rows)
+    if args.part in ("auc", "all"):
+        header = f"{'setting':<16}{'AUC':>8}{'paper':>8}{'macroAUC':>10}{'P@1':>7}{'P@3':>7}{'P@5':>7}{'fit s':>8}{'s/sweep':>9}{'load':>6}"
+        print(header)
+        for setting in args.settings.split(","):
+            row = auc_run(setting.strip(), train, test, args.seed, params, args.save_dir)
+            print(
+                f"{row['setting']:<16}{row['auc']:>8.4f}{row['paper_auc']:>8.4f}{row['macro_auc']:>10.4f}"
+                f"{row['p@1'] * 100:>7.2f}{row['p@3'] * 100:>7.2f}{row['p@5'] * 100:>7.2f}{row['fit_s']:>8.1f}"
+                f"{row['s_per_sweep']:>9.4f}{row['load']:>6}",
+                flush=True,
+            )
+            if args.out:
+                with open(args.out, "a") as handle:
+                    handle.write(json.dumps(row) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,364 @@
+"""The benchmark harness on tiny suites: JSON records, report tables, skips, failures, plots, and the
+kNN baseline against a brute-force computation; one end-to-end run through the real CLI."""
+
+import json
+import os
+import stat
+import sys
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+
+from bayesmlc.bench import baselines
+from bayesmlc.bench.baselines import KNNBaseline, missing_dependency
+from bayesmlc.bench.cli import main as bench_main
+from bayesmlc.bench.plots import make_plots
+from bayesmlc.bench.report import format_cell, render_report, summarise
+from bayesmlc.bench.runner import (
+    CLIRunner, RunFailure, RunSpec, epoch_timing, plan_runs, read_results, run_suite,
+)
+from bayesmlc.bench.suites import SUITES, DatasetSpec, ModelConfig, Suite
+
+# ---- a tiny suite with a fake "run one" ---------------------------------------------------------
+TINY = Suite(
+    "tiny", "two fake datasets",
+    (DatasetSpec("alpha"), DatasetSpec("beta")),
+    (ModelConfig("logistic", "default"), ModelConfig("slowmodel", "small", {"n_epochs": 3, "name": "x y"}),
+     ModelConfig("napkinxc_plt", "default"), ModelConfig("brokenmodel", "default")),
+    timeout_s=30.0,
+)
+
+# P@1 and training seconds the fake runner reports, per (dataset, model, seed)
+FAKE = {
+    ("alpha", "logistic", 0): (0.60, 1.0), ("alpha", "logistic", 1): (0.64, 3.0), ("alpha", "logistic", 2): (0.62, 2.0),
+    ("alpha", "slowmodel", 0): (0.70, 10.0), ("alpha", "slowmodel", 1): (0.50, 4.0), ("alpha", "slowmodel", 2): (0.66, 7.0),
+    ("beta", "logistic", 0): (0.30, 0.5), ("beta", "logistic", 1): (0.30, 0.5), ("beta", "logistic", 2): (0.30, 0.5),
+    ("beta", "slowmodel", 0): (0.40, 5.0), ("beta", "slowmodel", 1): (0.40, 5.0), ("beta", "slowmodel", 2): (0.40, 5.0),
+}
+
+
+def fake_run_one(spec: RunSpec, run_dir):
+    if spec.model == "brokenmodel":
+        raise RunFailure("exit code 2", stderr_tail="Traceback ...\nValueError: broken on purpose", returncode=2)
+    p1, seconds = FAKE[(spec.dataset, spec.model, spec.seed)]
+    history = {"wall_time": [0.1, 0.2, 0.3, 0.4], "objective": [-9.0, -5.0, -4.0, -3.5], "epoch": [1, 1, 2, 2]}
+    (run_dir / "history.json").write_text(json.dumps(history))
+    reliability = {"bin_centers": [0.25, 0.75], "mean_predicted": [0.2, 0.8], "observed": [0.1, 0.7], "counts": [30, 10]}
+    (run_dir / "reliability.json").write_text(json.dumps(reliability))
+    return {"model": spec.model, "dataset": spec.dataset, "params": dict(spec.params),
+            "metrics": {"P@1": p1, "AUC_micro": 0.9, "ECE": 0.05}, "train_seconds": seconds,
+            "predict_seconds": 0.1, "peak_rss_mb": 100.0, "device": "cpu"}
+
+
+def _availability(model):
+    return missing_dependency(model)
+
+
+@pytest.fixture
+def no_napkinxc(monkeypatch):
+    """Pretend the optional napkinxc package is not installed."""
+    real_find_spec = baselines.importlib.util.find_spec
+    monkeypatch.setattr(baselines.importlib.util, "find_spec",
+                        lambda name, *a: None if name == "napkinxc" else real_find_spec(name, *a))
+
+
+@pytest.fixture
+def tiny_data_root(tmp_path):
+    root = tmp_path / "datasets"
+    for name, n in (("alpha", 30), ("beta", 40)):
+        (root / name).mkdir(parents=True)
+        (root / name / "train.txt").write_text(f"{n} 7 3\n")
+        (root / name / "test.txt").write_text("10 7 3\n")
+    return root
+
+
+@pytest.fixture
+def tiny_records(tmp_path, tiny_data_root, no_napkinxc):
+    out = tmp_path / "bench"
+    records = run_suite(TINY, out, repeats=3, seed=0, data_root=tiny_data_root, run_one=fake_run_one,
+                        availability=_availability, threads=1, log=lambda message: None)
+    return out, records
+
+
+def test_records_one_json_line_per_run_with_environment(tiny_records):
+    out, records = tiny_records
+    on_disk = read_results(out / "results.jsonl")
+    assert on_disk == json.loads(json.dumps(records))
+    assert len(records) == 2 * 4 * 3
+    ok = [r for r in records if r["status"] == "ok"]
+    assert len(ok) == 2 * 2 * 3
+    for record in ok:
+        p1, seconds = FAKE[(record["dataset"], record["model"], record["seed"])]
+        assert record["metrics"]["P@1"] == p1 and record["train_seconds"] == seconds
+        assert record["seed"] == record["repeat"]  # seed 0 + repeat index
+        assert record["threads"] == 1
+        assert {"platform", "cpu", "cpu_count", "memory_gb", "gpu"} <= set(record["machine"])
+        assert record["versions"]["numpy"] == np.__version__
+        assert "git" in record and "load_avg_1m" in record and record["device"] == "cpu"
+        assert record["dataset_shape"]["n_train"] == {"alpha": 30, "beta": 40}[record["dataset"]]
+        assert record["dataset_shape"]["n_test"] == 10 and record["dataset_shape"]["n_labels"] == 3
+        # history: 4 entries over epochs 1..2, (0.4 - 0.1) s / (2 - 1) epoch
+        assert record["n_epochs"] == 2 and record["seconds_per_epoch"] == pytest.approx(0.3)
+    slow = next(r for r in ok if r["model"] == "slowmodel")
+    assert slow["settings"] == {"n_epochs": 3, "name": "x y"} and slow["baseline"] is False
+    assert next(r for r in ok if r["model"] == "logistic")["baseline"] is True
+
+
+def test_missing_optional_baseline_is_skipped_and_a_failure_is_recorded(tiny_records):
+    _, records = tiny_records
+    skipped = [r for r in records if r["model"] == "napkinxc_plt"]
+    assert len(skipped) == 6 and all(r["status"] == "skipped" for r in skipped)
+    assert "napkinxc" in skipped[0]["reason"] and "bayesmlc[compare]" in skipped[0]["reason"]
+    failed = [r for r in records if r["model"] == "brokenmodel"]
+    assert len(failed) == 6 and all(r["status"] == "failed" for r in failed)
+    assert failed[0]["reason"] == "exit code 2" and failed[0]["returncode"] == 2
+    assert failed[0]["stderr_tail"].endswith("ValueError: broken on purpose")
+
+
+def _row(markdown: str, section: str, label: str) -> list[str]:
+    """Cells of the first table row starting with ``label`` after the heading ``section``."""
+    text = markdown[markdown.index(section):]
+    line = next(line for line in text.splitlines() if line.startswith(f"| {label} |"))
+    return [cell.strip() for cell in line.strip("|").split("|")]
+
+
+def test_report_tables_medians_spreads_ratios_and_published_rows(tiny_records):
+    _, records = tiny_records
+    text = render_report(records, suite="tiny", command="bayesmlc bench --suite tiny")
+    # alpha, logistic: P@1 60, 64, 62 -> median 62.00, half range 2.00; train 1, 3, 2 s -> 2 ±1
+    ranking = _row(text, "## alpha", "logistic (default)")
+    assert ranking[1:3] == ["3/3", "62.00 ±2.00"]
+    ranking = _row(text, "## alpha", "slowmodel (small)")
+    assert ranking[2] == "66.00 ±10.00"
+    other = _row(text, "Probabilities and cost", "slowmodel (small)")
+    # columns: AUC micro, AUC macro, F1, exact, ECE, train s, predict s, peak MB, ratio
+    assert other[2] == "0.9000 ±0.0000" and other[3] == "–" and other[6] == "0.0500 ±0.0000"
+    assert other[7] == "7 ±3"
+    # ratios to the fastest baseline's median (2 s): 10/2, 4/2, 7/2 -> 3.5 ±1.5
+    assert other[10] == "3.5 ±1.5×"
+    assert _row(text, "Probabilities and cost", "logistic (default)")[10] == "1 ±0.5×"
+    # beta: identical repeats show a zero spread; 5 s / 0.5 s = 10x
+    beta = text[text.index("## beta"):]
+    assert _row(beta, "Ranking", "slowmodel (small)")[2] == "40.00 ±0.00"
+    assert _row(beta, "Probabilities and cost", "slowmodel (small)")[10] == "10 ±0×"
+    assert "fastest baseline: logistic (default)" in beta
+    # not completed: skipped optional baseline and failed model are listed with their reasons
+    done = text[text.index("## Runs not completed"):]
+    assert "alpha/napkinxc_plt-default/r0 | skipped" in done
+    assert "alpha/brokenmodel-default/r2 | failed | exit code 2 | `ValueError: broken on purpose`" in done
+    assert "bayesmlc bench --suite tiny" in text
+
+
+def test_report_marks_published_numbers():
+    record = {"run_id": "scene/logistic-default/r0", "dataset": "scene", "model": "logistic", "config": "default",
+              "baseline": True, "status": "ok", "metrics": {"P@1": 0.5, "F1_example": 0.6}, "train_seconds": 1.0}
+    text = render_report([record], suite="x")
+    row = _row(text, "Probabilities and cost", "BNMC-S *(published)*")
+    assert row[1] == "–" and row[4] == "70.40" and row[5] == "66.20"  # F1 example and exact match, %
+    ranking = _row(text, "Ranking", "cosine kNN vote *(reference run)*")
+    assert ranking[2] == "76.00"
+    assert _row(text, "Ranking", "logistic (default)")[2] == "50.00"
+
+
+def test_format_cell():
+    assert format_cell([], "pct") == "–"
+    assert format_cell([0.5], "pct") == "50.00"
+    assert format_cell([0.1, 0.3, 0.2, 0.9], "frac") == "0.2500 ±0.4000"
+    assert format_cell([250.0, 150.0], "sec") == "200 ±50"
+
+
+def test_plots_are_written_and_embedded(tiny_records):
+    pytest.importorskip("matplotlib")
+    out, records = tiny_records
+    plots = make_plots(records, out)
+    assert set(plots) == {"alpha", "beta"}
+    for dataset, entries in plots.items():
+        assert [path for _, path in entries] == [f"plots/{dataset}-{kind}.png" for kind in ("objective", "p1-time", "reliability")]
+        for _, path in entries:
+            assert (out / path).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    text = render_report(records, suite="tiny", plots=plots)
+    assert "![alpha: reliability diagrams](plots/alpha-reliability.png)" in text
+
+
+def test_scale_plot_and_table(tmp_path):
+    pytest.importorskip("matplotlib")
+    records = []
+    for n, seconds in ((100, 1.0), (400, 4.0)):
+        for model in ("logistic", "mlgpf"):
+            records.append({"run_id": f"n{n}/{model}", "dataset": f"n{n}", "model": model, "config": "speed",
+                            "status": "ok", "metrics": {}, "train_seconds": seconds * (3 if model == "mlgpf" else 1),
+                            "seconds_per_epoch": seconds / 2, "n_epochs": 2, "peak_rss_mb": 50.0 + n,
+                            "dataset_shape": {"n_train": n, "n_test": 10, "n_features": 20, "n_labels": 5}})
+    plots = make_plots(records, tmp_path, quality=False)
+    assert (tmp_path / "plots" / "scale.png").stat().st_size > 0
+    text = render_report(records, suite="scale", quality=False, plots=plots)
+    assert "### n400 (N=400, D=20, L=5)" in text
+    assert _row(text[text.index("### n400"):], "### n400", "mlgpf (speed)")[2:] == ["2", "2", "12", "–", "450", "3×"]
+
+
+def test_epoch_timing_units():
+    assert epoch_timing({"wall_time": [], "objective": []}) == (None, None)
+    # per logged entry: 4 entries, 0.5 s from the first to the last over 3 steps
+    n, per = epoch_timing({"wall_time": [1.0, 1.2, 1.3, 1.5], "objective": [0, 0, 0, 0]})
+    assert n == 4 and per == pytest.approx(0.5 / 3)
+    n, per = epoch_timing({"wall_time": [2.0, 4.0, 6.0], "objective": [0, 0, 0], "sweep": [1, 2, 3]})
+    assert n == 3 and per == pytest.approx(2.0)
+    assert epoch_timing({"wall_time": [3.0], "objective": [0.0]}) == (1, 3.0)
+
+
+def test_plan_runs_selection_and_errors(tmp_path):
+    runs = plan_runs(SUITES["quick"], tmp_path, datasets=["scene"], models=["logistic", "knn"], repeats=2, seed=5)
+    assert [(r.dataset, r.model, r.seed) for r in runs] == [
+        ("scene", "logistic", 5), ("scene", "logistic", 6), ("scene", "knn", 5), ("scene", "knn", 6)]
+    assert runs[0].params == {"standardize": True} and runs[0].baseline
+    with pytest.raises(Exception, match="not in suite 'quick'"):
+        plan_runs(SUITES["quick"], tmp_path, datasets=["bibtex"])
+    with pytest.raises(Exception, match="--repeats"):
+        plan_runs(SUITES["quick"], tmp_path, repeats=0)
+
+
+def test_cli_runner_set_values_round_trip_through_the_cli_parser(tmp_path):
+    from bayesmlc.cli import parse_set_values
+
+    params = {"C": 2.0, "max_iter": 7, "name": "two words", "flag": True, "nothing": None, "sizes": [1, 2]}
+    spec = RunSpec("s", "d", "logistic", "c", params, 3, 0, True, 5.0, tmp_path / "train.txt", tmp_path / "test.txt")
+    command = CLIRunner(threads=2, device="cpu").command(spec, tmp_path / "run")
+    pairs = [command[i + 1] for i, token in enumerate(command) if token == "--set"]
+    assert parse_set_values(pairs, params.keys()) == params
+    assert command[command.index("--seed") + 1] == "3" and command[-2:] == ["--device", "cpu"]
+    assert CLIRunner(threads=2).environment()["OMP_NUM_THREADS"] == "2"
+
+
+def _fake_python(tmp_path, body: str) -> str:
+    path = tmp_path / "fake-python"
+    path.write_text("#!/bin/sh\n" + body + "\n")
+    path.chmod(path.stat().st_mode | stat.S_IEXEC)
+    return str(path)
+
+
+@pytest.mark.parametrize("body, status, reason, tail", [
+    ("sleep 10", "timeout", "timed out after 0.5 s", ""),
+    ("echo oops >&2; exit 3", "failed", "exit code 3", "oops"),
+    ("echo 'not json'", "failed", "the last stdout line is not the CLI's JSON record", ""),
+])
+def test_cli_runner_failures_are_recorded(tmp_path, tiny_data_root, body, status, reason, tail):
+    suite = Suite("t", "", (DatasetSpec("alpha"),), (ModelConfig("logistic", "default"),), timeout_s=0.5)
+    records = run_suite(suite, tmp_path / "out", data_root=tiny_data_root, threads=1, log=lambda m: None,
+                        run_one=CLIRunner(threads=1, python=_fake_python(tmp_path, body)))
+    (record,) = records
+    assert record["status"] == status and record["reason"].startswith(reason)
+    assert record["stderr_tail"].strip() == tail
+
+
+def test_missing_dataset_is_skipped_with_its_path(tmp_path):
+    suite = Suite("t", "", (DatasetSpec("nowhere"),), (ModelConfig("logistic", "default"),))
+    (record,) = run_suite(suite, tmp_path / "out", data_root=tmp_path, run_one=fake_run_one, log=lambda m: None)
+    assert record["status"] == "skipped" and str(tmp_path / "nowhere" / "train.txt") in record["reason"]
+
+
+def test_missing_dependency_reason(no_napkinxc):
+    assert "pip install 'bayesmlc[compare]'" in missing_dependency("napkinxc_plt")
+    assert missing_dependency("knn") is None and missing_dependency("logistic") is None
+
+
+# ---- the kNN baseline -----------------------------------------------------------------------------
+def test_knn_matches_brute_force_cosine_vote():
+    rng = np.random.default_rng(3)
+    X_train = sp.random(60, 15, density=0.3, random_state=1, format="csr", dtype=np.float32)
+    Y_train = (rng.random((60, 4)) < 0.3).astype(np.float32)
+    Y_train[:4] = np.eye(4)  # every label has a positive
+    X_test = sp.random(9, 15, density=0.3, random_state=2, format="csr", dtype=np.float32)
+    model = KNNBaseline(n_neighbors=5).fit(X_train, Y_train)
+    proba = model.predict_proba(X_test)
+
+    def unit(matrix):
+        dense = matrix.toarray().astype(np.float64)
+        norms = np.linalg.norm(dense, axis=1, keepdims=True)
+        return dense / np.where(norms == 0, 1, norms)
+
+    similarity = unit(X_test) @ unit(X_train).T
+    prior = (Y_train.sum(0) + 0.5) / (60 + 1.0)
+    for i in range(9):
+        top = np.argsort(-similarity[i], kind="stable")[:5]
+        weights = np.maximum(similarity[i, top], 0)
+        expected = weights @ Y_train[top] / weights.sum() if weights.sum() > 0 else prior
+        np.testing.assert_allclose(proba[i], expected, rtol=1e-5, atol=1e-6)
+    # uniform weighting on neighbours: plain fraction of the 5 neighbours carrying each label
+    uniform = KNNBaseline(n_neighbors=5, weighting="uniform").fit(X_train, Y_train).predict_proba(X_test)
+    top = np.argsort(-similarity[0], kind="stable")[:5]
+    np.testing.assert_allclose(uniform[0], Y_train[top].mean(0), atol=1e-6)
+
+
+def test_knn_missing_labels_vote_among_observed_neighbours_and_round_trips(tmp_path):
+    X = np.array([[1.0, 0.0], [0.9, 0.1], [0.0, 1.0], [0.1, 0.9]])
+    Y = np.array([[1, 0], [0, 1], [0, 1], [0, 1]])
+    mask = np.array([[1, 1], [0, 1], [1, 1], [1, 1]])  # row 1's label 0 is unobserved
+    model = KNNBaseline(n_neighbors=2, weighting="uniform", standardize=False).fit(X, Y, label_mask=mask)
+    proba = model.predict_proba(np.array([[1.0, 0.05]]))
+    # neighbours rows 0 and 1: label 0 observed only at row 0 (a positive) -> 1.0; label 1: 1 of 2 -> 0.5
+    np.testing.assert_allclose(proba, [[1.0, 0.5]], atol=1e-6)
+    model.save(tmp_path / "knn.npz")
+    loaded = KNNBaseline.load(tmp_path / "knn.npz")
+    np.testing.assert_array_equal(loaded.predict_proba(X), model.predict_proba(X))
+
+
+def test_knn_standardises_dense_features_automatically():
+    rng = np.random.default_rng(0)
+    X = 5.0 + rng.random((30, 4))  # all-positive dense features: raw cosines are all near 1
+    Y = (rng.random((30, 3)) < 0.4).astype(float)
+    Y[:3] = np.eye(3)
+    model = KNNBaseline(n_neighbors=3).fit(X, Y)
+    np.testing.assert_allclose(model.feature_mean_, X.mean(0), rtol=1e-5)
+    np.testing.assert_allclose(model.feature_scale_, X.std(0), rtol=1e-5)
+    assert KNNBaseline(standardize="auto").fit(sp.random(30, 40, density=0.05, random_state=0), Y).feature_mean_ is None
+
+
+@pytest.mark.skipif(missing_dependency("napkinxc_plt") is not None, reason="napkinxc not installed")
+def test_napkinxc_plt_learns_and_round_trips(tmp_path):
+    rng = np.random.default_rng(0)
+    X = (rng.random((200, 12)) < 0.4) * rng.random((200, 12))
+    Y = (X @ rng.normal(size=(12, 4)) > 0.3).astype(float)
+    model = baselines.NapkinXCPLT(random_state=0).fit(X[:150], Y[:150])
+    scores = model.decision_function(X[150:])
+    base_rate = Y[150:].mean()
+    assert Y[150:][np.arange(50), scores.argmax(1)].mean() > base_rate + 0.2
+    model.save(tmp_path / "plt.npz")
+    np.testing.assert_array_equal(baselines.NapkinXCPLT.load(tmp_path / "plt.npz").decision_function(X[150:]), scores)
+
+
+# ---- end to end through the real CLI ----------------------------------------------------------------
+def _write_xc(path, X, Y):
+    lines = [f"{X.shape[0]} {X.shape[1]} {Y.shape[1]}"]
+    for x, y in zip(X, Y):
+        lines.append(",".join(str(j) for j in np.flatnonzero(y)) + " " +
+                     " ".join(f"{j}:{x[j]:g}" for j in np.flatnonzero(x)))
+    path.write_text("\n".join(lines) + "\n")
+
+
+def test_end_to_end_with_the_real_cli(tmp_path, monkeypatch):
+    pytest.importorskip("bayesmlc.cli")
+    pytest.importorskip("bayesmlc.data.io", reason="the data readers have not landed yet")
+    rng = np.random.default_rng(0)
+    X = (rng.random((120, 10)) < 0.4) * rng.integers(1, 3, size=(120, 10))
+    Y = (X @ rng.normal(size=(10, 4)) > 0.5).astype(int)
+    Y[np.arange(120), np.arange(120) % 4] = 1
+    (tmp_path / "data" / "toy").mkdir(parents=True)
+    _write_xc(tmp_path / "data" / "toy" / "train.txt", X[:90], Y[:90])
+    _write_xc(tmp_path / "data" / "toy" / "test.txt", X[90:], Y[90:])
+    suite = Suite("e2e", "", (DatasetSpec("toy"),),
+                  (ModelConfig("logistic", "c2", {"C": 2.0, "max_iter": 30}),
+                   ModelConfig("logistic", "typo", {"not_a_parameter": 1})), timeout_s=120)
+    monkeypatch.setitem(SUITES, "e2e", suite)
+    out = tmp_path / "out"
+    code = bench_main(["--suite", "e2e", "--out", str(out), "--data-root", str(tmp_path / "data"), "--threads", "1",
+                       "--quiet"])
+    assert code == 1  # one configuration fails on purpose
+    ok, failed = read_results(out / "results.jsonl")
+    assert ok["status"] == "ok" and ok["params"]["C"] == 2.0 and ok["params"]["random_state"] == 0
+    assert 0.0 <= ok["metrics"]["P@1"] <= 1.0 and ok["dataset_shape"]["n_train"] == 90
+    assert (out / ok["run_dir"] / "model.npz").exists() and ok["n_epochs"] >= 1
+    assert failed["status"] == "failed" and "not_a_parameter" in failed["stderr_tail"]
+    report = (out / "report.md").read_text()
+    assert f"{100 * ok['metrics']['P@1']:.2f}" in _row(report, "## toy", "logistic (c2)")
+    assert (out / "plots" / "toy-reliability.png").exists()

@@ -1,0 +1,293 @@
+"""Tests of the BMLS estimator: Geweke check of the sweep, recovery of planted probabilities, missing
+labels (flip test, calibration under a mask), co-occurrence, validation, persistence, topics."""
+
+import json
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+from scipy import special
+from sklearn.metrics import roc_auc_score
+
+from bayesmlc.bmls import BMLS, cooccurrence_matrix, format_topics, remove_labels, subsample_instances
+from bayesmlc.bmls.gibbs import SweepData, gibbs_sweep, init_state, positive_rates, theta_from_log_h
+from bayesmlc.bmls.model import _pairs_from_matrix
+from bayesmlc.exceptions import ValidationError
+
+
+def _batch_se(x, batches=40):
+    x = np.asarray(x, dtype=float)
+    means = x[: len(x) // batches * batches].reshape(batches, -1).mean(axis=1)
+    return means.std(ddof=1) / np.sqrt(batches)
+
+
+@pytest.mark.parametrize("masked", [False, True])
+def test_geweke_h_and_phi_steps_keep_the_prior(masked):
+    """Successive-conditional Geweke test (Geweke 2004): alternate 'draw labels from the model given
+    (phi, h)' with one Gibbs sweep. The chain on (phi, h) must then have the prior as its stationary
+    law. With ``masked`` only the observed entries are shown to the sweep, which checks the exposure
+    of the h step and the augmentation of the phi step for missing labels."""
+    rng = np.random.default_rng(2024)
+    n, d, n_labels, n_topics = 12, 3, 4, 2
+    mu0, nu0, beta0 = 3.0, 3.0, 0.7
+    Xb = np.hstack([(rng.random((n, d)) < 0.5).astype(float), np.ones((n, 1))])
+    mask = None
+    observed = np.ones((n, n_labels), dtype=bool)
+    if masked:
+        observed = rng.random((n, n_labels)) < 0.5
+        mask = sp.csr_matrix(observed.astype(float))
+    data = SweepData.build(sp.csr_matrix(Xb), sp.csr_matrix((n, n_labels)), mask)
+    state = init_state(data, n_topics, d + 1, beta0, rng)
+    state.h = rng.gamma(mu0, 1.0 / nu0, size=(d + 1, n_topics))
+    state.phi = rng.dirichlet(np.full(n_labels, beta0), size=n_topics).T
+    h_draws, phi_draws = [], []
+    for _ in range(5_000):
+        theta = theta_from_log_h(data.x_csr, state.h)
+        labels = (rng.poisson(theta @ state.phi.T) > 0) & observed
+        data.pos_rows, data.pos_cols = (idx.astype(np.int64) for idx in np.nonzero(labels))
+        state.theta = theta
+        state.rates = positive_rates(data.pos_rows, data.pos_cols, state.phi, state.theta)
+        gibbs_sweep(data, state, rng, mu0, nu0, sample_beta0_flag=False, recompute_theta=True)
+        h_draws.append(state.h.copy())
+        phi_draws.append(state.phi.copy())
+    h_draws, phi_draws = np.array(h_draws), np.array(phi_draws)
+    prior_phi_var = (1 / n_labels) * (1 - 1 / n_labels) / (n_labels * beta0 + 1)
+    checks = {
+        "E[h]": (h_draws.mean(axis=(1, 2)), mu0 / nu0),
+        "E[h^2]": ((h_draws**2).mean(axis=(1, 2)), mu0 / nu0**2 + (mu0 / nu0) ** 2),
+        "E[log h]": (np.log(h_draws).mean(axis=(1, 2)), special.digamma(mu0) - np.log(nu0)),
+        "E[bias]": (h_draws[:, -1, :].mean(axis=1), mu0 / nu0),
+        "E[phi^2]": ((phi_draws**2).mean(axis=(1, 2)), prior_phi_var + 1 / n_labels**2),
+        "E[phi_0]": (phi_draws[:, 0, :].mean(axis=1), 1 / n_labels),
+    }
+    for name, (series, prior_value) in checks.items():
+        z = (series.mean() - prior_value) / _batch_se(series)
+        assert abs(z) < 4.0, f"{name}: chain {series.mean():.4f} vs prior {prior_value:.4f} (z = {z:.1f})"
+
+
+def _planted_problem(rng, n, d=25, n_labels=15, n_topics=4, mu0=1.5, beta0=0.3, density=0.2):
+    h = rng.gamma(mu0, 1.0 / mu0, size=(d + 1, n_topics))
+    phi = rng.dirichlet(np.full(n_labels, beta0), size=n_topics).T
+
+    def draw(m):
+        X = (rng.random((m, d)) < density).astype(float)
+        theta = np.exp(np.hstack([X, np.ones((m, 1))]) @ np.log(h))
+        proba = -np.expm1(-theta @ phi.T)
+        return X, (rng.random(proba.shape) < proba).astype(float), proba
+
+    return draw
+
+
+def test_recovers_planted_probabilities():
+    """Data drawn from the model itself: held-out AUC close to the oracle's (true probabilities)."""
+    rng = np.random.default_rng(0)
+    draw = _planted_problem(rng, 0)
+    X, Y, _ = draw(600)
+    X_test, Y_test, proba_test = draw(600)
+    model = BMLS(n_topics=4, mu0=1.5, nu0=1.5, beta0=0.3, sample_beta0=False, n_burnin=150, n_samples=40,
+                 thin=3, random_state=0).fit(X, Y)
+    predicted = model.predict_proba(X_test)
+    oracle = roc_auc_score(Y_test.ravel(), proba_test.ravel())
+    achieved = roc_auc_score(Y_test.ravel(), predicted.ravel())
+    assert achieved > oracle - 0.02, (achieved, oracle)
+    assert np.corrcoef(predicted.ravel(), proba_test.ravel())[0, 1] > 0.9
+    assert len(model.history_["objective"]) == len(model.history_["wall_time"]) == 150 + 40 * 3
+    assert model.history_["objective"][-1] > model.history_["objective"][0]
+
+
+def test_missing_labels_are_integrated_out_not_negatives():
+    """Half of the entries hidden: with the mask the predicted probabilities stay calibrated, while
+    treating the hidden positives as zeros (the authors' shortcut) shrinks them."""
+    rng = np.random.default_rng(1)
+    draw = _planted_problem(rng, 0)
+    X, Y, _ = draw(800)
+    X_test, _, proba_test = draw(400)
+    Y_obs, mask = remove_labels(Y, fraction=0.5, random_state=3)
+    params = dict(n_topics=4, mu0=1.5, nu0=1.5, beta0=0.3, sample_beta0=False, n_burnin=150, n_samples=30,
+                  thin=3, random_state=0)
+    masked = BMLS(**params).fit(X, Y_obs, label_mask=mask).predict_proba(X_test)
+    as_zeros = BMLS(**params).fit(X, Y_obs).predict_proba(X_test)
+    truth = proba_test.mean()
+    assert abs(masked.mean() / truth - 1) < 0.1, (masked.mean(), truth)
+    assert as_zeros.mean() / truth < 0.75  # about half the positives look like negatives
+    assert np.corrcoef(masked.ravel(), proba_test.ravel())[0, 1] > 0.85
+
+
+def test_flipping_masked_entries_changes_nothing():
+    rng = np.random.default_rng(2)
+    draw = _planted_problem(rng, 0, n_labels=8)
+    X, Y, _ = draw(150)
+    mask = (rng.random(Y.shape) < 0.6).astype(float)
+    flipped = np.where(mask == 1, Y, 1 - Y)
+    params = dict(n_topics=3, n_burnin=20, n_samples=5, thin=2, random_state=5)
+    first = BMLS(**params).fit(X, Y, label_mask=mask)
+    second = BMLS(**params).fit(X, flipped, label_mask=mask)
+    np.testing.assert_array_equal(first.predict_proba(X), second.predict_proba(X))
+    np.testing.assert_array_equal(first.history_["objective"], second.history_["objective"])
+    # and the mask is really used: without it the flipped labels give another fit
+    third = BMLS(**params).fit(X, flipped)
+    assert not np.array_equal(first.predict_proba(X), third.predict_proba(X))
+
+
+def test_all_observed_mask_equals_no_mask():
+    rng = np.random.default_rng(3)
+    X, Y, _ = _planted_problem(rng, 0, n_labels=6)(80)
+    params = dict(n_topics=3, n_burnin=10, n_samples=3, thin=2, random_state=1)
+    a = BMLS(**params).fit(X, Y).predict_proba(X)
+    b = BMLS(**params).fit(X, Y, label_mask=np.ones_like(Y)).predict_proba(X)
+    np.testing.assert_array_equal(a, b)
+
+
+def test_log_likelihood_history_matches_direct_computation():
+    """The recorded objective of the last sweep equals log p(observed Y | last phi, theta), computed densely."""
+    rng = np.random.default_rng(4)
+    X, Y, _ = _planted_problem(rng, 0, n_labels=6)(60)
+    mask = (rng.random(Y.shape) < 0.7).astype(float)
+    model = BMLS(n_topics=3, n_burnin=5, n_samples=1, thin=1, recompute_theta_every=1, random_state=2)
+    model.fit(X, Y, label_mask=mask)
+    phi, log_h = model.phi_samples_[0].astype(float), model.log_h_samples_[0].astype(float)
+    rate = np.exp(np.hstack([X, np.ones((60, 1))]) @ log_h) @ phi.T
+    y = Y * mask
+    expected = np.sum(mask * np.where(y == 1, np.log(-np.expm1(-rate)), -rate))
+    assert model.history_["objective"][-1] == pytest.approx(expected, rel=1e-4)
+
+
+def test_same_seed_same_result_and_save_load(tmp_path):
+    rng = np.random.default_rng(5)
+    X, Y, _ = _planted_problem(rng, 0, n_labels=6)(70)
+    params = dict(n_topics=3, n_burnin=10, n_samples=4, thin=2, random_state=11, cooccurrence=True)
+    a = BMLS(**params).fit(X, Y)
+    b = BMLS(**params).fit(X, Y)
+    np.testing.assert_array_equal(a.predict_proba(X), b.predict_proba(X))
+    path = tmp_path / "model.npz"
+    a.save(path)
+    loaded = BMLS.load(path)
+    np.testing.assert_array_equal(loaded.predict_proba(X), a.predict_proba(X))
+    assert loaded.topics(3) == a.topics(3)
+    # a user co-occurrence matrix as a parameter survives the round trip too
+    C = cooccurrence_matrix(Y)
+    c_model = BMLS(n_topics=3, n_burnin=4, n_samples=2, thin=1, random_state=0, cooccurrence=C).fit(X, Y)
+    c_model.save(tmp_path / "c.npz")
+    np.testing.assert_array_equal(BMLS.load(tmp_path / "c.npz").predict_proba(X), c_model.predict_proba(X))
+
+
+def test_user_matrix_equal_to_default_gives_same_chain():
+    rng = np.random.default_rng(6)
+    X, Y, _ = _planted_problem(rng, 0, n_labels=6)(70)
+    params = dict(n_topics=3, n_burnin=10, n_samples=3, thin=2, random_state=4)
+    a = BMLS(cooccurrence=True, **params).fit(X, Y).predict_proba(X)
+    full = cooccurrence_matrix(Y).toarray()
+    b = BMLS(cooccurrence=full + full.T, **params).fit(X, Y).predict_proba(X)  # symmetric form
+    np.testing.assert_array_equal(a, b)
+
+
+def test_cooccurrence_matrix_and_pairs():
+    Y = np.array([[1, 1, 0, 1], [1, 1, 0, 0], [0, 1, 1, 0]])
+    C = cooccurrence_matrix(Y).toarray()
+    expected = np.triu(Y.T @ Y, k=1)
+    np.testing.assert_array_equal(C, expected)
+    first, second, counts = _pairs_from_matrix(expected + expected.T, 4)
+    assert sorted(zip(first, second, counts)) == [(0, 1, 2), (0, 3, 1), (1, 2, 1), (1, 3, 1)]
+    lower_only = np.tril(expected.T, k=-1)
+    assert sorted(zip(*_pairs_from_matrix(lower_only, 4))) == sorted(zip(first, second, counts))
+    with pytest.raises(ValidationError, match="n_labels"):
+        _pairs_from_matrix(np.zeros((3, 3)), 4)
+    with pytest.raises(ValidationError, match="integer"):
+        _pairs_from_matrix(np.full((4, 4), 0.5), 4)
+
+
+def test_non_binary_features_need_a_threshold():
+    rng = np.random.default_rng(7)
+    X = rng.random((40, 5))
+    Y = (rng.random((40, 3)) < 0.3).astype(float)
+    Y[0] = 1
+    with pytest.raises(ValidationError, match="binarize_threshold"):
+        BMLS(n_burnin=2, n_samples=1).fit(X, Y)
+    params = dict(n_topics=2, n_burnin=5, n_samples=2, thin=1, random_state=0)
+    thresholded = BMLS(binarize_threshold=0.5, **params).fit(X, Y)
+    explicit = BMLS(**params).fit((X > 0.5).astype(float), Y)
+    np.testing.assert_array_equal(thresholded.predict_proba(X), explicit.predict_proba((X > 0.5).astype(float)))
+    with pytest.raises(ValidationError, match="binarize_threshold"):
+        explicit.predict_proba(X)
+
+
+@pytest.mark.parametrize(
+    "params,match",
+    [
+        (dict(n_topics=0), "n_topics"),
+        (dict(mu0=-1.0), "mu0"),
+        (dict(thin=1.5), "thin"),
+        (dict(cooccurrence="yes"), "cooccurrence"),
+        (dict(sample_beta0="no"), "sample_beta0"),
+        (dict(device="tpu"), "device"),
+    ],
+)
+def test_invalid_parameters_are_named(params, match):
+    X = np.eye(4)
+    Y = np.array([[1, 0], [0, 1], [1, 1], [0, 1]])
+    with pytest.raises(ValidationError, match=match):
+        BMLS(n_burnin=1, n_samples=1, **params).fit(X, Y)
+
+
+def test_predict_interval_brackets_the_mean():
+    rng = np.random.default_rng(8)
+    X, Y, _ = _planted_problem(rng, 0, n_labels=6)(80)
+    model = BMLS(n_topics=3, n_burnin=20, n_samples=20, thin=2, random_state=0).fit(X, Y)
+    lower, upper = model.predict_interval(X[:10], coverage=0.8)
+    mean = model.predict_proba(X[:10])
+    assert np.all(lower <= mean + 1e-6) and np.all(mean <= upper + 1e-6)
+    assert np.all(upper - lower > 0)
+    # the interval is the 10% / 90% quantile of the per-sample probabilities
+    theta = np.exp(np.hstack([X[:10], np.ones((10, 1))]) @ model.log_h_samples_.astype(float))  # (S, 10, K)
+    per_sample = -np.expm1(-np.einsum("snk,slk->snl", theta, model.phi_samples_.astype(float)))
+    np.testing.assert_allclose(lower, np.quantile(per_sample, 0.1, axis=0), rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(mean, per_sample.mean(axis=0), rtol=1e-4, atol=1e-6)
+
+
+def test_topics_and_format_topics():
+    rng = np.random.default_rng(9)
+    X, Y, _ = _planted_problem(rng, 0, n_labels=6, d=5)(80)
+    model = BMLS(n_topics=3, n_burnin=10, n_samples=4, thin=2, random_state=0).fit(X, Y)
+    topics = model.topics(2)
+    assert [t["topic"] for t in topics] == list(np.argsort(-model.topic_usage_, kind="stable"))
+    first = topics[0]
+    k = first["topic"]
+    assert [l for l, _ in first["labels"]] == list(np.argsort(-model.phi_[:, k])[:2])
+    assert first["features"][0][1] == pytest.approx(model.log_h_[:-1, k].max())
+    text = format_topics(model, 2, label_names=[f"tag{i}" for i in range(6)], feature_names=list("abcde"))
+    assert text.count("topic ") == 3 and "tag" in text
+    assert format_topics(model, 1).count("label") >= 3
+    json.dumps(topics)  # plain Python numbers, printable as JSON
+
+
+def test_protocol_helpers():
+    rng = np.random.default_rng(10)
+    Y = sp.csr_matrix((rng.random((50, 20)) < 0.2).astype(float))
+    Y_obs, mask = remove_labels(Y, 0.8, random_state=0)
+    assert mask.nnz == 200  # 20% of 1000 entries observed
+    assert (Y_obs - Y.multiply(mask)).nnz == 0
+    again, mask_again = remove_labels(Y, 0.8, random_state=0)
+    assert (mask != mask_again).nnz == 0
+    kept, no_mask = remove_labels(Y, 0.8, mode="positives", random_state=1)
+    assert no_mask is None and kept.nnz == Y.nnz - round(0.8 * Y.nnz)
+    assert (kept - kept.multiply(Y)).nnz == 0  # a subset of the positives
+    rows = subsample_instances(4880, 0.2, random_state=0)
+    assert rows.size == 976 and np.unique(rows).size == 976
+    with pytest.raises(ValidationError, match="fraction"):
+        remove_labels(Y, 1.5)
+    with pytest.raises(ValidationError, match="mode"):
+        remove_labels(Y, 0.5, mode="rows")
+
+
+@pytest.mark.slow
+def test_bibtex_full_labels_auc():
+    from conftest import shared_dataset_dir
+
+    folder = shared_dataset_dir("bibtex")
+    from bayesmlc.data.io import read_dataset
+
+    train = read_dataset(folder / "train.txt")
+    test = read_dataset(folder / "test.txt").with_features_width(train.n_features)
+    model = BMLS(n_topics=100, mu0=10, nu0=10, random_state=0).fit(train.X, train.Y)
+    proba = model.predict_proba(test.X)
+    assert roc_auc_score(test.Y.toarray().ravel(), proba.ravel()) >= 0.937

@@ -1,0 +1,245 @@
+"""Statistical and exact tests of the BMLS samplers and Gibbs kernels against independent oracles."""
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+from scipy import special, stats
+
+from bayesmlc.bmls.gibbs import (
+    SamplerState,
+    feature_token_counts,
+    positive_rates,
+    sample_beta0,
+    sample_cooccurrence_hyper,
+    sweep_feature_weights,
+    theta_from_log_h,
+)
+from bayesmlc.bmls.samplers import (
+    allocate_label_tokens,
+    allocate_pair_tokens,
+    crt,
+    dirichlet_columns,
+    log_gamma_variates,
+    zero_truncated_poisson,
+)
+
+
+@pytest.mark.parametrize("rate", [0.05, 0.5, 0.9, 1.0, 1.1, 2.0, 5.0])
+def test_zero_truncated_poisson_matches_pmf(rate):
+    rng = np.random.default_rng(123)
+    n = 40_000
+    draws = zero_truncated_poisson(np.full(n, rate), rng)
+    assert draws.min() >= 1
+    # pmf of the truncated law: Poisson(k; rate) / (1 - exp(-rate)), k >= 1; last bin holds the tail
+    k_max = max(3, int(stats.poisson.ppf(0.999, rate)))
+    ks = np.arange(1, k_max)
+    probs = stats.poisson.pmf(ks, rate) / -np.expm1(-rate)
+    probs = np.append(probs, 1.0 - probs.sum())
+    observed = np.bincount(np.minimum(draws, k_max), minlength=k_max + 1)[1:]
+    expected = probs * n
+    keep = expected > 5  # pool bins with tiny expectations into the last kept one
+    obs = np.append(observed[keep], observed[~keep].sum())
+    exp = np.append(expected[keep], expected[~keep].sum())
+    if exp[-1] == 0:
+        obs, exp = obs[:-1], exp[:-1]
+    assert stats.chisquare(obs, exp).pvalue > 1e-3
+    # and the mean: rate / (1 - exp(-rate))
+    assert abs(draws.mean() - rate / -np.expm1(-rate)) < 5 * draws.std() / np.sqrt(n)
+
+
+def test_zero_truncated_poisson_rate_zero_and_shape():
+    rng = np.random.default_rng(0)
+    out = zero_truncated_poisson(np.zeros((3, 4)), rng)
+    assert out.shape == (3, 4) and np.all(out == 1)
+
+
+@pytest.mark.parametrize("count,r", [(1, 0.3), (5, 0.1), (20, 1.0), (50, 5.0)])
+def test_crt_mean_and_variance(count, r):
+    rng = np.random.default_rng(7)
+    n = 20_000
+    draws = crt(np.full(n, count), r, rng)
+    p = r / (r + np.arange(count))
+    mean, var = p.sum(), (p * (1 - p)).sum()
+    assert draws.min() >= 1  # the first customer always opens a table
+    assert abs(draws.mean() - mean) < 5 * np.sqrt(var / n) + 1e-12
+    if var > 0:
+        assert abs(draws.var() / var - 1) < 0.1
+
+
+def test_crt_zero_counts_and_per_entry_concentration():
+    rng = np.random.default_rng(1)
+    counts = np.array([[0, 3], [4, 0]])
+    out = crt(counts, np.array([[1.0, 1e-9], [1e9, 2.0]]), rng)
+    # r -> 0: only the first customer opens a table; r -> inf: every customer does
+    np.testing.assert_array_equal(out, [[0, 1], [4, 0]])
+
+
+@pytest.mark.parametrize("shape", [0.005, 0.1, 1.0, 7.5])
+def test_log_gamma_variates_distribution(shape):
+    """KS test of log G in log space (G itself underflows to 0 for tiny shapes, which is the point)."""
+    rng = np.random.default_rng(3)
+    log_draws = log_gamma_variates(np.full(20_000, shape), rng)
+
+    def log_space_cdf(t):
+        t = np.asarray(t, dtype=float)
+        # P(log G <= t) = P(G <= e^t); for e^t -> 0 it is e^{a t} / Gamma(a + 1)
+        small = t < -30
+        out = np.empty_like(t)
+        out[small] = np.exp(shape * t[small] - special.gammaln(shape + 1))
+        out[~small] = special.gammainc(shape, np.exp(t[~small]))
+        return out
+
+    assert np.all(np.isfinite(log_draws))
+    assert stats.kstest(log_draws, log_space_cdf).pvalue > 1e-3
+
+
+def test_dirichlet_columns_moments_and_tiny_concentrations():
+    rng = np.random.default_rng(5)
+    alpha = np.array([[0.5, 1e-4], [1.5, 1e-4], [3.0, 1e-4]])
+    draws = np.stack([dirichlet_columns(alpha, rng) for _ in range(8000)])
+    np.testing.assert_allclose(draws.sum(axis=1), 1.0, rtol=1e-12)
+    assert np.all(np.isfinite(draws))
+    total = alpha[:, 0].sum()
+    mean = alpha[:, 0] / total
+    var = mean * (1 - mean) / (total + 1)
+    np.testing.assert_allclose(draws[:, :, 0].mean(axis=0), mean, atol=5 * np.sqrt(var.max() / 8000))
+    np.testing.assert_allclose(draws[:, :, 0].var(axis=0), var, rtol=0.1)
+
+
+def test_allocate_label_tokens_is_multinomial():
+    rng = np.random.default_rng(11)
+    phi = np.array([[0.2, 0.0, 0.5], [0.8, 1.0, 0.5]])  # (L=2, K=3)
+    theta = np.array([[1.0, 3.0, 2.0], [0.5, 0.5, 4.0]])  # (N=2, K=3)
+    rows = np.array([0, 1, 0])
+    cols = np.array([0, 1, 1])
+    counts = np.array([30_000, 20_000, 1])
+    uniforms = rng.random(counts.sum())
+    A, B = allocate_label_tokens(rows, cols, counts, phi, theta, uniforms, 2)
+    assert A.sum() == B.sum() == counts.sum()
+    # entry 0 is (n=0, l=0): weights 0.2, 0, 1.0 -> topic 1 has zero weight and is never chosen
+    first = A[0] - allocate_label_tokens(rows[2:], cols[2:], counts[2:], phi, theta, uniforms[-1:], 2)[0][0]
+    weights = phi[0] * theta[0]
+    assert first[1] == 0
+    pos = weights > 0
+    assert stats.chisquare(first[pos], counts[0] * weights[pos] / weights.sum()).pvalue > 1e-3
+    weights_1 = phi[1] * theta[1]
+    assert stats.chisquare(A[1], counts[1] * weights_1 / weights_1.sum()).pvalue > 1e-3
+    np.testing.assert_array_equal(B.sum(axis=1), [counts[0], counts[1] + counts[2]])
+
+
+def test_allocate_pair_tokens_counts_both_endpoints():
+    rng = np.random.default_rng(2)
+    phi = np.array([[0.5, 0.1], [0.3, 0.6], [0.2, 0.3]])
+    weights = np.array([1.0, 4.0])
+    first, second, counts = np.array([0, 1]), np.array([2, 2]), np.array([40_000, 3])
+    endpoint = allocate_pair_tokens(first, second, counts, phi, weights, rng.random(counts.sum()))
+    assert endpoint.sum() == 2 * counts.sum()
+    np.testing.assert_array_equal(endpoint.sum(axis=1), [counts[0], counts[1], counts.sum()])
+    w = phi[0] * weights * phi[2]
+    assert stats.chisquare(endpoint[0], counts[0] * w / w.sum()).pvalue > 1e-3
+
+
+def _random_binary(rng, n, d, density):
+    X = (rng.random((n, d)) < density).astype(float)
+    return np.hstack([X, np.ones((n, 1))])
+
+
+def test_feature_token_counts_equals_dense_product():
+    rng = np.random.default_rng(4)
+    Xb = _random_binary(rng, 40, 7, 0.3)
+    tokens = rng.poisson(0.4, size=(40, 5)).astype(np.int64)
+    csr = sp.csr_matrix(Xb)
+    got = feature_token_counts(csr.indptr.astype(np.int64), csr.indices.astype(np.int64), tokens, Xb.shape[1])
+    np.testing.assert_array_equal(got, Xb.T @ tokens)
+
+
+def test_positive_rates_equals_dense_product():
+    rng = np.random.default_rng(6)
+    phi, theta = rng.random((5, 3)), rng.random((8, 3))
+    rows, cols = np.array([0, 3, 7, 7]), np.array([4, 0, 1, 2])
+    np.testing.assert_allclose(positive_rates(rows, cols, phi, theta), (theta @ phi.T)[rows, cols])
+
+
+@pytest.mark.parametrize("with_exposure", [False, True])
+def test_sweep_feature_weights_matches_brute_force(with_exposure):
+    """Eqs. (21)-(23) written out densely, feature by feature, against the in-place numba sweep."""
+    rng = np.random.default_rng(8)
+    n, d, k, nu0 = 25, 6, 3, 2.5
+    Xb = _random_binary(rng, n, d, 0.4)
+    h = rng.gamma(2.0, 0.5, size=(d + 1, k))
+    G = rng.gamma(3.0, size=(d + 1, k))
+    exposure = rng.random((n, k)) if with_exposure else np.ones((n, k))
+    expected_h = h.copy()
+    for f in range(d + 1):  # brute force: theta recomputed from scratch with the current h
+        theta = np.exp(Xb @ np.log(expected_h))
+        on = Xb[:, f] == 1
+        rate = nu0 + (theta[on] * exposure[on]).sum(axis=0) / expected_h[f]
+        expected_h[f] = G[f] / rate
+    csc = sp.csc_matrix(Xb)
+    theta = np.exp(Xb @ np.log(h))
+    sweep_feature_weights(
+        csc.indptr.astype(np.int64), csc.indices.astype(np.int64), G, h, theta, exposure, with_exposure, nu0
+    )
+    np.testing.assert_allclose(h, expected_h, rtol=1e-10)
+    np.testing.assert_allclose(theta, np.exp(Xb @ np.log(expected_h)), rtol=1e-10)
+    np.testing.assert_allclose(theta_from_log_h(sp.csr_matrix(Xb), h), theta, rtol=1e-10)
+
+
+def test_sample_beta0_matches_grid_posterior():
+    """The Beta/CRT augmentation chain for beta0 (phi collapsed) against the exact posterior on a grid."""
+    rng = np.random.default_rng(9)
+    n_labels, n_topics, true_beta0 = 12, 40, 0.4
+    phi = rng.dirichlet(np.full(n_labels, true_beta0), size=n_topics).T
+    counts = np.stack([rng.multinomial(rng.integers(0, 25), phi[:, k]) for k in range(n_topics)], axis=1)
+    grid = np.linspace(0.02, 3.0, 3000)
+    n_k = counts.sum(axis=0)
+    log_post = stats.gamma(0.01, scale=100.0).logpdf(grid)
+    for j, b in enumerate(grid):  # Dirichlet-multinomial evidence of every topic column
+        log_post[j] += np.sum(special.gammaln(n_labels * b) - special.gammaln(n_labels * b + n_k))
+        log_post[j] += np.sum(special.gammaln(b + counts) - special.gammaln(b))
+    weights = np.exp(log_post - log_post.max())
+    exact_mean = np.sum(grid * weights) / weights.sum()
+    exact_sd = np.sqrt(np.sum((grid - exact_mean) ** 2 * weights) / weights.sum())
+    beta0, chain = 1.0, []
+    for it in range(6000):
+        beta0 = sample_beta0(counts, beta0, rng)
+        if it >= 500:
+            chain.append(beta0)
+    chain = np.array(chain)
+    assert abs(chain.mean() - exact_mean) < 0.1 * exact_sd + 0.02 * exact_mean
+    assert abs(chain.std() / exact_sd - 1) < 0.15
+
+
+def test_cooccurrence_hyper_steps_keep_the_prior():
+    """Geweke successive-conditional check of the lambda / gamma0 / f0 block: alternating 'draw topic
+    token counts T_k ~ Poisson(lambda_k E_k)' with the update must leave the Gamma(1, 1) priors of
+    gamma0 and f0 and the prior mean of lambda invariant."""
+    rng = np.random.default_rng(10)
+    n_labels, n_topics = 6, 5
+    phi = rng.dirichlet(np.ones(n_labels), size=n_topics).T
+    exposure = 0.5 * (1 - np.sum(phi**2, axis=0))
+    state = SamplerState(phi=phi, h=None, theta=None, beta0=0.1, r=None, gamma0=1.0, c0=1.0)
+    state.gamma0, state.c0 = rng.gamma(1.0), rng.gamma(1.0)
+    state.r = rng.gamma(state.gamma0 / n_topics, size=n_topics) / state.c0
+    gammas, cs, rs = [], [], []
+    for _ in range(30_000):
+        tokens = rng.poisson(state.r * exposure)
+        endpoint = np.zeros((n_labels, n_topics), dtype=np.int64)
+        endpoint[0] = tokens  # endpoints of each token: one here, one at label 1
+        endpoint[1] = tokens
+        sample_cooccurrence_hyper(state, endpoint, rng)
+        gammas.append(state.gamma0)
+        cs.append(state.c0)
+        rs.append(state.r.sum())
+    gammas, cs = np.array(gammas), np.array(cs)
+
+    def batch_se(x, batches=50):
+        means = x[: len(x) // batches * batches].reshape(batches, -1).mean(axis=1)
+        return means.std(ddof=1) / np.sqrt(batches)
+
+    assert abs(gammas.mean() - 1.0) < 4 * batch_se(gammas)
+    assert abs(cs.mean() - 1.0) < 4 * batch_se(cs)
+    # E[sum_k lambda_k] = E[gamma0 / f0]; with independent Gamma(1, 1) priors that integral diverges,
+    # so compare the prior probability of small f0 instead (P(f0 < 0.5) = 1 - e^{-0.5})
+    frac = np.mean(cs < 0.5)
+    assert abs(frac - (1 - np.exp(-0.5))) < 4 * batch_se((cs < 0.5).astype(float))

@@ -1,0 +1,206 @@
+"""MLGPF building blocks against independent computations: quadrature vs Monte Carlo, KL vs dense
+torch.distributions, marginals vs the dense q(f) each family implies, subspace kernel matrices vs
+the explicit Z = A X~, Cholesky jitter retries."""
+
+import math
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+import torch
+from torch.distributions import MultivariateNormal, kl_divergence
+
+from bayesmlc.gp.inducing import InputSpaceInducing, SubspaceInducing, truncated_svd
+from bayesmlc.gp.kernels import make_kernel
+from bayesmlc.gp.likelihoods import BernoulliLogit
+from bayesmlc.gp.variational import CholeskyError, make_variational, robust_cholesky
+
+DT = torch.float64
+
+
+def _sparse_rows(rng, n, d, density=0.3):
+    X = sp.random(n, d, density=density, random_state=np.random.RandomState(int(rng.integers(1 << 30))), format="csr")
+    X.data = rng.standard_normal(X.nnz)
+    return X.astype(np.float32)
+
+
+def _perturb(family, rng):
+    """Move every variational parameter away from its initial value."""
+    with torch.no_grad():
+        for p in family.parameters():
+            p.add_(torch.as_tensor(0.3 * rng.standard_normal(tuple(p.shape)), dtype=p.dtype))
+
+
+def _se_kernel_matrices(rng, M=6, B=5, D=4):
+    Z = torch.as_tensor(rng.standard_normal((M, D)), dtype=DT)
+    Xb = torch.as_tensor(rng.standard_normal((B, D)), dtype=DT)
+    def k(a, b):
+        return 1.3 * torch.exp(-0.5 * torch.cdist(a, b).pow(2) / 1.5**2)
+    return k(Z, Z), k(Xb, Z), torch.full((B,), 1.3, dtype=DT), k(Xb, Xb)
+
+
+# ---- likelihood ------------------------------------------------------------------------------
+def test_quadrature_matches_monte_carlo():
+    gen = torch.Generator().manual_seed(0)
+    mean = torch.tensor([-3.0, -0.5, 0.0, 1.2, 4.0], dtype=DT)
+    var = torch.tensor([0.05, 2.0, 1.0, 0.5, 6.0], dtype=DT)
+    sign = torch.tensor([1.0, -1.0, 1.0, -1.0, 1.0], dtype=DT)
+    lik = BernoulliLogit(20)
+    f = mean + var.sqrt() * torch.randn(1_000_000, 5, generator=gen, dtype=DT)
+    mc_loglik = torch.nn.functional.logsigmoid(sign * f)
+    mc_proba = torch.sigmoid(f)
+    quad = lik.expected_log_lik(mean, var, sign)
+    tol = 4 * mc_loglik.std(0) / math.sqrt(f.shape[0])
+    assert torch.all((quad - mc_loglik.mean(0)).abs() < tol + 1e-4)
+    proba_tol = 4 * mc_proba.std(0) / math.sqrt(f.shape[0])
+    assert torch.all((lik.predictive_mean(mean, var) - mc_proba.mean(0)).abs() < proba_tol + 1e-4)
+    # ten nodes (the paper's choice) are already accurate to 1e-3 on these inputs
+    assert torch.allclose(BernoulliLogit(10).expected_log_lik(mean, var, sign), quad, atol=2e-3)
+
+
+# ---- variational families ----------------------------------------------------------------------
+@pytest.mark.parametrize("name", ["whitened", "cholesky", "preconditioned"])
+def test_kl_matches_dense_gaussian_kl(name):
+    rng = np.random.default_rng(1)
+    K_zz, _, _, _ = _se_kernel_matrices(rng)
+    family = make_variational(name, n_latent=3, n_inducing=K_zz.shape[0]).to(DT)
+    _perturb(family, rng)
+    prep = family.prepare(K_zz, jitter=0.0)
+    assert prep.jitter == 0.0
+    mean_u, cov_u = family.dense_q_u(prep)
+    prior = MultivariateNormal(torch.zeros(K_zz.shape[0], dtype=DT), covariance_matrix=K_zz)
+    expected = torch.stack([
+        kl_divergence(MultivariateNormal(mean_u[p], covariance_matrix=0.5 * (cov_u[p] + cov_u[p].T)), prior)
+        for p in range(3)
+    ])
+    assert torch.allclose(family.kl(prep), expected, rtol=1e-7, atol=1e-8)
+
+
+@pytest.mark.parametrize("name", ["whitened", "cholesky", "preconditioned"])
+def test_marginals_match_dense_q_f(name):
+    rng = np.random.default_rng(2)
+    K_zz, K_xz, k_xx, K_xx = _se_kernel_matrices(rng)
+    family = make_variational(name, n_latent=3, n_inducing=K_zz.shape[0]).to(DT)
+    _perturb(family, rng)
+    prep = family.prepare(K_zz, jitter=0.0)
+    mean, var = family.marginals(prep, K_xz, k_xx)
+    mean_u, cov_u = family.dense_q_u(prep)
+    # q(f) = N(K_xz K^-1 m, K_xx - K_xz K^-1 K_zx + K_xz K^-1 S K^-1 K_zx), computed densely
+    W = torch.linalg.solve(K_zz, K_xz.T)  # K^-1 K_zx
+    for p in range(3):
+        cov_f = K_xx - K_xz @ W + W.T @ cov_u[p] @ W
+        assert torch.allclose(mean[:, p], W.T @ mean_u[p], rtol=1e-6, atol=1e-8)
+        assert torch.allclose(var[:, p], torch.diagonal(cov_f), rtol=1e-6, atol=1e-8)
+    weights = family.mean_weights(prep)
+    assert torch.allclose(K_xz @ weights, mean, rtol=1e-6, atol=1e-8)
+
+
+def test_preconditioned_marginals_are_the_papers_corrected_formulas():
+    # m_f = K_XZ mu (not K_X mu) and S_f = K_X - K_XZ (K_Z + Sigma)^-1 K_ZX (reference notes 1.11)
+    rng = np.random.default_rng(3)
+    K_zz, K_xz, k_xx, K_xx = _se_kernel_matrices(rng)
+    family = make_variational("preconditioned", n_latent=2, n_inducing=K_zz.shape[0]).to(DT)
+    _perturb(family, rng)
+    mean, var = family.marginals(family.prepare(K_zz, 0.0), K_xz, k_xx)
+    for p in range(2):
+        B = K_zz + torch.diag(family.sigma()[p])
+        assert torch.allclose(mean[:, p], K_xz @ family.mu[p])
+        assert torch.allclose(var[:, p], torch.diagonal(K_xx - K_xz @ torch.linalg.solve(B, K_xz.T)))
+
+
+def test_robust_cholesky_retries_with_growing_jitter():
+    v = torch.tensor([[1.0], [2.0], [3.0]], dtype=DT)
+    singular = v @ v.T - 1e-9 * torch.eye(3, dtype=DT)  # smallest eigenvalue -1e-9
+    L, used = robust_cholesky(singular, jitter=1e-12)
+    assert used >= 1e-9 / singular.diagonal().mean()  # retried until the shift beat -1e-9
+    assert torch.allclose(L @ L.T, singular + used * singular.diagonal().mean() * torch.eye(3, dtype=DT), atol=1e-10)
+    with pytest.raises(CholeskyError, match="not positive definite"):
+        robust_cholesky(-torch.eye(3, dtype=DT), jitter=1e-6, max_tries=2)
+
+
+# ---- kernels and inducing inputs ---------------------------------------------------------------
+def _explicit_kernel(name, X, Z, weights=None, variance_lin=1.0, variance_se=1.0, lengthscale=1.0):
+    Xw = X if weights is None else X * weights.sqrt()
+    Zw = Z if weights is None else Z * weights.sqrt()
+    lin = lambda a, b: a @ b.T
+    se = lambda a, b: torch.exp(-0.5 * torch.cdist(a, b).pow(2) / lengthscale**2)
+    if name == "linear":
+        f = lambda a, b: variance_lin * lin(a, b)
+    elif name == "se":
+        f = lambda a, b: variance_se * se(a, b)
+    else:
+        f = lambda a, b: variance_lin * lin(a, b) + variance_se * se(a, b)
+    return f(Zw, Zw), f(Xw, Zw), torch.diagonal(f(Xw, Xw))
+
+
+@pytest.mark.parametrize("name", ["linear", "se", "linear+se"])
+def test_subspace_kernel_matrices_equal_explicit_ones(name):
+    rng = np.random.default_rng(4)
+    X = _sparse_rows(rng, 40, 15)
+    basis, US, _ = truncated_svd(X, 6, seed=0)
+    A = rng.standard_normal((5, 6)).astype(np.float32)
+    inducing = SubspaceInducing(basis, A, trainable=True).to(DT)
+    kernel = make_kernel(name, None).to(DT)
+    batch = inducing.make_batch(X[:7])
+    blocks = kernel(inducing.inner_products(batch, None))
+    # explicit: Z = A X~ in input space, dense X
+    Z = torch.as_tensor(A, dtype=DT) @ torch.as_tensor(basis, dtype=DT)
+    Xd = torch.as_tensor(X[:7].toarray(), dtype=DT)
+    var_lin = 0.5 if name == "linear+se" else 1.0
+    zz, xz, xx = _explicit_kernel(name, Xd, Z, variance_lin=var_lin, variance_se=var_lin)
+    assert torch.allclose(blocks.zz, zz, atol=2e-5)
+    assert torch.allclose(blocks.xz, xz, atol=2e-5)
+    assert torch.allclose(blocks.xx, xx, atol=2e-5)
+    # the precomputed projections (U S) give the same cross products as the sparse product
+    batch_cached = inducing.make_batch(X[:7], projected=US[:7])
+    assert torch.allclose(kernel(inducing.inner_products(batch_cached, None)).xz, xz, atol=2e-5)
+
+
+def test_subspace_ard_is_the_inner_product_of_the_stated_metric():
+    # <x, x'>_w = (x X~^T) diag(w) (X~ x'^T) + w0 (<x, x'> - (x X~^T)(X~ x'^T))
+    rng = np.random.default_rng(5)
+    X = _sparse_rows(rng, 30, 12)
+    basis, _, _ = truncated_svd(X, 4, seed=0)
+    A = rng.standard_normal((3, 4)).astype(np.float32)
+    inducing = SubspaceInducing(basis, A, trainable=True).to(DT)
+    weights = torch.as_tensor(rng.uniform(0.5, 2.0, 5), dtype=DT)
+    V = torch.as_tensor(basis, dtype=DT)
+    metric = V.T @ torch.diag(weights[:-1]) @ V + weights[-1] * (torch.eye(12, dtype=DT) - V.T @ V)
+    Z = torch.as_tensor(A, dtype=DT) @ V
+    Xd = torch.as_tensor(X[:6].toarray(), dtype=DT)
+    inner = inducing.inner_products(inducing.make_batch(X[:6]), weights)
+    assert torch.allclose(inner.zz, Z @ metric @ Z.T, atol=1e-5)
+    assert torch.allclose(inner.xz, Xd @ metric @ Z.T, atol=1e-5)
+    assert torch.allclose(inner.xx, torch.diagonal(Xd @ metric @ Xd.T), atol=1e-5)
+
+
+@pytest.mark.parametrize("name", ["linear", "se", "linear+se"])
+def test_input_space_kernels_with_ard_equal_explicit_ones(name):
+    rng = np.random.default_rng(6)
+    X = _sparse_rows(rng, 9, 8)
+    Z = rng.standard_normal((4, 8)).astype(np.float32)
+    inducing = InputSpaceInducing(Z, trainable=True).to(DT)
+    kernel = make_kernel(name, inducing.n_weights).to(DT)
+    with torch.no_grad():
+        kernel.raw_weights.copy_(torch.as_tensor(rng.standard_normal(8)))
+    weights = kernel.input_weights()
+    blocks = kernel(inducing.inner_products(inducing.make_batch(X), weights))
+    var = 0.5 if name == "linear+se" else 1.0
+    zz, xz, xx = _explicit_kernel(
+        name, torch.as_tensor(X.toarray(), dtype=DT), torch.as_tensor(Z, dtype=DT), weights, var, var
+    )
+    assert torch.allclose(blocks.zz, zz, atol=1e-5)
+    assert torch.allclose(blocks.xz, xz, atol=1e-5)
+    assert torch.allclose(blocks.xx, xx, atol=1e-5)
+
+
+def test_truncated_svd_matches_dense_svd_and_never_needs_dense_input():
+    rng = np.random.default_rng(7)
+    X = _sparse_rows(rng, 60, 25)
+    basis, US, used = truncated_svd(X, 5, seed=0)
+    assert used is None
+    _, s, Vt = np.linalg.svd(X.toarray(), full_matrices=False)
+    # same subspace: projector equality, and U S = X X~^T
+    assert np.allclose(basis @ basis.T, np.eye(5), atol=1e-5)
+    assert np.allclose(basis.T @ basis, Vt[:5].T @ Vt[:5], atol=1e-3)
+    assert np.allclose(US, X @ basis.T, atol=1e-4)
