@@ -52,8 +52,8 @@ __all__ = [
     "evaluate",
 ]
 
-# Dense inputs are processed in blocks of about this many entries, so that temporaries (argsort
-# indices, ranks, bin indices) stay bounded for inputs like 100k x 1k.
+# Dense inputs are processed in blocks of about this many entries, so that temporaries (sorted
+# copies, selections, bin indices) stay bounded for inputs like 100k x 1k.
 _BLOCK_ENTRIES = 1 << 22
 
 
@@ -183,7 +183,10 @@ def _topk(scores: np.ndarray, k: int):
         above = block > kth
         tied = block == kth
         missing = k - above.sum(axis=1, keepdims=True)
-        chosen = above | (tied & (np.cumsum(tied, axis=1) <= missing))
+        if np.array_equal(tied.sum(axis=1, keepdims=True), missing):  # no tie crosses the k-th place
+            chosen = above | tied
+        else:
+            chosen = above | (tied & (np.cumsum(tied, axis=1) <= missing))
         cols = np.nonzero(chosen)[1].reshape(-1, k)  # row-major, so k per row in label order
         vals = np.take_along_axis(block, cols, axis=1)
         order = np.argsort(-vals, axis=1, kind="stable")  # stable: equal values stay in label order
@@ -550,8 +553,8 @@ def _sortable_block(block: np.ndarray, observed: np.ndarray | None) -> np.ndarra
     """A sorted-ready copy of ``block``; unobserved entries become +inf, above every finite score, so
     they never count as below or equal to an observed positive."""
     if observed is None:
-        return np.array(block)
-    out = np.array(block, dtype=block.dtype if block.dtype.kind == "f" else np.float64)
+        return np.array(block, order="C")
+    out = np.array(block, dtype=block.dtype if block.dtype.kind == "f" else np.float64, order="C")
     out[~observed] = np.inf
     return out
 
@@ -680,7 +683,9 @@ def f1_example(Y_true, Y_pred, label_mask=None, zero_division=1.0) -> float:
     """
     zero_division = _check_zero_division(zero_division)
     c = _label_sets(Y_true, Y_pred, label_mask)
-    per_row = _f_scores(np.diff(c.true_positive.indptr), np.diff(c.Y_true.indptr), np.diff(c.Y_pred.indptr), zero_division)
+    per_row = _f_scores(
+        np.diff(c.true_positive.indptr), np.diff(c.Y_true.indptr), np.diff(c.Y_pred.indptr), zero_division
+    )
     return _mean_f(per_row, "f1_example")
 
 

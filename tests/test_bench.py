@@ -197,6 +197,27 @@ def test_scale_plot_and_table(tmp_path):
     assert _row(text[text.index("### n400"):], "### n400", "mlgpf (speed)")[2:] == ["2", "2", "12", "–", "450", "3×"]
 
 
+@pytest.mark.parametrize("suite_name", sorted(SUITES))
+def test_suite_settings_are_valid_model_parameters(suite_name):
+    from bayesmlc.bench.baselines import REGISTRY_ENTRIES
+    from bayesmlc.models import MODEL_CLASSES, get_model_class
+
+    for config in SUITES[suite_name].configs:
+        if config.model in REGISTRY_ENTRIES:
+            cls = getattr(baselines, REGISTRY_ENTRIES[config.model].partition(":")[2])
+        elif config.model in MODEL_CLASSES:
+            try:
+                cls = get_model_class(config.model)
+            except Exception:  # a model that has not landed is skipped by the harness too
+                continue
+        else:
+            pytest.fail(f"suite {suite_name}: model {config.model!r} is neither registered nor a bench baseline")
+        valid = set(cls().get_params())
+        for dataset in SUITES[suite_name].dataset_names:
+            unknown = set(config.params_for(dataset)) - valid
+            assert not unknown, f"{suite_name}/{config.model}-{config.config} on {dataset}: unknown {unknown}"
+
+
 def test_epoch_timing_units():
     assert epoch_timing({"wall_time": [], "objective": []}) == (None, None)
     # per logged entry: 4 entries, 0.5 s from the first to the last over 3 steps
@@ -255,6 +276,30 @@ def test_missing_dataset_is_skipped_with_its_path(tmp_path):
     suite = Suite("t", "", (DatasetSpec("nowhere"),), (ModelConfig("logistic", "default"),))
     (record,) = run_suite(suite, tmp_path / "out", data_root=tmp_path, run_one=fake_run_one, log=lambda m: None)
     assert record["status"] == "skipped" and str(tmp_path / "nowhere" / "train.txt") in record["reason"]
+
+
+def test_excluded_pair_is_skipped_and_resume_reruns_only_what_did_not_finish(tmp_path, tiny_data_root):
+    suite = Suite("t", "", (DatasetSpec("alpha"), DatasetSpec("beta")),
+                  (ModelConfig("logistic", "default", exclude={"beta": "too big here"}),
+                   ModelConfig("brokenmodel", "default")))
+    calls = []
+
+    def counting_run_one(spec, run_dir):
+        calls.append(spec.run_id)
+        return fake_run_one(spec, run_dir)
+
+    first = run_suite(suite, tmp_path / "out", data_root=tiny_data_root, run_one=counting_run_one,
+                      availability=lambda model: None, log=lambda m: None)
+    assert [(r["run_id"], r["status"]) for r in first] == [
+        ("alpha/logistic-default/r0", "ok"), ("alpha/brokenmodel-default/r0", "failed"),
+        ("beta/logistic-default/r0", "skipped"), ("beta/brokenmodel-default/r0", "failed")]
+    assert first[2]["reason"] == "too big here"
+    assert calls == ["alpha/logistic-default/r0", "alpha/brokenmodel-default/r0", "beta/brokenmodel-default/r0"]
+    calls.clear()
+    again = run_suite(suite, tmp_path / "out", data_root=tiny_data_root, run_one=counting_run_one, resume=True,
+                      availability=lambda model: None, log=lambda m: None)
+    assert calls == ["alpha/brokenmodel-default/r0", "beta/brokenmodel-default/r0"]
+    assert again[0] == first[0] and len(read_results(tmp_path / "out" / "results.jsonl")) == 4
 
 
 def test_missing_dependency_reason(no_napkinxc):

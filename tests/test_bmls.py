@@ -291,3 +291,12 @@ def test_bibtex_full_labels_auc():
     model = BMLS(n_topics=100, mu0=10, nu0=10, random_state=0).fit(train.X, train.Y)
     proba = model.predict_proba(test.X)
     assert roc_auc_score(test.Y.toarray().ravel(), proba.ravel()) >= 0.937
+
+
+def test_verbose_shows_a_progress_bar(capsys):
+    rng = np.random.default_rng(11)
+    X, Y, _ = _planted_problem(rng, 0, n_labels=4)(30)
+    model = BMLS(n_topics=2, n_burnin=3, n_samples=2, thin=1, random_state=0, verbose=True).fit(X, Y)
+    err = capsys.readouterr().err
+    assert "BMLS Gibbs" in err and "5/5" in err
+    assert model.history_["sweep"] == [1, 2, 3, 4, 5]

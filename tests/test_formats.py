@@ -540,6 +540,24 @@ def test_cache_reuse_and_invalidation(tmp_path):
     assert (tmp_path / "d.txt.bayesmlc.npz").exists()
 
 
+def test_cache_true_falls_back_when_the_source_folder_cannot_be_written(tmp_path, monkeypatch):
+    import bayesmlc.data.formats.cache as cache_module
+
+    source = _write(tmp_path / "d.txt", "1 2 1\n0 1:1\n")
+    real_save = cache_module.save_npz
+
+    def refuse_next_to_source(dataset, path, **kwargs):
+        if path.parent == tmp_path:
+            raise PermissionError(13, "Permission denied", str(path))
+        return real_save(dataset, path, **kwargs)
+
+    monkeypatch.setattr(cache_module, "save_npz", refuse_next_to_source)
+    monkeypatch.setenv("BAYESMLC_CACHE_DIR", str(tmp_path / "fallback"))
+    first = read_dataset(source, cache=True)
+    assert first.source["cache"].startswith(str(tmp_path / "fallback")) and not first.source["from_cache"]
+    assert read_dataset(source, cache=True).source["from_cache"] is True
+
+
 def test_cache_is_only_for_text_formats(tmp_path):
     path = write_dataset(Dataset.from_arrays(np.eye(2), np.eye(2)), tmp_path / "d.npz")
     with pytest.raises(ValidationError, match="cache= applies to the text formats"):

@@ -240,7 +240,9 @@ def test_large_label_space_topk_input_is_not_densified(monkeypatch):
     Y.data[:] = 1  # duplicates were summed
     values = np.tile(np.arange(k, 0, -1, dtype=np.float32), (n, 1))
     true_sets = [set(Y.indices[Y.indptr[i]:Y.indptr[i + 1]].tolist()) for i in range(n)]
-    expected = {kk: np.mean([sum(j in t for j in r[:kk]) / kk for t, r in zip(true_sets, ranked.tolist())]) for kk in (1, 5)}
+    expected = {
+        kk: np.mean([sum(j in t for j in r[:kk]) / kk for t, r in zip(true_sets, ranked.tolist())]) for kk in (1, 5)
+    }
 
     def refuse(*args, **kwargs):
         raise AssertionError("the label matrix was densified")

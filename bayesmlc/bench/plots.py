@@ -6,7 +6,8 @@ Per dataset:
   log-likelihood: the model's own ``history_["objective"]``) against wall time, one panel per model
   because the objectives are on different scales;
 * ``<dataset>-p1-time.png``: test P@1 against training time, one point per model (median over
-  repeats), plus the model's P@1 curve during training when its history logs ``"P@1"``;
+  repeats), plus the model's P@1 curve during training when its history logs ``"P@1"``, and hollow
+  diamonds for the reference runs of other tools that state both numbers;
 * ``<dataset>-reliability.png``: a reliability diagram per model (observed frequency of a label
   against the mean predicted probability, per probability bin, from the run's ``reliability.json``).
 
@@ -22,6 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .published import published_for
 from .report import summarise
 
 __all__ = ["make_plots", "PLOTS_DIR"]
@@ -129,6 +131,11 @@ def _p1_plot(dataset, summaries, out_dir, path, colours) -> bool:
             ax.errorbar([max(seconds, 1e-3)], [100 * p1], color=colour, lw=1, capsize=3,
                         xerr=[[seconds - min(all_seconds)], [max(all_seconds) - seconds]],
                         yerr=[[100 * (p1 - min(all_p1))], [100 * (max(all_p1) - p1)]])
+    for entry in published_for(dataset):
+        if "P@1" in entry.metrics and "train_seconds" in entry.metrics:
+            ax.scatter([max(entry.metrics["train_seconds"], 1e-3)], [100 * entry.metrics["P@1"]], s=45,
+                       facecolors="none", edgecolors="dimgrey", marker="D", linewidths=1,
+                       label=f"{entry.method} ({entry.kind})")
     _plain_log_scale(ax, "x")
     ax.set_xlabel("training time (s, log scale)")
     ax.set_ylabel("test P@1 (%)")

@@ -124,7 +124,7 @@ QUICK_SETTINGS = (
     ModelConfig("bmls", "quick", {"n_topics": 50, "n_burnin": 100, "n_samples": 20, "thin": 5},
                 per_dataset=BMLS_BINARISE),
     ModelConfig("bnmc", "quick", {"n_passes": 2, "n_gibbs": 6, "n_keep": 3}),
-    ModelConfig("mlgpf", "quick", {"n_inducing": 100, "n_latent": 20, "batch_size": 256, "epochs": 30}),
+    ModelConfig("mlgpf", "quick", {"n_inducing": 100, "n_latent": 20, "batch_size": 256, "epochs": 20}),
 )
 
 #: The papers' settings; per dataset where the paper differs. BMLS: K=100, 200 burn-in sweeps, 2500

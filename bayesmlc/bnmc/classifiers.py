@@ -29,7 +29,7 @@ import numpy as np
 import scipy.sparse as sp
 import torch
 
-from .polya_gamma import pg_mean, sample_inverse_gaussian, sample_pg
+from .polya_gamma import sample_inverse_gaussian, sample_pg
 
 __all__ = ["Design", "choose_solver", "gibbs_classifier", "SGDClassifier"]
 
@@ -54,8 +54,7 @@ class Design:
             self.X = _csr(X, device)
             self.XT = _csr(X.T.tocsr(), device)
         self.dense = dense
-        sq = X.multiply(X).tocsr()
-        self.col_sq = _csr(sq.T.tocsr(), device) if not dense else torch.from_numpy(sq.toarray().T).to(device)
+        self.Z_scipy = sp.hstack([X, np.ones((self.n, 1), dtype=np.float32)], format="csr")
 
     def matmul(self, W: torch.Tensor) -> torch.Tensor:
         """Z @ W for W (D1, C) -> (n, C)."""
@@ -65,9 +64,11 @@ class Design:
         """Z^T @ U for U (n, C) -> (D1, C)."""
         return torch.cat([self.XT @ U, U.sum(dim=0, keepdim=True)], dim=0)
 
-    def weighted_col_sq(self, omega: torch.Tensor) -> torch.Tensor:
-        """diag(Z^T diag(omega_c) Z) for every c -> (D1, C)."""
-        return torch.cat([self.col_sq @ omega, omega.sum(dim=0, keepdim=True)], dim=0)
+    def shared_precision(self, row_weights: np.ndarray, prior_prec: np.ndarray) -> torch.Tensor:
+        """diag(prior) + Z^T diag(row_weights) Z as a dense (D1, D1) tensor (one sparse product)."""
+        gram = (self.Z_scipy.T @ sp.diags(row_weights) @ self.Z_scipy).toarray()
+        gram[np.diag_indices_from(gram)] += prior_prec
+        return torch.as_tensor(gram, dtype=torch.float32, device=self.device)
 
     def dense_z(self) -> torch.Tensor:
         Xd = self.X if self.dense else self.X.to_dense()
@@ -138,8 +139,13 @@ def _sample_woodbury(Z: torch.Tensor, gram: torch.Tensor, omega, beta, prior_var
 
 
 def _sample_cg(design: Design, omega, beta, prior_prec, start, gen, tol: float, max_iter: int, noise: float = 1.0):
-    """Perturb-then-solve draw by batched Jacobi-preconditioned CG (``noise=0``: the mean).
-    Returns (draw, iterations)."""
+    """Perturb-then-solve draw (``noise=0``: the mean) for all labels by batched preconditioned CG.
+
+    The preconditioner is shared by every label: the Cholesky factor of diag(prior) + Z^T diag(w) Z,
+    with w_i the mean over labels of omega_ic. Per-label systems differ from it only through the
+    spread of omega across labels, so a handful of iterations reach ``tol``.
+    Returns (draw (D1, C), iterations).
+    """
     n, D1, C = design.n, design.D1, omega.shape[1]
     dtype, device = omega.dtype, omega.device
     e1 = noise * torch.randn(n, C, generator=gen, dtype=dtype, device=device)
@@ -149,10 +155,11 @@ def _sample_cg(design: Design, omega, beta, prior_prec, start, gen, tol: float, 
     def apply(V):
         return prior_prec[:, None] * V + design.rmatmul(omega * design.matmul(V))
 
-    inv_diag = 1.0 / (prior_prec[:, None] + design.weighted_col_sq(omega))
+    shared = design.shared_precision(omega.mean(dim=1).double().cpu().numpy(), prior_prec.double().cpu().numpy())
+    chol = torch.linalg.cholesky(shared)
     x = start.clone()
     r = rhs - apply(x)
-    z = inv_diag * r
+    z = torch.cholesky_solve(r, chol)
     p = z.clone()
     rz = (r * z).sum(dim=0)
     rhs_norm = rhs.norm(dim=0).clamp_min(1e-30)
@@ -164,7 +171,7 @@ def _sample_cg(design: Design, omega, beta, prior_prec, start, gen, tol: float, 
         r -= step * Ap
         if bool(torch.all(r.norm(dim=0) <= tol * rhs_norm)):
             break
-        z = inv_diag * r
+        z = torch.cholesky_solve(r, chol)
         rz_new = (r * z).sum(dim=0)
         p = z + (rz_new / rz.clamp_min(1e-30)) * p
         rz = rz_new
@@ -173,13 +180,14 @@ def _sample_cg(design: Design, omega, beta, prior_prec, start, gen, tol: float, 
 
 def _augmentation(kind: str, margins: np.ndarray, Y: np.ndarray, mask: np.ndarray, rng):
     """Precision weights omega and targets beta for one Gibbs sweep (both (n, C), float64).
-    ``rng=None``: the EM step to the posterior mode instead of a draw: omega is replaced by its
-    conditional expectation, E[PG(1, m)] = tanh(m/2) / (2m) for logistic and E[1/lambda] =
-    1/|1 - s m| for svm (Polson-Scott EM); both are minorise-maximise steps, so the log posterior
-    never decreases."""
+    ``rng=None``: a step to the posterior mode instead of a draw: for logistic the Newton step
+    (IRLS weights p(1 - p), working response; damped by the caller), for svm the Polson-Scott EM step
+    with omega replaced by E[1/lambda] = 1/|1 - s m| (a minorise-maximise step)."""
     if rng is None:
         if kind == "logistic":
-            return pg_mean(1.0, margins) * mask, (Y - 0.5) * mask
+            p = _sigmoid(margins)
+            omega = np.maximum(p * (1.0 - p), 1e-8) * mask
+            return omega, (omega * margins + Y - p) * mask
         signs = 2.0 * Y - 1.0
         inv_lambda = np.minimum(1.0 / np.clip(np.abs(1.0 - signs * margins), 1e-6, None), 1e6) * mask
         return inv_lambda, signs * (1.0 + inv_lambda) * mask
@@ -224,7 +232,8 @@ def gibbs_classifier(
     prior_precision : ndarray (D1,), diagonal prior precision (last entry: the bias)
     n_iter : sweeps; the last ``n_keep`` draws are kept
     init : ndarray (D1, C) starting weights, or None for zeros
-    n_mode_steps : EM steps towards the posterior mode before the sweeps, so the
+    n_mode_steps : steps to the posterior mode before the sweeps (damped Newton for logistic, EM
+        for svm), so the
         chain starts at the posterior mode instead of burning in from ``init``
 
     Returns
@@ -254,17 +263,48 @@ def gibbs_classifier(
         omega = torch.as_tensor(omega_np, dtype=dtype, device=device)
         beta = torch.as_tensor(beta_np, dtype=dtype, device=device)
         if solver == "dense":
-            W = _sample_dense(Z, omega, beta, prior_prec_t, gen, noise)
+            W_new = _sample_dense(Z, omega, beta, prior_prec_t, gen, noise)
         elif solver == "woodbury":
             chunk = max(1, int(2e8 // (4 * design.n * design.n)))
-            W = _sample_woodbury(Z, gram, omega, beta, 1.0 / prior_prec_t, gen, chunk, noise)
+            W_new = _sample_woodbury(Z, gram, omega, beta, 1.0 / prior_prec_t, gen, chunk, noise)
         else:
-            W, _ = _sample_cg(design, omega, beta, prior_prec_t, W, gen, cg_tol, cg_max_iter, noise)
+            W_new, _ = _sample_cg(design, omega, beta, prior_prec_t, W, gen, cg_tol, cg_max_iter, noise)
+        if not sampling and kind == "logistic":
+            W_new = _damped(design, W, W_new, Y, mask, prior_prec_t)
+        W = W_new
         if sweep >= n_mode_steps + n_iter - n_keep:
             samples.append(W.cpu().numpy().copy())
         if progress is not None:
             progress.update(1)
     return np.stack(samples).astype(np.float32), trace
+
+
+def _log_posterior(design: Design, W: torch.Tensor, Y, mask, prior_prec) -> np.ndarray:
+    """Per-label logistic log posterior (up to constants), (C,)."""
+    margins = design.matmul(W).double().cpu().numpy()
+    loglik = -(np.logaddexp(0.0, -(2.0 * Y - 1.0) * margins) * mask).sum(axis=0)
+    return loglik - 0.5 * (prior_prec[:, None] * W * W).sum(dim=0).double().cpu().numpy()
+
+
+def _damped(design: Design, W, W_newton, Y, mask, prior_prec, max_halvings: int = 8) -> torch.Tensor:
+    """Per label, the first of W + 2^-j (W_newton - W), j = 0, 1, ..., that does not lower the log
+    posterior (W itself when none does)."""
+    current = _log_posterior(design, W, Y, mask, prior_prec)
+    direction = W_newton - W
+    out = W.clone()
+    pending = np.ones(W.shape[1], dtype=bool)
+    scale = 1.0
+    for _ in range(max_halvings):
+        trial = W + scale * direction
+        better = (_log_posterior(design, trial, Y, mask, prior_prec) >= current) & pending
+        if better.any():
+            idx = torch.as_tensor(np.flatnonzero(better), device=W.device)
+            out[:, idx] = trial[:, idx]
+            pending &= ~better
+        if not pending.any():
+            break
+        scale *= 0.5
+    return out
 
 
 def _sigmoid(x: np.ndarray) -> np.ndarray:

@@ -176,7 +176,7 @@ def read_dataset(path: PathLike, format: Optional[str] = None, *, n_labels: Opti
         svmlight: feature indices start at 0 (default ``False``: at 1, as libsvm files do).
     cache:
         Text formats: ``True`` keeps a parsed copy ``<file>.bayesmlc.npz`` next to the file (or in
-        ``$BAYESMLC_CACHE_DIR``/``~/.cache/bayesmlc`` when that folder is read-only); a folder path
+        ``$BAYESMLC_CACHE_DIR``/``~/.cache/bayesmlc`` when writing there fails); a folder path
         keeps it there. Reused while the file's size and modification time are unchanged.
     sha256:
         Record the file's sha256 in ``Dataset.source``; default: for files up to 64 MiB.

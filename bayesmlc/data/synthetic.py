@@ -182,7 +182,8 @@ class _SparseRows:
     """Non-negative weights over a few columns per row (CSR layout), sampled row-wise in one call."""
 
     def __init__(self, rows: np.ndarray, cols: np.ndarray, weights: np.ndarray, n_rows: int):
-        # ``rows`` sorted ascending and every row owning at least one positive weight (callers ensure it).
+        # ``rows`` sorted ascending (columns in any order inside a row) and every row owning at least one
+        # positive weight (callers ensure it).
         self.cols = cols
         self.indptr = np.concatenate(([0], np.cumsum(np.bincount(rows, minlength=n_rows))))
         start = self.indptr[:-1]
@@ -216,7 +217,8 @@ def _first_distinct(targets: np.ndarray, draw, width: int, oversample: float):
     for round_no in range(_MAX_ROUNDS):
         if active.size == 0:
             break
-        owners = np.repeat(active, np.ceil(oversample * needed[active]).astype(np.int64) + 2)
+        # Rows still short after a round are the ones whose items repeat a lot: draw more for them.
+        owners = np.repeat(active, np.ceil(oversample * 2.0 ** min(round_no, 6) * needed[active]).astype(np.int64) + 2)
         keys = np.concatenate((carried, owners * width + draw(owners)))
         unique_keys, first_position, multiplicity = np.unique(keys, return_index=True, return_counts=True)
         rows = unique_keys // width
@@ -283,9 +285,9 @@ def make_multilabel(
     label_power: float = 0.8,
     feature_power: float = 0.85,
     topics_per_row: float = 2.0,
-    background_fraction: float = 0.3,
+    background_fraction: float = 0.2,
     label_noise: float = 0.05,
-    topic_sharpness: float = 2.0,
+    topic_sharpness: float = 4.0,
     missing_fraction: float = 0.0,
     feature_kind: str = "count",
     random_state=None,
@@ -435,11 +437,12 @@ class _TopicModel:
         self.prevalence_cdf = np.cumsum(labels.block_mass)
         self.prevalence_cdf /= self.prevalence_cdf[-1]
         self.prevalence_cdf[-1] = 1.0
-        # W[w, t] = P(a draw of word w came from topic t) under the prevalence prior, background
-        # included in the normaliser: z_i = normalise(x_i) @ W estimates the topic shares of row i.
+        # W[w, t] = P(a draw of word w came from topic t) under a uniform prior over topics (a
+        # prevalence prior would be amplified by topic_sharpness), background included in the
+        # normaliser: z_i = normalise(x_i) @ W estimates the topic shares of row i.
         word_probability = words.column_probability()
         member_word = words.column_of_rank[words.member_rank]
-        from_topic = ((1.0 - background_fraction) * self.prevalence[words.member_topic]
+        from_topic = ((1.0 - background_fraction) / self.n_topics
                       * words.probability[words.member_rank] / words.block_mass[words.member_topic])
         evidence = np.bincount(member_word, weights=from_topic, minlength=words.n_items)
         evidence += background_fraction * word_probability
@@ -485,17 +488,20 @@ class _TopicModel:
         # z_i = normalise(x_i) @ W (sparse), theta_i ~ z_i ** topic_sharpness.
         row_mass = np.bincount(x_rows, weights=x_values, minlength=n_rows)
         x_normalised = sp.csr_matrix((x_values / row_mass[x_rows], (x_rows, x_cols)), shape=(n_rows, words.n_items))
-        z = (x_normalised @ self.word_topic).tocoo()
-        keep = z.data > 0
-        theta_rows, theta_topics = z.row[keep], z.col[keep]
-        theta_weights = np.maximum(z.data[keep] ** self.topic_sharpness, np.finfo(float).tiny)
-        orphans = np.setdiff1d(np.arange(n_rows), theta_rows)  # only background words outside every topic
+        z = sp.csr_matrix(x_normalised @ self.word_topic)
+        z.eliminate_zeros()
+        z.sort_indices()
+        topics_per_z_row = np.diff(z.indptr)
+        theta_rows = np.repeat(np.arange(n_rows), topics_per_z_row)
+        theta_topics = z.indices.astype(np.int64)
+        theta_weights = np.maximum(z.data ** self.topic_sharpness, np.finfo(float).tiny)
+        orphans = np.flatnonzero(topics_per_z_row == 0)  # rows of background words outside every topic
         if orphans.size:  # such rows take their topics from the prevalence prior
             theta_rows = np.concatenate((theta_rows, np.repeat(orphans, n_topics)))
             theta_topics = np.concatenate((theta_topics, np.tile(np.arange(n_topics), orphans.size)))
             theta_weights = np.concatenate((theta_weights, np.tile(self.prevalence, orphans.size)))
-        order = np.lexsort((theta_topics, theta_rows))
-        theta_rows, theta_topics, theta_weights = theta_rows[order], theta_topics[order], theta_weights[order]
+            order = np.argsort(theta_rows, kind="stable")
+            theta_rows, theta_topics, theta_weights = theta_rows[order], theta_topics[order], theta_weights[order]
         theta = _SparseRows(theta_rows, theta_topics, theta_weights, n_rows)
 
         def draw_label(owners):

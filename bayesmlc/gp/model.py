@@ -483,7 +483,7 @@ class MLGPF(MultiLabelEstimator):
                     epoch_elbo += value / len(batches)
                     epoch_kl += float(kl.detach()) / len(batches)
                     with torch.no_grad():
-                        top = np.array((mean_h.detach() @ module.Phi.T + module.bias).argmax(1).cpu())
+                        top = (mean_h.detach() @ module.Phi.T + module.bias).argmax(1).cpu().numpy().copy()
                     hits += int(np.asarray(Y_rows[np.arange(len(rows)), top]).sum())
                     seen += len(rows)
                 history["epoch"].append(epoch + 1)

@@ -83,11 +83,13 @@ class Prepared:
     chol : (M, M) L_K for whitened/cholesky, or (P, M, M) chol(K_Z + Sigma_p) for preconditioned
     K_zz : (M, M) the kernel matrix (no jitter)
     jitter : float, the relative jitter the factorisation needed
+    scale : (P, M, M) the families' lower-triangular S_p, built once per step (None for 2M)
     """
 
     chol: torch.Tensor
     K_zz: torch.Tensor
     jitter: float
+    scale: torch.Tensor | None = None
 
 
 def _lower_scale(offdiag: torch.Tensor, raw_diag: torch.Tensor) -> torch.Tensor:
@@ -109,7 +111,11 @@ class VariationalFamily(nn.Module):
 
     def prepare(self, K_zz: torch.Tensor, jitter: float) -> Prepared:
         L, used = robust_cholesky(K_zz, jitter)
-        return Prepared(chol=L, K_zz=K_zz, jitter=used)
+        return Prepared(chol=L, K_zz=K_zz, jitter=used, scale=self.scale())
+
+    def scale(self) -> torch.Tensor | None:
+        """(P, M, M) lower-triangular factors S_p of the family's covariance, or None."""
+        return None
 
     def marginals(self, prep: Prepared, K_xz: torch.Tensor, k_xx: torch.Tensor):
         """Marginal means and variances of q(h_p(x_i)), each (B, P)."""
@@ -143,12 +149,12 @@ class Whitened(VariationalFamily):
     def marginals(self, prep, K_xz, k_xx):
         A = _solve_lower(prep.chol, K_xz.T)  # (M, B) = L_K^{-1} K_ZX
         mean = (self.mean @ A).T
-        SA = self.scale().transpose(-1, -2) @ A  # (P, M, B): the P B M^2 term
+        SA = prep.scale.transpose(-1, -2) @ A  # (P, M, B): the P B M^2 term
         var = k_xx[None, :] - A.pow(2).sum(0)[None, :] + SA.pow(2).sum(1)
         return mean, var.T
 
     def kl(self, prep):
-        S = self.scale()
+        S = prep.scale
         log_det_S = torch.log(torch.diagonal(S, dim1=-2, dim2=-1)).sum(-1)
         return 0.5 * (S.pow(2).sum((-2, -1)) + self.mean.pow(2).sum(-1) - self.n_inducing - 2.0 * log_det_S)
 
@@ -156,7 +162,7 @@ class Whitened(VariationalFamily):
         return torch.linalg.solve_triangular(prep.chol.T, self.mean.T, upper=True)
 
     def dense_q_u(self, prep):
-        S = self.scale()
+        S = prep.scale
         L = prep.chol
         mean = self.mean @ L.T
         LS = L @ S
@@ -180,14 +186,14 @@ class Cholesky(VariationalFamily):
         A = _solve_lower(L_K, K_xz.T)  # L_K^{-1} K_ZX
         W = torch.linalg.solve_triangular(L_K.T, A, upper=True)  # K_Z^{-1} K_ZX, (M, B)
         mean = (self.mean @ W).T
-        SW = self.scale().transpose(-1, -2) @ W
+        SW = prep.scale.transpose(-1, -2) @ W
         var = k_xx[None, :] - A.pow(2).sum(0)[None, :] + SW.pow(2).sum(1)
         return mean, var.T
 
     def kl(self, prep):
         # eq. (13), journal paper: 0.5[log|K| - log|S S^T| - M + tr(K^{-1} S S^T) + m^T K^{-1} m]
         L_K = prep.chol
-        S = self.scale()
+        S = prep.scale
         log_det_K = 2.0 * torch.log(torch.diagonal(L_K)).sum()
         log_det_S = 2.0 * torch.log(torch.diagonal(S, dim1=-2, dim2=-1)).sum(-1)
         trace = _solve_lower(L_K, S).pow(2).sum((-2, -1))
@@ -198,7 +204,7 @@ class Cholesky(VariationalFamily):
         return torch.cholesky_solve(self.mean.T, prep.chol)
 
     def dense_q_u(self, prep):
-        S = self.scale()
+        S = prep.scale
         return self.mean, S @ S.transpose(-1, -2)
 
 

@@ -183,6 +183,9 @@ def _label_positions(attributes: List[_Attribute], relation: str, label_names: O
             raise DataFormatError(
                 f"labels {missing[:5]} named in {xml_path} are not attributes of the ARFF file", path=path
             )
+        if len(set(label_names)) != len(label_names):
+            repeated = sorted({name for name in label_names if label_names.count(name) > 1})
+            raise DataFormatError(f"labels {repeated[:5]} are named more than once in {xml_path}", path=path)
         return [where[name] for name in label_names]
     if n_labels is not None:
         if not 0 < n_labels < len(attributes):
@@ -272,7 +275,7 @@ def read_arff(path, *, n_labels: Optional[int] = None, label_names_file=None) ->
                 seen = set()
                 for item in (_split_values(body, path, line_no) if body else []):
                     parts = item.split(None, 1)
-                    if len(parts) != 2 or not parts[0].isdigit():
+                    if len(parts) != 2 or not (parts[0].isascii() and parts[0].isdigit()):
                         raise DataFormatError(f"malformed sparse entry {item[:40]!r}: expected 'index value'",
                                               path=path, line=line_no)
                     index = int(parts[0])

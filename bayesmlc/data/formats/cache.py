@@ -6,8 +6,8 @@ of the files it was parsed from). It is written with :func:`numpy.savez` and rea
 ``allow_pickle=False``, so loading one never runs code.
 
 The cache: ``read_dataset(path, cache=True)`` parses a text file once and stores
-``<file>.bayesmlc.npz`` next to it (or, when that folder is not writable, in ``$BAYESMLC_CACHE_DIR``
-or ``~/.cache/bayesmlc``); ``cache=DIR`` stores it in ``DIR``. It is reused while the recorded size
+``<file>.bayesmlc.npz`` next to it (or, when writing there fails, in ``$BAYESMLC_CACHE_DIR`` or
+``~/.cache/bayesmlc``); ``cache=DIR`` stores it in ``DIR``. It is reused while the recorded size
 and modification time of the source (and of the companion name files) still match and it was made
 with the same reader options; otherwise the text is parsed again and the cache rewritten.
 """
@@ -28,7 +28,7 @@ import scipy.sparse as sp
 from ...exceptions import DataFormatError
 from ..dataset import Dataset
 
-__all__ = ["save_npz", "load_npz", "cached_read", "cache_file_for", "NPZ_FORMAT_VERSION"]
+__all__ = ["save_npz", "load_npz", "cached_read", "cache_files_for", "NPZ_FORMAT_VERSION"]
 
 NPZ_FORMAT_VERSION = 1
 _SUFFIX = ".bayesmlc.npz"
@@ -120,15 +120,13 @@ def _fallback_dir() -> Path:
     return Path(env) if env else Path.home() / ".cache" / "bayesmlc"
 
 
-def cache_file_for(source, cache) -> Path:
-    """Where the cache of ``source`` lives for ``cache=True`` or ``cache=DIR``."""
+def cache_files_for(source, cache) -> List[Path]:
+    """Where the cache of ``source`` may live, in order of preference, for ``cache=True`` or ``cache=DIR``."""
     source = Path(source).resolve()
     keyed_name = f"{source.name}-{hashlib.sha1(str(source).encode()).hexdigest()[:12]}{_SUFFIX}"
     if cache is True:
-        if os.access(source.parent, os.W_OK):
-            return source.with_name(source.name + _SUFFIX)
-        return _fallback_dir() / keyed_name
-    return Path(cache) / keyed_name
+        return [source.with_name(source.name + _SUFFIX), _fallback_dir() / keyed_name]
+    return [Path(cache) / keyed_name]
 
 
 def _stamp(paths: Sequence[Path]) -> List[list]:
@@ -140,26 +138,33 @@ def cached_read(source, dependencies: Sequence[Path], options: dict, parse: Call
     """``parse()`` with a cache: reuse the cache of ``source`` if its record still matches.
 
     ``dependencies`` are the files the parse reads (the source first, then companion name files);
-    ``options`` are the reader options (JSON-serialisable) that change the result.
+    ``options`` are the reader options (JSON-serialisable) that change the result. With
+    ``cache=True`` the cache goes next to the source, or to the fallback folder when that write fails.
     """
-    target = cache_file_for(source, cache)
+    candidates = cache_files_for(source, cache)
     stamp = _stamp(dependencies)
     options = json.loads(json.dumps(options, default=str))
-    if target.exists():
+    for target in candidates:
+        if not target.exists():
+            continue
         try:
             dataset, meta = load_npz(target)
         except DataFormatError as exc:
             warnings.warn(f"ignoring unreadable cache {target}: {exc}", stacklevel=3)
-        else:
-            record = meta.get("cache", {})
-            if record.get("files") == stamp and record.get("options") == options:
-                dataset.source = {**dataset.source, "cache": str(target), "from_cache": True}
-                return dataset
+            continue
+        record = meta.get("cache", {})
+        if record.get("files") == stamp and record.get("options") == options:
+            dataset.source = {**dataset.source, "cache": str(target), "from_cache": True}
+            return dataset
     dataset = parse()
-    try:
-        save_npz(dataset, target, record={"cache": {"files": stamp, "options": options}})
-    except OSError as exc:
-        warnings.warn(f"could not write the cache {target}: {exc}", stacklevel=3)
-    else:
+    failures = []
+    for target in candidates:
+        try:
+            save_npz(dataset, target, record={"cache": {"files": stamp, "options": options}})
+        except OSError as exc:
+            failures.append(f"{target}: {exc}")
+            continue
         dataset.source = {**dataset.source, "cache": str(target), "from_cache": False}
+        return dataset
+    warnings.warn("could not write the cache: " + "; ".join(failures), stacklevel=3)
     return dataset

@@ -51,6 +51,8 @@ def _matrix(contents: dict, name: str, role: str, path: Path) -> sp.csr_matrix:
         raise DataFormatError(f"variable {name!r} ({role}) must be numeric, got {matrix.dtype}", path=path)
     if matrix.nnz and not np.all(np.isfinite(matrix.data)):
         raise DataFormatError(f"variable {name!r} ({role}) holds NaN or infinite values", path=path)
+    if matrix.nnz and np.abs(matrix.data).max() > np.finfo(np.float32).max:
+        raise DataFormatError(f"variable {name!r} ({role}) holds values beyond the float32 range", path=path)
     if role != "X":
         bad = matrix.data[(matrix.data != 0) & (matrix.data != 1)]
         if bad.size:

@@ -35,6 +35,8 @@ output arrays plus one chunk.
 
 from __future__ import annotations
 
+import io
+import os
 import re
 from dataclasses import dataclass
 from typing import BinaryIO, List, Optional, Tuple
@@ -249,28 +251,42 @@ class ParsedRows:
     last_line: int
 
 
-class _Chunks:
-    """Per-chunk arrays, joined at the end into one array without holding two full copies."""
+class _Growable:
+    """A 1-D array grown in place of a list of chunks.
+
+    Capacity is allocated with ``np.empty`` and never touched before it is written, so unused
+    capacity costs address space, not resident memory; growing copies only the filled part, and
+    :meth:`finish` trims the array in place (no second copy of the output).
+    """
 
     def __init__(self, dtype):
-        self.dtype = dtype
-        self.parts: List[np.ndarray] = []
+        self.array = np.empty(0, dtype=dtype)
         self.size = 0
 
-    def append(self, array: np.ndarray) -> None:
-        if array.size:
-            self.parts.append(array)
-            self.size += array.size
+    def reserve(self, extra: int, predicted: int = 0) -> None:
+        """Make room for ``extra`` more items (at least ``predicted`` in all when growing)."""
+        need = self.size + extra
+        if need > self.array.size:
+            grown = np.empty(max(need, predicted, self.array.size + self.array.size // 4), dtype=self.array.dtype)
+            grown[: self.size] = self.array[: self.size]
+            self.array = grown
 
-    def join(self) -> np.ndarray:
-        # np.empty maps untouched pages, so resident memory grows only as parts are copied and freed
-        out = np.empty(self.size, dtype=self.dtype)
-        at = 0
-        while self.parts:
-            part = self.parts.pop(0)
-            out[at: at + part.size] = part
-            at += part.size
-            del part
+    def free(self) -> np.ndarray:
+        """The unfilled capacity (a view; the scanner writes into it)."""
+        return self.array[self.size:]
+
+    def extend(self, values) -> None:
+        values = np.asarray(values, dtype=self.array.dtype)
+        self.reserve(values.size)
+        self.array[self.size: self.size + values.size] = values
+        self.size += values.size
+
+    def finish(self) -> np.ndarray:
+        out, self.array = self.array, np.empty(0, dtype=self.array.dtype)
+        try:
+            out.resize(self.size, refcheck=False)  # in place: the allocator releases the unused tail
+        except ValueError:  # pragma: no cover - the buffer is not owned; fall back to a copy
+            out = out[: self.size].copy()
         return out
 
 
@@ -285,38 +301,50 @@ def _line_error(path, line_no: int, line: bytes, grammar: Grammar) -> DataFormat
 
 
 class _Accumulator:
-    """Collects chunk results into growing CSR parts."""
+    """The growing CSR parts of the rows parsed so far.
 
-    def __init__(self):
-        self.x_counts = _Chunks(np.int64)
-        self.y_counts = _Chunks(np.int64)
-        self.x_indices = _Chunks(np.int32)
-        self.x_data = _Chunks(np.float32)
-        self.y_indices = _Chunks(np.int32)
-        self.n_rows = 0
+    ``total_bytes`` (the file size, 0 if unknown) lets it predict the final number of entries
+    from the bytes consumed so far, so the output arrays are allocated about once.
+    """
+
+    def __init__(self, total_bytes: int = 0):
+        self.x_counts = _Growable(np.int64)
+        self.y_counts = _Growable(np.int64)
+        self.x_indices = _Growable(np.int32)
+        self.x_data = _Growable(np.float32)
+        self.y_indices = _Growable(np.int32)
         self.max_column = -1
         self.max_label = -1
+        self.total_bytes = total_bytes
+        self.bytes_done = 0
 
-    def add(self, x_counts, x_indices, x_data, y_counts, y_indices):
-        self.x_counts.append(np.asarray(x_counts, dtype=np.int64))
-        self.y_counts.append(np.asarray(y_counts, dtype=np.int64))
-        self.x_indices.append(np.asarray(x_indices, dtype=np.int32))
-        self.x_data.append(np.asarray(x_data, dtype=np.float32))
-        self.y_indices.append(np.asarray(y_indices, dtype=np.int32))
-        self.n_rows += len(x_counts)
+    @property
+    def n_rows(self) -> int:
+        return self.x_counts.size
+
+    def predicted(self, filled: int) -> int:
+        """Entries expected in all, extrapolated from ``filled`` after ``bytes_done`` bytes (+3%)."""
+        if not self.bytes_done or not self.total_bytes:
+            return 0
+        return int(filled / self.bytes_done * self.total_bytes * 1.03) + 1024
+
+    def add(self, x_counts, x_indices, x_data, y_counts, y_indices) -> None:
+        self.x_counts.extend(x_counts)
+        self.y_counts.extend(y_counts)
+        self.x_indices.extend(x_indices)
+        self.x_data.extend(x_data)
+        self.y_indices.extend(y_indices)
 
     def finish(self, last_line: int) -> ParsedRows:
-        def indptr(counts: _Chunks) -> np.ndarray:
-            joined = counts.join()
-            out = np.zeros(joined.size + 1, dtype=np.int64)
-            np.cumsum(joined, out=out[1:])
-            if out[-1] < 2**31:
-                out = out.astype(np.int32)
-            return out
+        def indptr(counts: _Growable) -> np.ndarray:
+            per_row = counts.finish()
+            out = np.zeros(per_row.size + 1, dtype=np.int64)
+            np.cumsum(per_row, out=out[1:])
+            return out.astype(np.int32) if out[-1] < 2**31 else out
 
         return ParsedRows(
-            X_indptr=indptr(self.x_counts), X_indices=self.x_indices.join(), X_data=self.x_data.join(),
-            Y_indptr=indptr(self.y_counts), Y_indices=self.y_indices.join(), n_rows=self.n_rows,
+            X_indptr=indptr(self.x_counts), X_indices=self.x_indices.finish(), X_data=self.x_data.finish(),
+            Y_indptr=indptr(self.y_counts), Y_indices=self.y_indices.finish(), n_rows=self.n_rows,
             max_column=self.max_column, max_label=self.max_label, last_line=last_line,
         )
 
@@ -336,6 +364,7 @@ def _parse_chunk_compiled(scan, buf: bytes, end: int, max_rows: int, grammar: Gr
                           first_line_no: int, acc: _Accumulator) -> int:
     """Parse the whole lines of ``buf[:end]`` (line ``first_line_no`` first) into ``acc``.
 
+    The scanner writes labels, columns and values straight into the accumulator's spare capacity.
     Returns the position after the last row taken. The scanner stops at the first line it rejects;
     values it left to ``float()`` and repeated indices in rows with unsorted indices are checked
     afterwards, and the earliest offending line (in file order) is reported by :func:`parse_line`.
@@ -345,44 +374,50 @@ def _parse_chunk_compiled(scan, buf: bytes, end: int, max_rows: int, grammar: Gr
     row_lab = np.empty(n_lines + 1, dtype=np.int64)
     row_feat = np.empty(n_lines + 1, dtype=np.int64)
     row_start = np.empty(n_lines + 1, dtype=np.int64)
-    lab_out = np.empty(end // 2 + 1, dtype=np.int32)
-    idx_out = np.empty(end // 4 + 1, dtype=np.int32)
-    val_out = np.empty(end // 4 + 1, dtype=np.float32)
-    hard_pos = np.empty(end // 4 + 1, dtype=np.int64)
-    hard_span = np.empty((end // 4 + 1, 2), dtype=np.int64)
+    feature_bound, label_bound = end // 4 + 1, end // 2 + 1  # "0:1 " and "0," are the shortest tokens
+    acc.x_indices.reserve(feature_bound, acc.predicted(acc.x_indices.size))
+    acc.x_data.reserve(feature_bound, acc.predicted(acc.x_data.size))
+    acc.y_indices.reserve(label_bound, acc.predicted(acc.y_indices.size))
+    hard_pos = np.empty(feature_bound, dtype=np.int64)
+    hard_span = np.empty((feature_bound, 2), dtype=np.int64)
+    columns_out, values_out, labels_out = acc.x_indices.free(), acc.x_data.free(), acc.y_indices.free()
     status, pos, n_rows, n_lab, n_feat, n_hard, unsorted, bad_at, max_label, max_column = scan(
         array, 0, end, max_rows, grammar.comments, grammar.skip_blank, grammar.colon_first_means_no_labels,
         grammar.index_base, -1 if grammar.n_features is None else grammar.n_features,
         -1 if grammar.n_labels is None else grammar.n_labels,
-        lab_out, idx_out, val_out, row_lab, row_feat, row_start, hard_pos, hard_span,
+        labels_out, columns_out, values_out, row_lab, row_feat, row_start, hard_pos, hard_span,
     )
     # rows 0..n_rows-1 are complete; on failure the rejected line is "row" n_rows
     bad_rows = [n_rows] if status != _STATUS_OK else []
-    values = val_out[: row_feat[n_rows]]
+    n_feat, n_lab = int(row_feat[n_rows]), int(row_lab[n_rows])
     for k in range(n_hard):
         with np.errstate(over="ignore"):
             stored = np.float32(float(buf[hard_span[k, 0]: hard_span[k, 1]]))
         if not np.isfinite(stored):
             bad_rows.append(int(np.searchsorted(row_feat[: n_rows + 1], hard_pos[k], side="right")) - 1)
             break
-        if hard_pos[k] < values.size:
-            values[hard_pos[k]] = stored
-    columns = idx_out[: row_feat[n_rows]]
-    labels = lab_out[: row_lab[n_rows]]
-    if unsorted & 2 and columns.size:
-        columns, order, repeat = _sort_rows(row_feat[: n_rows + 1], columns)
-        values = values[order]
+        if hard_pos[k] < n_feat:
+            values_out[hard_pos[k]] = stored
+    if unsorted & 2 and n_feat:
+        columns, order, repeat = _sort_rows(row_feat[: n_rows + 1], columns_out[:n_feat])
+        columns_out[:n_feat] = columns
+        values_out[:n_feat] = values_out[:n_feat][order]
         bad_rows += [repeat] if repeat >= 0 else []
-    if unsorted & 1 and labels.size:
-        labels, _, repeat = _sort_rows(row_lab[: n_rows + 1], labels)
+    if unsorted & 1 and n_lab:
+        labels, _, repeat = _sort_rows(row_lab[: n_rows + 1], labels_out[:n_lab])
+        labels_out[:n_lab] = labels
         bad_rows += [repeat] if repeat >= 0 else []
+    del columns_out, values_out, labels_out  # views of the accumulator's arrays
     if bad_rows:
         row = min(bad_rows)
         at = bad_at if row >= n_rows else int(row_start[row])
         line_no = first_line_no + buf.count(b"\n", 0, at)
         raise _line_error(path, line_no, buf[at: buf.find(b"\n", at)], grammar)
-    acc.add(np.diff(row_feat[: n_rows + 1]), columns.copy(), values.copy(), np.diff(row_lab[: n_rows + 1]),
-            labels.copy())
+    acc.x_indices.size += n_feat
+    acc.x_data.size += n_feat
+    acc.y_indices.size += n_lab
+    acc.x_counts.extend(np.diff(row_feat[: n_rows + 1]))
+    acc.y_counts.extend(np.diff(row_lab[: n_rows + 1]))
     acc.max_column = max(acc.max_column, int(max_column))
     acc.max_label = max(acc.max_label, int(max_label))
     return pos
@@ -449,7 +484,11 @@ def parse_stream(stream: BinaryIO, grammar: Grammar, *, path, first_line_no: int
     scan = None if engine == "python" else _scanner()
     if engine == "compiled" and scan is None:  # pragma: no cover
         raise RuntimeError("the compiled scanner needs numba, which is not installed")
-    acc = _Accumulator()
+    try:
+        total_bytes = os.fstat(stream.fileno()).st_size
+    except (AttributeError, OSError, ValueError, io.UnsupportedOperation):
+        total_bytes = 0
+    acc = _Accumulator(total_bytes)
     carry = b""
     line_no = first_line_no
     at_eof = False
@@ -484,5 +523,6 @@ def parse_stream(stream: BinaryIO, grammar: Grammar, *, path, first_line_no: int
                     f"more rows than the {max_rows} declared in the header (line 1)", path=path, line=bad_line
                 )
         line_no += buf.count(b"\n", 0, end)
+        acc.bytes_done += end
         carry = buf[end:]
     return acc.finish(last_line=line_no - 1)

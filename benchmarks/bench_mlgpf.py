@@ -1,0 +1,213 @@
+"""MLGPF benchmarks: accuracy on Bibtex, seconds per epoch with a time split, AmazonCat-13K-shaped scale.
+
+Usage (from the repository root; ``../shared/datasets`` beside it)::
+
+    python benchmarks/bench_mlgpf.py speed    [--threads 2] [--epochs 2] [--set variational=cholesky ...]
+    python benchmarks/bench_mlgpf.py accuracy [--threads 2] [--config paper|default] [--epochs 100]
+                                              [--eval-every 10] [--set key=value ...]
+    python benchmarks/bench_mlgpf.py scale    [--threads 2] [--scale 0.02] [--steps 20] [--set ...]
+
+Each prints a Markdown table (and the machine's load average) to paste into docs/benchmarks-mlgpf.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import os
+import resource
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from bayesmlc.data.io import read_dataset
+from bayesmlc.gp import MLGPF
+from bayesmlc.gp.likelihoods import BernoulliLogit
+from bayesmlc.gp.model import minibatch_elbo
+from bayesmlc.gp.training import epoch_batches, make_optimizer
+from bayesmlc.metrics import evaluate, inverse_propensity
+
+DATA = Path(os.environ.get("BAYESMLC_SHARED_DATASETS", Path(__file__).resolve().parents[1].parent / "shared" / "datasets"))
+
+# The subspace paper's Bibtex settings (Table 3): linear kernel, subspace inducing inputs, P=30, M=500,
+# batch 500, R=1000. Learning rate and optimiser are not stated there.
+PAPER = dict(n_latent=30, n_inducing=500, kernel="linear", inducing="subspace", subspace_rank=1000,
+             batch_size=500, variational="whitened")
+CONFIGS = {"paper": PAPER, "default": {}}
+
+
+def load_avg() -> str:
+    return "load average " + " ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+def parse_sets(items) -> dict:
+    out = {}
+    for item in items or []:
+        key, _, value = item.partition("=")
+        try:
+            out[key] = ast.literal_eval(value)
+        except (ValueError, SyntaxError):
+            out[key] = value
+    return out
+
+
+def bibtex():
+    train = read_dataset(DATA / "bibtex_xc" / "train.txt")
+    test = read_dataset(DATA / "bibtex_xc" / "test.txt")
+    return train, test
+
+
+def timed_epochs(model: MLGPF, X, Y, epochs: int):
+    """Train like MLGPF.fit but with a clock around each stage; returns per-epoch seconds and splits."""
+    model._check_params(X.shape[0])
+    dtype = {"float32": torch.float32, "float64": torch.float64}[model.dtype]
+    rng = np.random.default_rng(0)
+    X = model._prepare_features(X)
+    t0 = time.perf_counter()
+    arrays, projection = model._initial_arrays(X, Y, rng)
+    init_s = time.perf_counter() - t0
+    module = model._build_module(arrays, Y.shape[1]).to(dtype=dtype)
+    likelihood = BernoulliLogit(model.quadrature_points)
+    optimizer = make_optimizer(module, model.learning_rate, model.variational_learning_rate)
+    rows_per_epoch, splits = [], []
+    for _ in range(epochs):
+        timings: dict = {}
+        start = time.perf_counter()
+        for rows in epoch_batches(X.shape[0], model.batch_size, rng):
+            t = time.perf_counter()
+            batch = model._feature_batch(module, X, rows, projection)
+            targets, _ = model._targets(Y, None, rows, rng, torch.device("cpu"), dtype)
+            timings["batching"] = timings.get("batching", 0.0) + time.perf_counter() - t
+            optimizer.zero_grad(set_to_none=True)
+            elbo, _, _, _ = minibatch_elbo(module, likelihood, batch, targets, X.shape[0], model.kl_weight,
+                                           model.jitter, timings)
+            t = time.perf_counter()
+            (-elbo / X.shape[0]).backward()
+            timings["backward"] = timings.get("backward", 0.0) + time.perf_counter() - t
+            t = time.perf_counter()
+            optimizer.step()
+            timings["adam"] = timings.get("adam", 0.0) + time.perf_counter() - t
+        rows_per_epoch.append(time.perf_counter() - start)
+        splits.append(timings)
+    return init_s, rows_per_epoch, splits
+
+
+def cmd_speed(args):
+    train, _ = bibtex()
+    params = dict(PAPER, **parse_sets(args.set))
+    model = MLGPF(**params)
+    init_s, per_epoch, splits = timed_epochs(model, train.X, train.Y, args.epochs)
+    last = splits[-1]
+    stages = ["batching", "kernels", "factorisations", "marginals", "quadrature", "kl", "backward", "adam"]
+    print(f"\nMLGPF speed on bibtex_xc train ({train.X.shape[0]} rows), threads={torch.get_num_threads()}, {load_avg()}")
+    print(f"settings: {params}")
+    print(f"initialisation (SVD + k-means + factor warm start): {init_s:.1f} s")
+    print("\n| epoch | s/epoch | " + " | ".join(stages) + " |")
+    print("|---|---|" + "---|" * len(stages))
+    for i, (sec, split) in enumerate(zip(per_epoch, splits), 1):
+        print(f"| {i} | {sec:.2f} | " + " | ".join(f"{split.get(s, 0.0):.2f}" for s in stages) + " |")
+    total = sum(last.values())
+    print("\nshare of the last epoch: " + ", ".join(f"{s} {100 * last.get(s, 0.0) / total:.0f}%" for s in stages))
+
+
+def cmd_accuracy(args):
+    train, test = bibtex()
+    params = dict(CONFIGS[args.config], **parse_sets(args.set))
+    params.setdefault("random_state", 0)
+    params["epochs"] = args.epochs
+    weights = inverse_propensity(train.Y)
+    path = Path(args.workdir) / f"bench-{os.getpid()}.ckpt.npz"
+    print(f"\nMLGPF accuracy on bibtex_xc (train.txt -> test.txt), threads={torch.get_num_threads()}, {load_avg()}")
+    print(f"settings: {params}")
+    print("\n| epochs | train s (cumulative) | P@1 | P@3 | P@5 |")
+    print("|---|---|---|---|---|")
+    reached_62 = None
+    model = None
+    for stop in range(args.eval_every, args.epochs + 1, args.eval_every):
+        model = MLGPF(**dict(params, epochs=stop, checkpoint_every=args.eval_every, checkpoint_path=str(path)))
+        model.fit(train.X, train.Y, resume=stop > args.eval_every)
+        seconds = model.history_["wall_time"][-1]
+        ranks = evaluate(test.Y, scores=model.decision_function(test.X))
+        print(f"| {stop} | {seconds:.0f} | {100 * ranks['P@1']:.2f} | {100 * ranks['P@3']:.2f} | {100 * ranks['P@5']:.2f} |",
+              flush=True)
+        if reached_62 is None and ranks["P@1"] >= 0.62:
+            reached_62 = (stop, seconds)
+    path.unlink(missing_ok=True)
+    scores = model.decision_function(test.X)
+    proba = model.predict_proba(test.X)
+    full = evaluate(test.Y, scores=scores, proba=proba, inv_propensity=weights)
+    print(f"\ntime to test P@1 >= 62: {'not reached' if reached_62 is None else f'{reached_62[1]:.0f} s ({reached_62[0]} epochs)'}")
+    keys = [k for k in full if k.split("@")[0] in ("P", "nDCG", "PSP", "PSnDCG")] + ["AUC_micro", "ECE"]
+    print("\n| " + " | ".join(keys) + " |")
+    print("|" + "---|" * len(keys))
+    print("| " + " | ".join(f"{100 * full[k]:.2f}" if "AUC" not in k and k != "ECE" else f"{full[k]:.4f}" for k in keys) + " |")
+
+
+def cmd_scale(args):
+    from bayesmlc.data.synthetic import make_preset
+
+    t = time.perf_counter()
+    data = make_preset("amazoncat-13k", scale=args.scale, random_state=0)
+    gen_s = time.perf_counter() - t
+    params = dict(n_latent=30, n_inducing=500, kernel="linear", inducing="subspace", subspace_rank=args.rank,
+                  batch_size=500, negative_samples=args.negative_samples, svd_max_rows=20000, random_state=0,
+                  epochs=1)
+    params.update(parse_sets(args.set))
+    model = MLGPF(**params)
+    model._check_params(data.X.shape[0])
+    X = model._prepare_features(data.X)
+    rng = np.random.default_rng(0)
+    t = time.perf_counter()
+    arrays, projection = model._initial_arrays(X, data.Y, rng)
+    init_s = time.perf_counter() - t
+    module = model._build_module(arrays, data.Y.shape[1])
+    likelihood = BernoulliLogit(model.quadrature_points)
+    optimizer = make_optimizer(module, model.learning_rate, None)
+    batches = epoch_batches(X.shape[0], model.batch_size, rng)[: args.steps]
+    t = time.perf_counter()
+    for rows in batches:
+        batch = model._feature_batch(module, X, rows, projection)
+        targets, _ = model._targets(data.Y, None, rows, rng, torch.device("cpu"), torch.float32)
+        optimizer.zero_grad(set_to_none=True)
+        elbo, _, _, _ = minibatch_elbo(module, likelihood, batch, targets, X.shape[0], 1.0, model.jitter)
+        (-elbo / X.shape[0]).backward()
+        optimizer.step()
+    step_s = (time.perf_counter() - t) / len(batches)
+    rows_done = sum(len(r) for r in batches)
+    full_rows = 1_186_239
+    peak_gb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024**2
+    print(f"\nMLGPF scale: synthetic amazoncat-13k preset, scale={args.scale} ({X.shape[0]} rows, {X.shape[1]} features, "
+          f"{data.Y.shape[1]} labels), threads={torch.get_num_threads()}, {load_avg()}")
+    print(f"settings: {params}")
+    print("\n| data gen s | init s (SVD+k-means) | s/step (B=500) | s per 1000 rows | projected s/epoch at 1.19M rows | peak RSS GB |")
+    print("|---|---|---|---|---|---|")
+    per_row = step_s * len(batches) / rows_done
+    print(f"| {gen_s:.0f} | {init_s:.0f} | {step_s:.3f} | {1000 * per_row:.2f} | {full_rows * per_row:.0f} | {peak_gb:.1f} |")
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+    for name in ("speed", "accuracy", "scale"):
+        p = sub.add_parser(name)
+        p.add_argument("--threads", type=int, default=1)
+        p.add_argument("--set", action="append", help="MLGPF parameter override key=value")
+    sub.choices["speed"].add_argument("--epochs", type=int, default=2)
+    sub.choices["accuracy"].add_argument("--config", choices=sorted(CONFIGS), default="default")
+    sub.choices["accuracy"].add_argument("--epochs", type=int, default=100)
+    sub.choices["accuracy"].add_argument("--eval-every", type=int, default=10)
+    sub.choices["accuracy"].add_argument("--workdir", default="/tmp")
+    sub.choices["scale"].add_argument("--scale", type=float, default=0.02)
+    sub.choices["scale"].add_argument("--steps", type=int, default=20)
+    sub.choices["scale"].add_argument("--rank", type=int, default=500)
+    sub.choices["scale"].add_argument("--negative-samples", type=int, default=100)
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    {"speed": cmd_speed, "accuracy": cmd_accuracy, "scale": cmd_scale}[args.command](args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

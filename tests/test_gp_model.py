@@ -1,0 +1,181 @@
+"""The MLGPF estimator end to end on small synthetic problems: planted latent GPs are recovered,
+checkpoints resume to the uninterrupted result, save/load round-trips, NaN stops training cleanly."""
+
+import math
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+import torch
+
+from bayesmlc.exceptions import ValidationError
+from bayesmlc.gp import MLGPF, TrainingDivergedError
+from bayesmlc.gp.likelihoods import BernoulliLogit
+from bayesmlc.metrics import precision_at_k
+
+
+def _planted(seed=0, n=700, D=20, L=15, P=3):
+    """Rows x (unit norm, sparse), latent h = 3 x W (a linear GP draw), f = Phi h + b, y ~ Bern(sigmoid f)."""
+    rng = np.random.default_rng(seed)
+    X = sp.random(n, D, density=0.25, random_state=np.random.RandomState(seed), format="csr")
+    X.data = rng.standard_normal(X.nnz)
+    norms = np.sqrt(np.asarray(X.multiply(X).sum(1))).ravel()
+    norms[norms == 0] = 1
+    X = sp.csr_matrix(sp.diags(1 / norms) @ X, dtype=np.float32)
+    h = 3.0 * (X @ rng.standard_normal((D, P)))
+    f = h @ (1.5 * rng.standard_normal((L, P))).T - 1.5
+    Y = sp.csr_matrix((rng.random(f.shape) < 1 / (1 + np.exp(-f))).astype(np.float32))
+    return X, Y, f
+
+
+SMALL = dict(n_latent=3, n_inducing=25, subspace_rank=20, batch_size=100, learning_rate=0.03, random_state=0, n_threads=1,
+             device="cpu")
+
+
+def test_planted_latent_gps_are_recovered_and_the_elbo_rises():
+    X, Y, f = _planted()
+    train, test = slice(0, 500), slice(500, None)
+    model = MLGPF(epochs=40, **SMALL).fit(X[train], Y[train])
+    scores = model.decision_function(X[test])
+    Y_test = Y[test]
+    chance = float(Y_test.sum()) / Y_test.shape[0] / Y_test.shape[1]
+    oracle = precision_at_k(Y_test, f[test], 1)
+    achieved = precision_at_k(Y_test, scores, 1)
+    assert achieved > chance + 0.7 * (oracle - chance), (chance, achieved, oracle)
+    elbo = model.history_["objective"]
+    assert len(elbo) == 40 and np.mean(elbo[-5:]) > elbo[0] + 0.2 * abs(elbo[0])
+    assert len(model.history_["wall_time"]) == 40
+    assert model.step_history_["step"][-1] == 40 * 5
+    # utilities correlate with the planted ones, probabilities are calibrated-ish and in [0, 1]
+    proba = model.predict_proba(X[test])
+    assert np.all((proba >= 0) & (proba <= 1))
+    assert np.corrcoef(scores.ravel(), f[test].ravel())[0, 1] > 0.8
+    assert abs(proba.mean() - Y_test.mean()) < 0.05
+
+
+@pytest.mark.parametrize("variational,inducing,kernel", [
+    ("cholesky", "free", "linear+se"), ("preconditioned", "fixed", "se"), ("whitened", "subspace-fixed", "linear"),
+])
+def test_every_family_and_inducing_choice_learns(variational, inducing, kernel):
+    X, Y, f = _planted(seed=1, n=400)
+    params = dict(SMALL, variational=variational, inducing=inducing, kernel=kernel, epochs=25, ard=inducing == "free")
+    model = MLGPF(**params).fit(X[:300], Y[:300])
+    chance = float(Y[300:].sum()) / Y[300:].shape[0] / Y.shape[1]
+    assert precision_at_k(Y[300:], model.decision_function(X[300:]), 1) > chance + 0.2
+    assert model.history_["objective"][-1] > model.history_["objective"][0]
+
+
+def test_predict_proba_matches_monte_carlo_under_q_f():
+    X, Y, _ = _planted(seed=2, n=300)
+    model = MLGPF(epochs=3, **SMALL).fit(X, Y)
+    module = model._ensure_module()
+    with torch.no_grad():
+        mean_h, var_h, _ = module.latent(module.inducing.make_batch(model._prepare_features(X[:4])), model.jitter_)
+        f_mean = (mean_h @ module.Phi.T + module.bias).double()
+        f_var = (var_h @ module.Phi.pow(2).T).double()
+    gen = torch.Generator().manual_seed(0)
+    draws = torch.sigmoid(f_mean + f_var.sqrt() * torch.randn((200_000,) + f_mean.shape, generator=gen, dtype=torch.float64))
+    assert np.allclose(model.predict_proba(X[:4]), draws.mean(0).numpy(), atol=3e-3)
+    # the variance matters: E[sigmoid(f)] is pulled towards 1/2 relative to sigmoid(E f)
+    plug_in = torch.sigmoid(f_mean).numpy()
+    assert np.all(np.abs(model.predict_proba(X[:4]) - 0.5) <= np.abs(plug_in - 0.5) + 1e-6)
+
+
+def test_negative_sampling_and_label_mask_train(tmp_path):
+    X, Y, _ = _planted(seed=3, n=400, L=30)
+    rng = np.random.default_rng(0)
+    mask = sp.csr_matrix((rng.random(Y.shape) < 0.7).astype(np.float32))
+    model = MLGPF(epochs=15, negative_samples=5, **SMALL).fit(X[:300], Y[:300], label_mask=mask[:300])
+    chance = float(Y[300:].sum()) / Y[300:].shape[0] / Y.shape[1]
+    assert precision_at_k(Y[300:], model.decision_function(X[300:]), 1) > chance + 0.2
+
+
+def test_checkpoint_resume_gives_the_uninterrupted_result(tmp_path):
+    X, Y, _ = _planted(seed=4, n=300)
+    params = dict(SMALL, negative_samples=4, validation_fraction=0.2, batch_size_growth=20, batch_size_every=1)
+    straight = MLGPF(epochs=4, **params).fit(X, Y)
+    path = tmp_path / "run.ckpt.npz"
+    MLGPF(epochs=2, checkpoint_every=1, checkpoint_path=str(path), **params).fit(X, Y)  # "interrupted" after 2
+    resumed = MLGPF(epochs=4, checkpoint_every=1, checkpoint_path=str(path), **params).fit(X, Y, resume=True)
+    for name, value in straight.parameters_.items():
+        assert torch.equal(value, resumed.parameters_[name]), name
+    assert straight.history_["objective"] == resumed.history_["objective"]
+    assert straight.history_["batch_size"] == resumed.history_["batch_size"] == [100, 120, 140, 160]
+    assert np.array_equal(straight.decision_function(X), resumed.decision_function(X))
+    with pytest.raises(ValidationError, match="different parameters.*n_latent"):
+        MLGPF(epochs=4, checkpoint_path=str(path), **dict(params, n_latent=2)).fit(X, Y, resume=True)
+    assert not list(tmp_path.glob(".tmp-*"))  # atomic writes leave no temporary files
+
+
+def test_save_load_round_trip(tmp_path):
+    X, Y, _ = _planted(seed=5, n=300)
+    model = MLGPF(epochs=2, **dict(SMALL, kernel="linear+se", ard=True)).fit(X, Y)
+    path = tmp_path / "model.npz"
+    model.save(path)
+    loaded = MLGPF.load(path)
+    assert np.array_equal(model.decision_function(X), loaded.decision_function(X))
+    assert np.array_equal(model.predict_proba(X), loaded.predict_proba(X))
+    assert loaded.history_["objective"] == model.history_["objective"]
+    assert np.array_equal(model.predict_topk(X, 3)[0], loaded.predict_topk(X, 3)[0])
+
+
+def test_nan_stops_training_with_a_clear_error_and_keeps_good_parameters(monkeypatch):
+    X, Y, _ = _planted(seed=6, n=300)
+    calls = {"n": 0}
+    original = BernoulliLogit.expected_log_lik
+
+    def poisoned(self, mean, var, sign):
+        calls["n"] += 1
+        out = original(self, mean, var, sign)
+        return out * float("nan") if calls["n"] == 4 else out
+
+    monkeypatch.setattr(BernoulliLogit, "expected_log_lik", poisoned)
+    model = MLGPF(epochs=3, **SMALL)
+    with pytest.raises(TrainingDivergedError, match="NaN/inf at epoch 2, step 4"):
+        model.fit(X, Y)
+    assert all(torch.isfinite(v).all() for v in model.parameters_.values())
+    assert np.all(np.isfinite(model.decision_function(X)))
+
+
+def test_same_seed_same_model_and_bad_parameters_are_named():
+    X, Y, _ = _planted(seed=7, n=200)
+    a = MLGPF(epochs=2, **SMALL).fit(X, Y).decision_function(X)
+    b = MLGPF(epochs=2, **SMALL).fit(X, Y).decision_function(X)
+    assert np.array_equal(a, b)
+    for bad, match in (
+        (dict(kernel="rbf"), "kernel must be one of"),
+        (dict(n_inducing=0), "n_inducing must be"),
+        (dict(n_inducing=1000), "n_inducing=1000 exceeds"),
+        (dict(variational="full"), "variational must be"),
+        (dict(checkpoint_every=1), "checkpoint_path"),
+        (dict(early_stopping_patience=2), "validation_fraction"),
+    ):
+        with pytest.raises(ValidationError, match=match):
+            MLGPF(**dict(SMALL, **bad)).fit(X, Y)
+
+
+def test_validation_and_early_stopping_keep_the_best_parameters():
+    X, Y, _ = _planted(seed=8, n=400)
+    model = MLGPF(epochs=30, validation_fraction=0.25, early_stopping_patience=2, **dict(SMALL, learning_rate=0.3)).fit(X, Y)
+    history = model.history_
+    val = history["val_P@1"]
+    assert all(not math.isnan(v) for v in val)
+    assert len(val) <= 30
+    assert len(val) < 30  # stopped early: the best is at least `patience` evaluations old
+    assert len(val) - 1 - int(np.argmax(val)) >= 2
+    assert len({len(v) for v in history.values()}) == 1  # equal-length lists
+    # the parameters kept are the best ones: they reproduce the best validation P@1
+    val_rows = np.sort(np.random.default_rng(0).permutation(400)[:100])
+    assert precision_at_k(Y[val_rows], model.decision_function(X[val_rows]), 1) == max(val)
+
+
+def test_plot_history_writes_an_image(tmp_path):
+    from bayesmlc.gp.plotting import plot_history
+
+    history = {"epoch": [1, 2, 3], "wall_time": [0.5, 1.0, 1.5], "objective": [-10.0, -8.0, -7.5],
+               "train_P@1": [0.3, 0.4, 0.5], "val_P@1": [float("nan"), 0.4, float("nan")]}
+    plot_history(history, tmp_path / "h.png")
+    with open(tmp_path / "h.png", "rb") as handle:
+        assert handle.read(8) == b"\x89PNG\r\n\x1a\n"
+    with pytest.raises(ValueError, match="wall_time"):
+        plot_history({"wall_time": [1.0], "objective": []}, tmp_path / "bad.png")
