@@ -26,6 +26,7 @@ from sklearn.base import BaseEstimator
 
 from . import persistence
 from .exceptions import ModelFormatError, NotFittedError, ValidationError
+from .metrics import precision_at_k, topk
 from .utils import iter_batches
 from .validation import check_features, check_fit_inputs
 
@@ -165,7 +166,8 @@ class MultiLabelEstimator(BaseEstimator):
         return sp.vstack(parts, format="csr")
 
     def predict_topk(self, X, k: int = 5, batch_size: int = PREDICT_BATCH_ROWS):
-        """The ``k`` highest-scoring labels per row, best first, one batch of scores at a time.
+        """The ``k`` highest-scoring labels per row, best first (ties to the lower label index),
+        one batch of scores at a time.
 
         Returns
         -------
@@ -180,18 +182,12 @@ class MultiLabelEstimator(BaseEstimator):
         indices = np.empty((X.shape[0], k), dtype=np.int64)
         scores = np.empty((X.shape[0], k), dtype=np.float32)
         for rows in iter_batches(X.shape[0], batch_size):
-            block = self.decision_function(X[rows])
-            top = np.argpartition(-block, k - 1, axis=1)[:, :k]
-            top_scores = np.take_along_axis(block, top, axis=1)
-            order = np.argsort(-top_scores, axis=1, kind="stable")
-            indices[rows] = np.take_along_axis(top, order, axis=1)
-            scores[rows] = np.take_along_axis(top_scores, order, axis=1)
+            # ties go to the lower label index, as in bayesmlc.metrics.topk
+            indices[rows], scores[rows] = topk(self.decision_function(X[rows]), k)
         return indices, scores
 
     def score(self, X, Y) -> float:
         """Precision at 1 on (X, Y), the field's headline number."""
-        from .metrics import precision_at_k
-
         return float(precision_at_k(Y, self.decision_function(X), k=1))
 
     # ---- persistence ------------------------------------------------------------------------

@@ -104,7 +104,11 @@ def build_model(name: str, settings, seed, device, quiet: bool):
 
 
 def evaluate_model(model, test, inv_propensity) -> tuple[dict, float, dict]:
-    """Metrics of ``model`` on the ``test`` dataset; returns (metrics, predict_seconds, reliability)."""
+    """Metrics of ``model`` on the ``test`` dataset; returns (metrics, predict_seconds, reliability).
+
+    Entries that ``test.label_mask`` marks unobserved are left out of the metrics that take a mask.
+    A metric that is undefined on this data (an AUC with one class only) is ``None``.
+    """
     from . import metrics
 
     start = time.perf_counter()
@@ -112,15 +116,19 @@ def evaluate_model(model, test, inv_propensity) -> tuple[dict, float, dict]:
     proba = model.predict_proba(test.X)
     predicted = model.predict(test.X)
     seconds = time.perf_counter() - start
-    values = metrics.evaluate(test.Y, scores=scores, proba=proba, Y_pred=predicted, inv_propensity=inv_propensity)
-    curve = metrics.reliability_curve(test.Y, proba, n_bins=15)
-    reliability = {key: np.asarray(value).tolist() for key, value in zip(("bin_centers", "mean_predicted", "observed", "counts"), curve)}
-    return {k: float(v) for k, v in values.items()}, seconds, reliability
+    values = metrics.evaluate(test.Y, scores=scores, proba=proba, Y_pred=predicted, inv_propensity=inv_propensity,
+                              label_mask=test.label_mask)
+    values = {k: (None if np.isnan(v) else float(v)) for k, v in values.items()}
+    curve = metrics.reliability_curve(test.Y, proba, n_bins=15, label_mask=test.label_mask)
+    reliability = {key: [None if np.isnan(v) else float(v) for v in np.asarray(value, dtype=float)]
+                   for key, value in zip(("bin_centers", "mean_predicted", "observed", "counts"), curve)}
+    return values, seconds, reliability
 
 
 def format_metrics_table(values: dict) -> str:
     width = max((len(k) for k in values), default=0)
-    return "\n".join(f"{key:<{width}}  {value:8.4f}" for key, value in values.items())
+    return "\n".join(f"{key:<{width}}  {value:8.4f}" if value is not None else f"{key:<{width}}  undefined"
+                     for key, value in values.items())
 
 
 def _json_default(value):

@@ -78,6 +78,11 @@ class BNMC(MultiLabelEstimator):
     n_mode_steps : int, default 5
         EM steps (omega replaced by its expectation) to the posterior mode before the Gibbs sweeps,
         so that the short chain starts in the bulk of the posterior (burn-in).
+    inference : {"gibbs", "variational"}, default "gibbs"
+        Batch classifier posterior: the paper's Gibbs sampler (Polya-Gamma / inverse-Gaussian
+        augmentation; predictions average the Rao-Blackwellised conditional means of the last
+        ``n_keep`` sweeps), or its mean-field variational counterpart (factorised Gaussian q(w),
+        q(omega) = PG(1, xi); moderated predictive sigma(mu / sqrt(1 + pi v / 8))).
     solver : {"auto", "dense", "woodbury", "cg"}, default "auto"
         How each Gibbs draw of the weights is made (see ``bnmc.classifiers``).
     standardize : {"auto", True, False}, default "auto"
@@ -135,6 +140,7 @@ class BNMC(MultiLabelEstimator):
         n_gibbs=8,
         n_keep=4,
         n_mode_steps=5,
+        inference="gibbs",
         solver="auto",
         standardize="auto",
         count_rule="threshold",
@@ -161,6 +167,7 @@ class BNMC(MultiLabelEstimator):
         self.n_gibbs = n_gibbs
         self.n_keep = n_keep
         self.n_mode_steps = n_mode_steps
+        self.inference = inference
         self.solver = solver
         self.standardize = standardize
         self.count_rule = count_rule
@@ -198,6 +205,7 @@ class BNMC(MultiLabelEstimator):
             "emission": ("auto", "dirichlet", "gaussian"),
             "classifier": ("logistic", "svm"),
             "solver": ("auto", "dense", "woodbury", "cg"),
+            "inference": ("gibbs", "variational"),
             "count_rule": _COUNT_RULES,
             "unlabeled_rows": ("missing", "negative"),
         }
@@ -378,7 +386,7 @@ class BNMC(MultiLabelEstimator):
             self._sgd = SGDClassifier(self.n_features_in_, self.n_labels_, self.classifier,
                                       self._sgd_alpha(rows.size), self.sgd_eta0)
             self._sgd_passes(Z, Y, mask, train_rows, rng, bar)
-            self.classifier_samples_ = None
+            self.classifier_samples_ = self.classifier_variances_ = None
             if val_rows.size:
                 self._calibrate(Z[val_rows], Y[val_rows], mask[val_rows])
                 # the held-out rows are then streamed in like any later data
@@ -393,21 +401,21 @@ class BNMC(MultiLabelEstimator):
         dense = solver != "cg"
         fit_rows = train_rows if val_rows.size else rows
         design = Design(Z[fit_rows], device, dense=dense)
-        samples, trace = gibbs_classifier(design, Y[fit_rows], mask[fit_rows], self.classifier, prior,
-                                          self.n_gibbs, self.n_keep, rng, solver, progress=bar,
-                                          n_mode_steps=self.n_mode_steps)
+        samples, variances, trace = gibbs_classifier(
+            design, Y[fit_rows], mask[fit_rows], self.classifier, prior, self.n_gibbs, self.n_keep, rng, solver,
+            progress=bar, n_mode_steps=self.n_mode_steps, inference=self.inference)
         traces = list(trace)
         if val_rows.size:
-            self.classifier_samples_ = samples
+            self.classifier_samples_, self.classifier_variances_ = samples, variances
             self._calibrate(Z[val_rows], Y[val_rows], mask[val_rows])
             # refit on every labelled row, starting from the posterior mean of the first fit
             n_refit = max(2, self.n_gibbs // 2)
             design = Design(Z[rows], device, dense=dense)
-            samples, trace = gibbs_classifier(design, Y[rows], mask[rows], self.classifier, prior, n_refit,
-                                              min(self.n_keep, n_refit), rng, solver, init=samples.mean(axis=0),
-                                              progress=bar, n_mode_steps=1)
+            samples, variances, trace = gibbs_classifier(
+                design, Y[rows], mask[rows], self.classifier, prior, n_refit, min(self.n_keep, n_refit), rng,
+                solver, init=samples.mean(axis=0), progress=bar, n_mode_steps=1, inference=self.inference)
             traces += list(trace)
-        self.classifier_samples_ = samples
+        self.classifier_samples_, self.classifier_variances_ = samples, variances
         self.classifier_trace_ = np.asarray(traces)
 
     def _sgd_passes(self, Z, Y, mask, rows, rng, bar, passes=None) -> None:
@@ -459,6 +467,11 @@ class BNMC(MultiLabelEstimator):
         posterior-mean margin for svm) and pattern evidence s_pattern = log(sum_k q_k(x) E psi_kc)
         - log(marginal share of c) (eq. 8), both (b, L)."""
         margins = self._classifier_margins(Z)
+        if self.classifier_variances_ is not None:
+            # moderated predictive of the factorised Gaussian q(w) (MacKay's probit approximation)
+            Z_sq = Z.multiply(Z).tocsr()
+            spread = np.asarray(Z_sq @ self.classifier_variances_[:-1]) + self.classifier_variances_[-1]
+            margins = margins / np.sqrt(1.0 + np.pi * spread / 8.0)[None]
         if self.classifier == "logistic":
             s_clf = _logit(_sigmoid(margins).mean(axis=0))
         else:
@@ -562,7 +575,7 @@ class BNMC(MultiLabelEstimator):
             self.svi_steps_ = 0
             self.calibration_ = np.array([1.0, 1.0, 0.0])
             self.threshold_ = 0.5
-            self.classifier_samples_ = None
+            self.classifier_samples_ = self.classifier_variances_ = None
             self.classifier_trace_ = np.zeros(0)
         elif not hasattr(self, "observed_counts_"):  # batch-fitted model: rebuild the running totals
             self.observed_counts_ = np.full(self.n_labels_, self.n_seen_, dtype=np.int64)
@@ -586,7 +599,7 @@ class BNMC(MultiLabelEstimator):
             if self.classifier_samples_ is not None:
                 self._sgd.W[...] = self.classifier_samples_.mean(axis=0)
                 self._sgd.W_avg[...] = self._sgd.W
-                self.classifier_samples_ = None
+                self.classifier_samples_ = self.classifier_variances_ = None
         self._sgd_passes(self._classifier_features(X), Y.toarray().astype(np.float64), mask,
                          np.flatnonzero(labelled), rng, None, passes=1)
         self._finish_mixture()

@@ -387,39 +387,26 @@ def _find(folder: Path, names) -> Optional[Path]:
     return None
 
 
-def _read_names(path: Path, expected: int, what: str):
-    """Names from labels.txt / features.txt (one per line), or None when absent or of the wrong length."""
-    if not path.is_file():
-        return None
-    names = path.read_text(encoding="utf-8", errors="replace").splitlines()
-    if len(names) != expected:
-        warnings.warn(f"{path} has {len(names)} {what} names for {expected} columns; names ignored", stacklevel=3)
-        return None
-    return names
-
-
-def _read_split(path: Path, info: Optional[DatasetInfo], split: str, n_features: Optional[int] = None):
+def _read_split(path: Path, info: Optional[DatasetInfo], split: str, cache, n_features: Optional[int] = None):
     from .io import read_dataset
 
-    dataset = read_dataset(path)
+    # read_dataset also picks up labels.txt / features.txt beside the file as names.
+    dataset = read_dataset(path, cache=cache)
     if n_features is not None and dataset.n_features < n_features:
         dataset = dataset.with_features_width(n_features)
-    folder = path.parent
-    if dataset.label_names is None:
-        names = _read_names(folder / "labels.txt", dataset.n_labels, "label")
-        if names is not None:
-            dataset = replace(dataset, label_names=names)
-    if dataset.feature_names is None:
-        names = _read_names(folder / "features.txt", dataset.n_features, "feature")
-        if names is not None:
-            dataset = replace(dataset, feature_names=names)
-    source = dict(dataset.source) if isinstance(dataset.source, dict) else {"source": dataset.source}
-    source.setdefault("path", str(path))
+    source = dict(dataset.source)
     source["split"] = split
     if info is not None:
         source["dataset"] = info.name
         expected_rows = info.n_train if split == "train" else info.n_test
         published = (expected_rows, info.n_features, info.n_labels)
+        recorded = {entry.name: entry.sha256 for entry in info.files}
+        if "sha256" in source and recorded.get(path.name, source["sha256"]) != source["sha256"]:
+            warnings.warn(
+                f"{path}: sha256 {source['sha256']} differs from the registry's verified {info.title} "
+                f"{path.name} ({recorded[path.name]}); results may not compare with published ones",
+                stacklevel=3,
+            )
         if (dataset.n_samples, dataset.n_features, dataset.n_labels) != published:
             warnings.warn(
                 f"{path}: shape {dataset.n_samples} x {dataset.n_features} x {dataset.n_labels} differs from "
@@ -429,7 +416,7 @@ def _read_split(path: Path, info: Optional[DatasetInfo], split: str, n_features:
     return replace(dataset, source=source)
 
 
-def load(name: Optional[str] = None, split: str = "train", data_home=None, path=None):
+def load(name: Optional[str] = None, split: str = "train", data_home=None, path=None, cache=False):
     """Load a data set's train split, test split, or both, from the cache folder or a given path.
 
     Parameters
@@ -445,12 +432,15 @@ def load(name: Optional[str] = None, split: str = "train", data_home=None, path=
     path:
         A folder holding the files (used instead of the cache), or one data file (then ``split`` must
         not be ``"both"``).
+    cache:
+        Passed to :func:`~bayesmlc.data.io.read_dataset`: ``True`` keeps a parsed ``.npz`` copy next to
+        each text file so that a large set is parsed once.
 
     Returns
     -------
     Dataset or (Dataset, Dataset)
-        Read by :func:`bayesmlc.data.io.read_dataset`; ``labels.txt`` / ``features.txt`` beside the data
-        provide names; ``source`` records the path, split and registry name.
+        Read by :func:`bayesmlc.data.io.read_dataset` (which takes names from ``labels.txt`` /
+        ``features.txt`` beside the data); ``source`` records the path, split and registry name.
 
     Raises
     ------
@@ -470,7 +460,7 @@ def load(name: Optional[str] = None, split: str = "train", data_home=None, path=
         if path.is_file():
             if split == "both":
                 raise ValidationError(f"path={str(path)!r} is a single file; split='both' needs a folder")
-            return _read_split(path, info, split)
+            return _read_split(path, info, split, cache)
         folder = path
     else:
         folder = dataset_folder(name, data_home)
@@ -488,9 +478,9 @@ def load(name: Optional[str] = None, split: str = "train", data_home=None, path=
             )
         found[part] = hit
     if split != "both":
-        return _read_split(found[split], info, split)
-    train = _read_split(found["train"], info, "train")
-    test = _read_split(found["test"], info, "test", n_features=train.n_features)
+        return _read_split(found[split], info, split, cache)
+    train = _read_split(found["train"], info, "train", cache)
+    test = _read_split(found["test"], info, "test", cache, n_features=train.n_features)
     if test.n_features > train.n_features:
         train = train.with_features_width(test.n_features)
     return train, test

@@ -57,7 +57,10 @@ def save_npz(dataset: Dataset, path, *, record: Optional[dict] = None) -> Path:
     arrays["meta"] = np.asarray(json.dumps(meta, default=str))
     path.parent.mkdir(parents=True, exist_ok=True)
     handle, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
+    umask = os.umask(0)
+    os.umask(umask)
     try:
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes it private; give it the permissions of a normal file
         with os.fdopen(handle, "wb") as stream:
             np.savez(stream, **arrays)
         os.replace(tmp, path)
