@@ -372,6 +372,35 @@ def test_napkinxc_plt_learns_and_round_trips(tmp_path):
     np.testing.assert_array_equal(baselines.NapkinXCPLT.load(tmp_path / "plt.npz").decision_function(X[150:]), scores)
 
 
+def test_xc_file_for_omikuji_round_trips_and_fills_empty_rows(tmp_path):
+    from bayesmlc.data.io import read_dataset
+
+    X = sp.csr_matrix(np.array([[0.5, 0.0, 2.25], [0.0, 0.0, 0.0], [0.0, 1e-7, 0.0]], dtype=np.float32))
+    Y = sp.csr_matrix(np.array([[1, 0], [0, 1], [0, 0]], dtype=np.float32))
+    baselines._write_xc_file(str(tmp_path / "d.txt"), X, Y)
+    lines = (tmp_path / "d.txt").read_text().splitlines()
+    assert lines == ["3 3 2", "0 0:0.5 2:2.25", "1 0:0", " 1:1.00000001e-07"]
+    data = read_dataset(tmp_path / "d.txt")
+    np.testing.assert_array_equal(data.X.toarray(), X.toarray())
+    np.testing.assert_array_equal(data.Y.toarray(), Y.toarray())
+
+
+@pytest.mark.skipif(missing_dependency("omikuji_parabel") is not None, reason="omikuji not installed")
+def test_omikuji_trains_with_featureless_rows_and_round_trips(tmp_path):
+    rng = np.random.default_rng(1)
+    X = (rng.random((120, 10)) < 0.3) * 1.0
+    X[:5] = 0.0  # rows without features
+    Y = (X @ rng.normal(size=(10, 3)) > 0.2).astype(float)
+    Y[np.arange(120), np.arange(120) % 3] = 1
+    model = baselines.OmikujiParabel(n_threads=1).fit(X[:90], Y[:90])
+    scores = model.decision_function(X[90:])
+    assert scores.shape == (30, 3) and np.all((scores >= 0) & (scores <= 1))
+    model.save(tmp_path / "omikuji.npz")
+    # omikuji stores its weights in its own format: reloaded scores agree to float32 rounding
+    np.testing.assert_allclose(baselines.OmikujiParabel.load(tmp_path / "omikuji.npz").decision_function(X[90:]),
+                               scores, rtol=1e-6, atol=1e-7)
+
+
 # ---- end to end through the real CLI ----------------------------------------------------------------
 def _write_xc(path, X, Y):
     lines = [f"{X.shape[0]} {X.shape[1]} {Y.shape[1]}"]

@@ -101,6 +101,20 @@ def test_shared_dataset_shapes_reference_and_round_trip(name, tmp_path):
             assert copy.read_bytes() == source.read_bytes()
 
 
+@pytest.mark.parametrize("name", sorted(SHARED_SHAPES))
+def test_shared_dataset_round_trips_through_every_format(name, tmp_path):
+    folder = shared_dataset_dir(name)
+    data = read_dataset(folder / "test.txt")
+    for suffix, options in ((".arff", {}), (".svm", {"n_features": data.n_features, "n_labels": data.n_labels}),
+                            (".mat", {}), (".npz", {})):
+        path = write_dataset(data, tmp_path / f"{name}{suffix}")
+        again = read_dataset(path, **options)
+        assert (again.n_samples, again.n_features, again.n_labels) == (data.n_samples, data.n_features, data.n_labels)
+        assert _same_csr(again.X, data.X) and _same_csr(again.Y, data.Y), suffix
+        if suffix in (".arff", ".npz"):
+            assert again.label_names == data.label_names and again.feature_names == data.feature_names
+
+
 def test_shared_dense_values_equal_float32_of_the_text():
     folder = shared_dataset_dir("emotions")
     data = read_dataset(folder / "train.txt")
@@ -257,6 +271,17 @@ def test_xc_writer_exact_text(tmp_path):
     assert path.read_text() == "2 3 2\n1\n \n"
     X2, Y2 = read_xc(path)
     assert X2.nnz == 0 and Y2.toarray().tolist() == [[0, 1], [0, 0]]
+
+
+def test_xc_writer_canonicalises_a_copy_and_leaves_its_input_alone(tmp_path):
+    # unsorted indices, a repeated index (summed) and a stored zero label (not a label)
+    X = sp.csr_matrix((np.array([1, 2, 5], dtype=np.float32), [2, 2, 0], [0, 2, 3]), shape=(2, 3))
+    Y = sp.csr_matrix((np.array([1, 0], dtype=np.float32), [1, 0], [0, 1, 2]), shape=(2, 2))
+    before = [a.copy() for a in (X.data, X.indices, X.indptr, Y.data, Y.indices)]
+    write_xc(tmp_path / "a.txt", X, Y)
+    assert (tmp_path / "a.txt").read_text() == "2 3 2\n1 2:3\n 0:5\n"
+    for old, new in zip(before, (X.data, X.indices, X.indptr, Y.data, Y.indices)):
+        assert np.array_equal(old, new)
 
 
 def test_format_values_is_shortest_round_trip():
@@ -565,3 +590,46 @@ def test_cache_is_only_for_text_formats(tmp_path):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         read_dataset(path)
+
+
+# ------------------------------------------------------------------------------------------------
+# memory (slow: run with -m slow)
+# ------------------------------------------------------------------------------------------------
+MEMORY_PROBE = """
+import sys, json
+from bayesmlc.data.io import read_dataset
+read_dataset(sys.argv[2])  # warm up: load the compiled scanner
+def status(key):
+    return next(int(l.split()[1]) for l in open('/proc/self/status') if l.startswith(key + ':')) / 1024
+before = status('VmRSS')
+open('/proc/self/clear_refs', 'w').write('5')
+data = read_dataset(sys.argv[1], sha256=False)
+print(json.dumps({'extra_mb': status('VmHWM') - before,
+                  'output_mb': (data.X.data.nbytes + data.X.indices.nbytes + data.X.indptr.nbytes
+                                + data.Y.indices.nbytes + data.Y.data.nbytes + data.Y.indptr.nbytes) / 2**20}))
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not os.path.exists("/proc/self/clear_refs"), reason="needs Linux /proc to measure peak memory")
+def test_xc_reader_peak_memory_is_about_one_copy_of_the_output(tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    rng = np.random.default_rng(0)
+    n, d, per_row = 200_000, 100_000, 100
+    columns = np.sort(rng.integers(0, d, size=(n, per_row)), axis=1)
+    keep = np.ones(columns.shape, dtype=bool)
+    keep[:, 1:] = columns[:, 1:] != columns[:, :-1]
+    X = sp.csr_matrix((np.round(rng.random(int(keep.sum())), 3).astype(np.float32) + 0.001, columns[keep],
+                       np.concatenate([[0], np.cumsum(keep.sum(axis=1))])), shape=(n, d))
+    Y = sp.csr_matrix((np.ones(n, dtype=np.float32), rng.integers(0, 50, size=n), np.arange(n + 1)), shape=(n, 50))
+    path = tmp_path / "big.txt"
+    write_xc(path, X, Y)
+    _write(tmp_path / "warm.txt", "1 2 1\n0 1:1\n")
+    out = subprocess.run([sys.executable, "-c", MEMORY_PROBE, str(path), str(tmp_path / "warm.txt")],
+                         capture_output=True, text=True, check=True)
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    # the output (~155 MB here) plus at most a quarter more and the chunk work arrays
+    assert result["extra_mb"] < 1.25 * result["output_mb"] + 150, result

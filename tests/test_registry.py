@@ -15,7 +15,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import scipy.sparse as sp
 
 from bayesmlc import datasets
 from bayesmlc.data import registry
@@ -122,8 +121,9 @@ def test_propensity_constants():
     for name in ["bibtex", "delicious", "eurlex-4k", "amazoncat-13k", "wiki10-31k", "emotions"]:
         info = datasets.get_info(name)
         assert (info.propensity_a, info.propensity_b) == (0.55, 1.5)
-    assert (datasets.get_info("amazon-670k").propensity_a, datasets.get_info("amazon-670k").propensity_b) == (0.6, 2.6)
-    assert (datasets.get_info("wikilshtc-325k").propensity_a, datasets.get_info("wikilshtc-325k").propensity_b) == (0.5, 0.4)
+    for name, constants in (("amazon-670k", (0.6, 2.6)), ("wikilshtc-325k", (0.5, 0.4))):
+        info = datasets.get_info(name)
+        assert (info.propensity_a, info.propensity_b) == constants
 
 
 def test_to_dict_is_plain():
@@ -264,6 +264,12 @@ def test_truncated_download_is_rejected(tmp_path):
     (served / "test.txt").write_bytes((source / "test.txt").read_bytes()[:1000])
     with _Server(served) as server:
         with pytest.raises(datasets.DownloadError, match="test.txt.*size 1000 bytes, expected 1176022"):
+            datasets.download("yeast", data_home=tmp_path / "home", base_url=server.url, progress=False)
+    assert not (tmp_path / "home" / "yeast" / "test.txt").exists()
+    # A file larger than recorded is cut off as soon as it overflows.
+    (served / "test.txt").write_bytes((source / "test.txt").read_bytes() * 2)
+    with _Server(served) as server:
+        with pytest.raises(datasets.DownloadError, match=r"test.txt.*size \d+\+ bytes, expected 1176022"):
             datasets.download("yeast", data_home=tmp_path / "home", base_url=server.url, progress=False)
     assert not (tmp_path / "home" / "yeast" / "test.txt").exists()
 

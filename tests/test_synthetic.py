@@ -221,6 +221,13 @@ def test_feature_kinds(kind):
         np.testing.assert_allclose(ratio, ratio[0], rtol=1e-4)
 
 
+@pytest.mark.parametrize("shape", [(50, 72, 6), (20, 3, 2), (10, 1, 1)])
+def test_tiny_shapes_work_with_default_arguments(shape):
+    ds = make_multilabel(*shape, random_state=0)
+    assert (ds.n_samples, ds.n_features, ds.n_labels) == shape
+    assert ds.labels_per_row().min() >= 1 and np.diff(ds.X.indptr).min() >= 1
+
+
 @pytest.mark.parametrize(
     "kwargs, argument",
     [

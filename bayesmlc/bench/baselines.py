@@ -371,7 +371,8 @@ def _write_xc_file(path: str, X: sp.csr_matrix, Y: sp.csr_matrix) -> None:
         for i in range(X.shape[0]):
             labels = ",".join(map(str, Y.indices[Y.indptr[i] : Y.indptr[i + 1]]))
             start, stop = X.indptr[i], X.indptr[i + 1]
-            features = " ".join(f"{j}:{v:.9g}" for j, v in zip(X.indices[start:stop], X.data[start:stop]))
+            # omikuji cannot parse a row without features: an explicit zero stands in (it adds nothing)
+            features = " ".join(f"{j}:{v:.9g}" for j, v in zip(X.indices[start:stop], X.data[start:stop])) or "0:0"
             handle.write(f"{labels} {features}\n")
 
 

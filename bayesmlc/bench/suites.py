@@ -123,7 +123,7 @@ BMLS_BINARISE = {"emotions": {"binarize_threshold": 0.35}, "scene": {"binarize_t
 QUICK_SETTINGS = (
     ModelConfig("bmls", "quick", {"n_topics": 50, "n_burnin": 100, "n_samples": 20, "thin": 5},
                 per_dataset=BMLS_BINARISE),
-    ModelConfig("bnmc", "quick", {"n_passes": 2, "n_gibbs": 6, "n_keep": 3}),
+    ModelConfig("bnmc", "quick", {"n_passes": 2}),
     ModelConfig("mlgpf", "quick", {"n_inducing": 100, "n_latent": 20, "batch_size": 256, "epochs": 20}),
 )
 

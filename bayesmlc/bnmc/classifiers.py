@@ -369,7 +369,8 @@ def _fit_measure(kind: str, margins: np.ndarray, Y: np.ndarray, mask: np.ndarray
 
 class SGDClassifier:
     """Averaged SGD for all labels (eq. 7): minimise lambda/2 |w|^2 + mean_i loss(s_ic z_i^T w_c) with
-    step 1 / (lambda (t + t0)), t counting minibatch steps, t0 = 1 / (lambda eta0); the bias is not
+    step 1 / (lambda (t + t0)), t counting minibatch steps, t0 = 1 / (lambda eta0) (so the first step
+    is eta0); the bias is not
     regularised. ``loss`` is the logistic loss or the hinge loss. The iterate average starts after
     ``average_start`` steps.
     """

@@ -289,6 +289,47 @@ class DPMixture:
         self.stick_a = (1.0 - rho) * self.stick_a + rho * a
         self.stick_b = (1.0 - rho) * self.stick_b + rho * b
 
+    def set_from_responsibilities(self, X, Y, resp: np.ndarray) -> None:
+        """The full-data coordinate-ascent update of every global factor from responsibilities (n, K)."""
+        self.emission.init_from_stats(self.emission.statistics(X, resp))
+        self.label_conc = self.label_prior + np.asarray((Y.T @ resp).T)
+        self.stick_a, self.stick_b = self._stick_targets(resp.sum(axis=0))
+
+    def merge_moves(self, X, Y, max_trials: int) -> int:
+        """Merge moves (in the spirit of Hughes and Sudderth 2013): for the ``max_trials`` most similar
+        pairs of patterns (cosine similarity of their feature and label statistics), move the
+        responsibilities of one into the other, redo the full-data update and keep the result only if
+        the full ELBO increases. Coordinate-ascent VI cannot merge duplicated patterns by itself.
+        Returns the number of merges accepted."""
+        current = self.local_elbo(X, Y) - self.global_kl()
+        resp = self.responsibilities(X, Y)
+        used = np.flatnonzero(resp.sum(axis=0) > 1e-3)
+        if used.size < 2:
+            return 0
+        profile = np.hstack([np.asarray((X.T @ resp[:, used]).T), np.asarray((Y.T @ resp[:, used]).T)])
+        profile = profile / (np.linalg.norm(profile, axis=1, keepdims=True) + 1e-12)
+        similarity = profile @ profile.T
+        first, second = np.triu_indices(used.size, k=1)
+        order = np.argsort(-similarity[first, second])[:max_trials]
+        accepted, gone = 0, set()
+        for a, b in zip(used[first[order]], used[second[order]]):
+            if a in gone or b in gone:
+                continue
+            saved = (self.state(), self.emission.state())
+            merged = resp.copy()
+            merged[:, a] += merged[:, b]
+            merged[:, b] = 0.0
+            self.set_from_responsibilities(X, Y, merged)
+            candidate = self.local_elbo(X, Y) - self.global_kl()
+            if candidate > current:
+                current, accepted = candidate, accepted + 1
+                gone.add(b)
+                resp = self.responsibilities(X, Y)
+            else:
+                self.set_state(saved[0])
+                self.emission.set_state(saved[1])
+        return accepted
+
     # ---- objective -------------------------------------------------------------------------
     def local_elbo(self, X, Y) -> float:
         """sum_i max_{q(z_i)} (E[log p(x_i, y_i, z_i | globals)] - E[log q(z_i)]) = sum_i logsumexp_k(scores)."""

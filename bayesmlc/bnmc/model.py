@@ -22,6 +22,7 @@ from .mixture import DirichletEmission, DPMixture, GaussianEmission
 __all__ = ["BNMC"]
 
 _COUNT_RULES = ("threshold", "count", "expected", "sample")
+_RULE_CHOICES = ("auto",) + _COUNT_RULES
 
 
 def _sigmoid(x):
@@ -57,28 +58,34 @@ class BNMC(MultiLabelEstimator):
         classifiers (eq. 7), the cost of ``partial_fit`` on the data.
     n_passes : int, default 3
         Passes of SVI over the data (and of SGD in online mode).
-    batch_size : int, default 256
+    batch_size : int, default 64
         SVI / SGD minibatch size.
     tau, kappa : float, default 1.0 and 0.7
         Robbins-Monro step size rho_t = (t + tau)^(-kappa), t counting minibatch steps (kappa in (0.5, 1]).
     concentration : float, default 1.0
         alpha of the stick-breaking prior (paper: 1).
+    merge_trials : int, default 5
+        After each pass of ``fit``, the most similar pairs of patterns tried as merge moves (kept only
+        when the full-data ELBO increases); 0 disables. Variational updates alone cannot merge
+        duplicated patterns.
     feature_prior : float, default 0.1
         omega_phi, Dirichlet prior of the feature patterns (paper: 0.1). For the Gaussian emission,
         the Normal-Gamma prior strength kappa0 = shape0 = ``feature_prior``, mean 0, rate chosen so
         the prior mean precision is 1 on standardised features.
     label_prior : float, default 0.01
         omega_psi, Dirichlet prior of the label patterns (paper: 0.01).
-    weight_precision : float, default 1.0
+    weight_precision : float or "auto", default "auto"
         Prior precision of each classifier weight (w ~ N(0, I / weight_precision)); the bias has
-        precision 1e-2.
-    n_gibbs : int, default 8
-        Gibbs sweeps of the batch classifiers; the last ``n_keep`` draws are averaged at prediction.
-    n_keep : int, default 4
-    n_mode_steps : int, default 5
-        EM steps (omega replaced by its expectation) to the posterior mode before the Gibbs sweeps,
-        so that the short chain starts in the bulk of the posterior (burn-in).
-    inference : {"gibbs", "variational"}, default "gibbs"
+        precision 1e-2. "auto": mean_i |x_i|^2 / 7 over the (scaled) training features, so that
+        the prior standard deviation of a margin x^T w is about 2.6 whatever the feature scale.
+    n_sweeps : int, default 4
+        Gibbs sweeps (or variational updates) of the batch classifiers after the mode steps; the
+        last ``n_keep`` are averaged at prediction.
+    n_keep : int, default 2
+    n_mode_steps : int, default 6
+        Damped Newton (logistic) or EM (svm) steps to the posterior mode before the sweeps, so the
+        short chain (or the variational updates) start in the bulk of the posterior.
+    inference : {"gibbs", "variational"}, default "variational"
         Batch classifier posterior: the paper's Gibbs sampler (Polya-Gamma / inverse-Gaussian
         augmentation; predictions average the Rao-Blackwellised conditional means of the last
         ``n_keep`` sweeps), or its mean-field variational counterpart (factorised Gaussian q(w),
@@ -88,19 +95,24 @@ class BNMC(MultiLabelEstimator):
     standardize : {"auto", True, False}, default "auto"
         Standardise features for the classifiers (and the Gaussian emission). "auto": when the
         features are dense (over half the entries non-zero); sparse features are left as they are.
-    count_rule : {"threshold", "expected", "sample"}, default "threshold"
-        How :meth:`predict` chooses the labels of a row when no ``threshold`` / ``top_k`` is given:
-        "threshold": calibrated probability >= a threshold tuned for example-F1 on the validation
-        split, at least one label; "expected": the top round(mean label count) labels by nu (eq. 8);
+    count_rule : {"auto", "threshold", "count", "expected", "sample"}, default "auto"
+        How :meth:`predict` sizes the label set of a row (eq. 9) when no ``threshold`` / ``top_k`` is
+        given. "threshold": calibrated probability >= a threshold tuned on the validation split (at
+        least one label); "count": the top round(sum_c p_c) labels, the row's expected label count
+        under the calibrated probabilities; "expected": the top round(mean training label count);
         "sample": the paper's eq. (9), T ~ round(N(mean, std)), labels ~ Mult(nu, T) (random).
+        "auto" picks among the three deterministic rules the one with the best example-F1 + exact
+        match on the validation split (``count_rule_``).
     validation_fraction : float, default 0.2
         Share of the labelled training rows held out to calibrate the combination of classifier and
         pattern evidence and to tune the threshold; the classifiers are then refitted on all rows.
         0 disables calibration (the plain product of eq. 8) and "threshold" falls back to 0.5.
     sgd_alpha : float or None, default None
-        lambda of the online SGD (eq. 7); None means 32 / n_train, the paper's value.
-    sgd_eta0 : float, default 0.5
-        First SGD step size (sets t0 = 1 / (lambda eta0)).
+        lambda of the online SGD (eq. 7). None: 1 / n_train in ``fit`` (the paper's 32 / n_train
+        underfits here, see docs/bnmc.md) and 1e-3 when ``partial_fit`` starts a model.
+    sgd_eta0 : float, default 200
+        First SGD step times the mean squared row norm of the classifier features (so the step
+        adapts to the feature scale); sets t0 = 1 / (lambda * first step).
     unlabeled_rows : {"missing", "negative"}, default "missing"
         Rows with no positive label (and no ``label_mask``) are treated as missing label vectors
         (section 3.4: they inform the feature patterns only) or as observed all-negative rows.
@@ -117,8 +129,9 @@ class BNMC(MultiLabelEstimator):
     label_count_mean_, label_count_std_ : label-count distribution of the labelled training rows
     threshold_ : float, the tuned probability threshold
     calibration_ : ndarray (3,), (a, b, d) of the calibrated logit a * s_clf + b * s_pattern + d
-    history_ : per pass: ``wall_time``, ``objective`` (the mixture ELBO over the data seen), ``pass``,
-        ``n_patterns``
+    history_ : per pass (pass 0: right after initialisation): ``wall_time``, ``objective`` (the
+        mixture ELBO over the training data), ``pass``, ``n_patterns``; ``partial_fit`` appends one
+        entry per call (ELBO estimated from the batch)
     classifier_trace_ : ndarray, per Gibbs sweep the log-likelihood (logistic) or minus the hinge
         sum (svm) of the observed training labels
     """
@@ -130,23 +143,24 @@ class BNMC(MultiLabelEstimator):
         classifier="logistic",
         online=False,
         n_passes=3,
-        batch_size=256,
+        batch_size=64,
         tau=1.0,
         kappa=0.7,
         concentration=1.0,
+        merge_trials=5,
         feature_prior=0.1,
         label_prior=0.01,
-        weight_precision=1.0,
-        n_gibbs=8,
-        n_keep=4,
-        n_mode_steps=5,
-        inference="gibbs",
+        weight_precision="auto",
+        n_sweeps=4,
+        n_keep=2,
+        n_mode_steps=6,
+        inference="variational",
         solver="auto",
         standardize="auto",
-        count_rule="threshold",
+        count_rule="auto",
         validation_fraction=0.2,
         sgd_alpha=None,
-        sgd_eta0=0.5,
+        sgd_eta0=200.0,
         unlabeled_rows="missing",
         random_state=None,
         device="auto",
@@ -161,10 +175,11 @@ class BNMC(MultiLabelEstimator):
         self.tau = tau
         self.kappa = kappa
         self.concentration = concentration
+        self.merge_trials = merge_trials
         self.feature_prior = feature_prior
         self.label_prior = label_prior
         self.weight_precision = weight_precision
-        self.n_gibbs = n_gibbs
+        self.n_sweeps = n_sweeps
         self.n_keep = n_keep
         self.n_mode_steps = n_mode_steps
         self.inference = inference
@@ -191,14 +206,16 @@ class BNMC(MultiLabelEstimator):
             if not isinstance(value, (int, float, np.number)) or isinstance(value, bool) or not value > 0:
                 raise ValidationError(f"{name} must be a positive number, got {value!r}")
 
-        for name in ("truncation", "n_passes", "batch_size", "n_gibbs", "n_keep"):
+        for name in ("truncation", "n_passes", "batch_size", "n_sweeps", "n_keep"):
             positive_int(name)
-        for name in ("tau", "concentration", "feature_prior", "label_prior", "weight_precision", "sgd_eta0"):
+        for name in ("tau", "concentration", "feature_prior", "label_prior", "sgd_eta0"):
             positive(name)
+        if self.weight_precision != "auto":
+            positive("weight_precision")
         if self.truncation < 2:
             raise ValidationError(f"truncation must be at least 2, got {self.truncation}")
-        if self.n_keep > self.n_gibbs:
-            raise ValidationError(f"n_keep ({self.n_keep}) cannot exceed n_gibbs ({self.n_gibbs})")
+        if self.n_keep > self.n_sweeps:
+            raise ValidationError(f"n_keep ({self.n_keep}) cannot exceed n_sweeps ({self.n_sweeps})")
         if not 0.5 < float(self.kappa) <= 1.0:
             raise ValidationError(f"kappa must be in (0.5, 1] (Robbins-Monro), got {self.kappa!r}")
         choices = {
@@ -206,7 +223,7 @@ class BNMC(MultiLabelEstimator):
             "classifier": ("logistic", "svm"),
             "solver": ("auto", "dense", "woodbury", "cg"),
             "inference": ("gibbs", "variational"),
-            "count_rule": _COUNT_RULES,
+            "count_rule": _RULE_CHOICES,
             "unlabeled_rows": ("missing", "negative"),
         }
         for name, options in choices.items():
@@ -214,6 +231,8 @@ class BNMC(MultiLabelEstimator):
                 raise ValidationError(f"{name} must be one of {options}, got {getattr(self, name)!r}")
         if self.standardize not in ("auto", True, False):
             raise ValidationError(f"standardize must be 'auto', True or False, got {self.standardize!r}")
+        if not isinstance(self.merge_trials, (int, np.integer)) or self.merge_trials < 0:
+            raise ValidationError(f"merge_trials must be a non-negative integer, got {self.merge_trials!r}")
         if not isinstance(self.n_mode_steps, (int, np.integer)) or self.n_mode_steps < 0:
             raise ValidationError(f"n_mode_steps must be a non-negative integer, got {self.n_mode_steps!r}")
         if not isinstance(self.online, (bool, np.bool_)):
@@ -293,8 +312,11 @@ class BNMC(MultiLabelEstimator):
             self.label_count_mean_ = float(total / n)
             self.label_count_std_ = float(np.sqrt(max(total_sq / n - (total / n) ** 2, 0.0) * n / max(n - 1, 1)))
 
-    def _sgd_alpha(self, n_rows: int) -> float:
-        return float(self.sgd_alpha) if self.sgd_alpha is not None else 32.0 / max(n_rows, 1)
+    def _new_sgd(self, Z: sp.csr_matrix, alpha_default: float) -> SGDClassifier:
+        alpha = float(self.sgd_alpha) if self.sgd_alpha is not None else alpha_default
+        mean_sq_norm = float(Z.multiply(Z).sum()) / max(Z.shape[0], 1) + 1.0  # + the bias column
+        return SGDClassifier(self.n_features_in_, self.n_labels_, self.classifier, alpha,
+                             float(self.sgd_eta0) / mean_sq_norm)
 
     # ---- fit ----------------------------------------------------------------------------------
     def _fit(self, X, Y, label_mask, **fit_params):
@@ -322,15 +344,19 @@ class BNMC(MultiLabelEstimator):
         n_batches = -(-n // self.batch_size)
         total_steps = self.n_passes * n_batches + self._classifier_steps(n)
         bar = tqdm(total=total_steps, disable=not self.verbose, desc="BNMC", leave=False)
+        self._record(0, X_mix_all, Y_mix, start)
         for pass_index in range(self.n_passes):
             order = rng.permutation(n)
             for rows in iter_batches(n, self.batch_size):
                 take = order[rows]
                 self._svi_step(X_mix_all[take], Y_mix[take], n)
                 bar.update(1)
+            if self.merge_trials:
+                self._mixture.merge_moves(X_mix_all, Y_mix, int(self.merge_trials))
             self._record(pass_index + 1, X_mix_all, Y_mix, start)
 
         Z = self._classifier_features(X)
+        self._set_weight_precision(Z)
         Y_dense = Y.toarray().astype(np.float64)
         self._fit_classifiers(Z, Y_dense, mask, labelled, rng, device, bar)
         bar.close()
@@ -339,8 +365,8 @@ class BNMC(MultiLabelEstimator):
     def _classifier_steps(self, n: int) -> int:
         if self.online:
             return self.n_passes * -(-n // self.batch_size)
-        refit = max(2, self.n_gibbs // 2) + 1 if float(self.validation_fraction) > 0 else 0
-        return self.n_mode_steps + self.n_gibbs + refit
+        refit = max(2, self.n_sweeps // 2) + 1 if float(self.validation_fraction) > 0 else 0
+        return self.n_mode_steps + self.n_sweeps + refit
 
     def _rho(self) -> float:
         return float((self.svi_steps_ + self.tau) ** (-self.kappa))
@@ -367,8 +393,15 @@ class BNMC(MultiLabelEstimator):
         self.n_patterns_ = self._count_patterns(self.pattern_weights_)
         self.label_share_ = self.pattern_weights_ @ self._mixture.label_means()  # marginal E[psi] (L,)
 
+    def _set_weight_precision(self, Z: sp.csr_matrix) -> None:
+        if self.weight_precision == "auto":
+            mean_sq_norm = float(Z.multiply(Z).sum()) / max(Z.shape[0], 1)
+            self.weight_precision_ = max(mean_sq_norm / 7.0, 1e-3)
+        else:
+            self.weight_precision_ = float(self.weight_precision)
+
     def _prior_precision(self) -> np.ndarray:
-        prior = np.full(self.n_features_in_ + 1, float(self.weight_precision))
+        prior = np.full(self.n_features_in_ + 1, self.weight_precision_)
         prior[-1] = 1e-2
         return prior
 
@@ -382,9 +415,9 @@ class BNMC(MultiLabelEstimator):
             val_rows, train_rows = np.array([], dtype=np.int64), rows
         self.calibration_ = np.array([1.0, 1.0, 0.0])
         self.threshold_ = 0.5
+        self.count_rule_ = "expected" if self.count_rule == "auto" else self.count_rule
         if self.online:
-            self._sgd = SGDClassifier(self.n_features_in_, self.n_labels_, self.classifier,
-                                      self._sgd_alpha(rows.size), self.sgd_eta0)
+            self._sgd = self._new_sgd(Z[rows], 1.0 / max(rows.size, 1))
             self._sgd_passes(Z, Y, mask, train_rows, rng, bar)
             self.classifier_samples_ = self.classifier_variances_ = None
             if val_rows.size:
@@ -402,14 +435,14 @@ class BNMC(MultiLabelEstimator):
         fit_rows = train_rows if val_rows.size else rows
         design = Design(Z[fit_rows], device, dense=dense)
         samples, variances, trace = gibbs_classifier(
-            design, Y[fit_rows], mask[fit_rows], self.classifier, prior, self.n_gibbs, self.n_keep, rng, solver,
+            design, Y[fit_rows], mask[fit_rows], self.classifier, prior, self.n_sweeps, self.n_keep, rng, solver,
             progress=bar, n_mode_steps=self.n_mode_steps, inference=self.inference)
         traces = list(trace)
         if val_rows.size:
             self.classifier_samples_, self.classifier_variances_ = samples, variances
             self._calibrate(Z[val_rows], Y[val_rows], mask[val_rows])
             # refit on every labelled row, starting from the posterior mean of the first fit
-            n_refit = max(2, self.n_gibbs // 2)
+            n_refit = max(2, self.n_sweeps // 2)
             design = Design(Z[rows], device, dense=dense)
             samples, variances, trace = gibbs_classifier(
                 design, Y[rows], mask[rows], self.classifier, prior, n_refit, min(self.n_keep, n_refit), rng,
@@ -430,7 +463,8 @@ class BNMC(MultiLabelEstimator):
     # ---- calibration ----------------------------------------------------------------------------
     def _calibrate(self, Z_val, Y_val, mask_val) -> None:
         """Fit (a, b, d) of logit p = a s_clf + b s_pattern + d by Newton's method on the observed
-        validation entries, then the example-F1-optimal threshold on the calibrated probabilities."""
+        validation entries; then the threshold (and, with ``count_rule="auto"``, the rule) that
+        maximise example-F1 + exact match on the validation rows."""
         self._finish_mixture()
         X_val = self._raw_from_classifier(Z_val)
         s_clf, s_pat = self._evidence(Z_val, X_val)
@@ -440,12 +474,15 @@ class BNMC(MultiLabelEstimator):
         theta = _logistic_newton(feats, target, np.array([1.0, 1.0, 0.0]))
         self.calibration_ = theta
         proba = _sigmoid(theta[0] * s_clf + theta[1] * s_pat + theta[2])
-        best, best_f1 = 0.5, -1.0
-        for threshold in np.linspace(0.05, 0.95, 37):
-            f1 = _example_f1(Y_val, mask_val, _threshold_rows(proba, threshold))
-            if f1 > best_f1:
-                best, best_f1 = float(threshold), f1
-        self.threshold_ = best
+
+        def quality(pred):  # the selection criterion: example-F1 + exact match
+            return _example_f1(Y_val, mask_val, pred) + _exact_match(Y_val, mask_val, pred)
+
+        scores = {float(t): quality(_threshold_rows(proba, t)) for t in np.linspace(0.05, 0.95, 37)}
+        self.threshold_ = max(scores, key=scores.get)
+        if self.count_rule == "auto":
+            candidates = {rule: quality(self._rule_predictions(proba, rule, None)) for rule in ("threshold", "count", "expected")}
+            self.count_rule_ = max(candidates, key=candidates.get)
 
     def _raw_from_classifier(self, Z):
         """Classifier features back to raw features (for the mixture) in the validation step."""
@@ -486,56 +523,50 @@ class BNMC(MultiLabelEstimator):
         a, b, d = self.calibration_
         return (a * s_clf + b * s_pat + d).astype(np.float32)
 
-    def _nu(self, X) -> np.ndarray:
-        """Eq. (8): nu_c proportional to the combination of classifier and pattern evidence for label c,
-        normalised over labels. The product sigma(w_c^T x) * sum_k q_k(x) E[psi_kc] is taken in logit
-        space with the calibrated weights, i.e. nu_c proportional to the calibrated probability."""
-        proba = self._batched(X, self._predict_proba, self.label_prior_).astype(np.float64)
-        return proba / proba.sum(axis=1, keepdims=True)
-
     def predict(self, X, threshold: float | None = None, top_k: int | None = None, rule: str | None = None,
                 random_state=None) -> sp.csr_matrix:
         """Sparse 0/1 label predictions.
 
         ``top_k`` or a numeric ``threshold`` behave as in the base class (top-k labels; calibrated
-        probability >= threshold). With neither, ``rule`` (default ``self.count_rule``) applies:
-        "threshold" (tuned threshold, at least one label), "expected" (top round(mean count) by nu,
-        eq. 8) or "sample" (eq. 9: T ~ round(N(mean, std)), labels ~ Mult(nu, T), seeded by
-        ``random_state``).
+        probability >= threshold). With neither, ``rule`` (default: ``count_rule_``, the fitted
+        choice) applies: "threshold" (tuned threshold, at least one label), "count" (the top
+        round(sum_c p_c) labels: the expected count under the calibrated probabilities), "expected"
+        (the top round(mean training count) labels) or "sample" (eq. 9: T ~ round(N(mean, std)),
+        labels ~ Mult(nu, T), seeded by ``random_state``). Labels are ranked by nu (eq. 8).
         """
         if top_k is not None or threshold is not None:
             return super().predict(X, threshold=0.5 if threshold is None else threshold, top_k=top_k)
-        rule = self.count_rule if rule is None else rule
+        rule = self.count_rule_ if rule is None else rule
         if rule not in _COUNT_RULES:
             raise ValidationError(f"rule must be one of {_COUNT_RULES}, got {rule!r}")
         X = self._validated(X)
-        parts = []
         rng = numpy_rng(random_state)
-        for rows in iter_batches(X.shape[0], 2048):
-            block = X[rows]
-            if rule == "threshold":
-                parts.append(sp.csr_matrix(_threshold_rows(self.predict_proba(block), self.threshold_)))
-                continue
-            proba = self.predict_proba(block).astype(np.float64)
-            if rule == "count":
-                counts = np.clip(np.rint(proba.sum(axis=1)), 1, self.n_labels_).astype(int)
-                parts.append(sp.csr_matrix(_top_counts(proba, counts)))
-                continue
-            nu = proba / proba.sum(axis=1, keepdims=True)
-            pred = np.zeros(nu.shape, dtype=np.float32)
-            if rule == "expected":
-                k = int(np.clip(round(self.label_count_mean_), 1, self.n_labels_))
-                top = np.argpartition(-nu, k - 1, axis=1)[:, :k]
-                np.put_along_axis(pred, top, 1.0, axis=1)
-            else:
-                draws = np.rint(rng.normal(self.label_count_mean_, self.label_count_std_, size=nu.shape[0]))
-                for i, t in enumerate(np.clip(draws, 0, None).astype(int)):
-                    if t:
-                        pred[i, np.flatnonzero(rng.multinomial(t, nu[i]))] = 1.0
-            parts.append(sp.csr_matrix(pred))
+        parts = [
+            sp.csr_matrix(self._rule_predictions(self.predict_proba(X[rows]).astype(np.float64), rule, rng))
+            for rows in iter_batches(X.shape[0], 2048)
+        ]
         if not parts:
             return sp.csr_matrix((0, self.n_labels_), dtype=np.float32)
         return sp.vstack(parts, format="csr")
+
+    def _rule_predictions(self, proba: np.ndarray, rule: str, rng) -> np.ndarray:
+        """0/1 (b, L) label sets from calibrated probabilities by one of the count rules."""
+        if rule == "threshold":
+            return _threshold_rows(proba, self.threshold_)
+        if rule == "count":
+            counts = np.clip(np.rint(proba.sum(axis=1)), 1, self.n_labels_).astype(int)
+            return _top_counts(proba, counts)
+        if rule == "expected":
+            counts = np.full(proba.shape[0], int(np.clip(round(self.label_count_mean_), 1, self.n_labels_)))
+            return _top_counts(proba, counts)
+        # eq. (9): T ~ N(mean, std) rounded, labels ~ Mult(nu, T), nu = normalised probabilities (eq. 8)
+        nu = proba / proba.sum(axis=1, keepdims=True)
+        pred = np.zeros(proba.shape, dtype=np.float32)
+        draws = np.rint(rng.normal(self.label_count_mean_, self.label_count_std_, size=proba.shape[0]))
+        for i, t in enumerate(np.clip(draws, 0, None).astype(int)):
+            if t:
+                pred[i, np.flatnonzero(rng.multinomial(t, nu[i]))] = 1.0
+        return pred
 
     # ---- online ---------------------------------------------------------------------------------
     def partial_fit(self, X_batch, Y_batch, label_mask=None):
@@ -575,6 +606,7 @@ class BNMC(MultiLabelEstimator):
             self.svi_steps_ = 0
             self.calibration_ = np.array([1.0, 1.0, 0.0])
             self.threshold_ = 0.5
+            self.count_rule_ = "expected" if self.count_rule == "auto" else self.count_rule
             self.classifier_samples_ = self.classifier_variances_ = None
             self.classifier_trace_ = np.zeros(0)
         elif not hasattr(self, "observed_counts_"):  # batch-fitted model: rebuild the running totals
@@ -593,14 +625,14 @@ class BNMC(MultiLabelEstimator):
             self._mixture.initialise(X_mix, Y_mix, float(n), rng)
         else:
             self._svi_step(X_mix, Y_mix, self.n_seen_)
+        Z = self._classifier_features(X)
         if getattr(self, "_sgd", None) is None:
-            self._sgd = SGDClassifier(self.n_features_in_, self.n_labels_, self.classifier,
-                                      self._sgd_alpha(max(n, 1000)), self.sgd_eta0)
+            self._sgd = self._new_sgd(Z, 1e-3)
             if self.classifier_samples_ is not None:
                 self._sgd.W[...] = self.classifier_samples_.mean(axis=0)
                 self._sgd.W_avg[...] = self._sgd.W
                 self.classifier_samples_ = self.classifier_variances_ = None
-        self._sgd_passes(self._classifier_features(X), Y.toarray().astype(np.float64), mask,
+        self._sgd_passes(Z, Y.toarray().astype(np.float64), mask,
                          np.flatnonzero(labelled), rng, None, passes=1)
         self._finish_mixture()
         elbo = self._mixture.local_elbo(X_mix, Y_mix) * (self.n_seen_ / n) - self._mixture.global_kl()
@@ -669,6 +701,11 @@ def _threshold_rows(proba: np.ndarray, threshold: float) -> np.ndarray:
     if empty.any():
         pred[np.flatnonzero(empty), np.argmax(proba[empty], axis=1)] = 1.0
     return pred
+
+
+def _exact_match(Y: np.ndarray, mask: np.ndarray, pred: np.ndarray) -> float:
+    """Share of rows whose observed entries are predicted exactly."""
+    return float(np.mean(np.all((pred * mask) == (Y * mask), axis=1)))
 
 
 def _example_f1(Y: np.ndarray, mask: np.ndarray, pred: np.ndarray) -> float:

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import warnings
 from dataclasses import replace
 from pathlib import Path
 from typing import Mapping, Optional, Tuple, Union
@@ -75,7 +76,10 @@ def _check_format(format: Optional[str], path) -> str:
 
 def read_names(path: PathLike, expected: int, what: str) -> list:
     """Names, one per line, from ``path``; exactly ``expected`` of them or a DataFormatError."""
-    names = Path(path).read_text(encoding="utf-8", errors="replace").splitlines()
+    try:
+        names = Path(path).read_text(encoding="utf-8", errors="replace").splitlines()
+    except OSError as exc:
+        raise DataFormatError(f"cannot read the {what} names file: {exc.strerror or exc}", path=path) from None
     if len(names) != expected:
         raise DataFormatError(f"has {len(names)} {what} names (lines) but the data has {expected} {what}s", path=path)
     return names
@@ -94,8 +98,6 @@ def _companions(path: Path, fmt: str, options: dict) -> dict:
 
 
 def _attach_names(dataset: Dataset, companions: dict) -> Dataset:
-    import warnings
-
     for key, (names_path, explicit) in companions.items():
         what, size = ("label", dataset.n_labels) if key == "label_names_file" else ("feature", dataset.n_features)
         try:
@@ -105,7 +107,7 @@ def _attach_names(dataset: Dataset, companions: dict) -> Dataset:
                 raise
             warnings.warn(f"ignoring {names_path}: {exc.reason}", stacklevel=4)
             continue
-        dataset = replace(dataset, **{what + "_names": names})
+        setattr(dataset, what + "_names", names)  # length checked by read_names
     return dataset
 
 

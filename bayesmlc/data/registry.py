@@ -511,17 +511,22 @@ def _fetch(url: str, entry: DataFile, folder: Path, progress: bool, timeout: flo
             with response, tqdm(total=entry.size, unit="B", unit_scale=True, desc=entry.name,
                                 disable=not progress, leave=False) as bar:
                 while True:
-                    block = response.read(1 << 16)
+                    try:
+                        block = response.read(1 << 16)
+                    except OSError as exc:  # connection reset, read timeout
+                        raise DownloadError(f"transfer of {entry.name} from {url} failed: {exc}") from None
                     if not block:
                         break
                     out.write(block)
                     digest.update(block)
                     received += len(block)
                     bar.update(len(block))
+                    if received > entry.size:  # wrong file: stop instead of filling the disk
+                        break
         if received != entry.size:
             raise DownloadError(
-                f"{entry.name} from {url}: size {received} bytes, expected {entry.size}; "
-                f"sha256 {digest.hexdigest()}, expected {entry.sha256}"
+                f"{entry.name} from {url}: size {received}{'+' if received > entry.size else ''} bytes, "
+                f"expected {entry.size}; sha256 of what arrived {digest.hexdigest()}, expected {entry.sha256}"
             )
         if digest.hexdigest() != entry.sha256:
             raise DownloadError(

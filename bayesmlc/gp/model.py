@@ -599,14 +599,22 @@ class MLGPF(MultiLabelEstimator):
             return self._mean_utilities(self._prepare_features(X))
 
     def _predict_proba(self, X) -> np.ndarray:
-        """E[sigmoid(f)] under q(f), by Gauss-Hermite quadrature over the predictive variance."""
+        """E[sigmoid(f)] under q(f), by Gauss-Hermite quadrature over the predictive variance.
+
+        Rows are processed in chunks so the (rows, L, Q) quadrature grid stays under 2^24 entries.
+        """
         module = self._ensure_module()
         likelihood = BernoulliLogit(self.quadrature_points)
+        chunk = max(1, (1 << 24) // (self.n_labels_ * self.quadrature_points))
+        X = self._prepare_features(X)
+        out = np.empty((X.shape[0], self.n_labels_), dtype=np.float32)
         with self._threads(), torch.no_grad():
-            batch = module.inducing.make_batch(self._prepare_features(X))
-            mean_h, var_h, _ = module.latent(batch, self.jitter_)
-            f_mean, f_var = utility_moments(mean_h, var_h, module.Phi, module.bias)
-            return likelihood.predictive_mean(f_mean, f_var).float().cpu().numpy()
+            for start in range(0, X.shape[0], chunk):
+                batch = module.inducing.make_batch(X[start : start + chunk])
+                mean_h, var_h, _ = module.latent(batch, self.jitter_)
+                f_mean, f_var = utility_moments(mean_h, var_h, module.Phi, module.bias)
+                out[start : start + chunk] = likelihood.predictive_mean(f_mean, f_var).float().cpu().numpy()
+        return out
 
     # ---- persistence --------------------------------------------------------------------------
     def _set_state(self, state: dict) -> None:
@@ -619,13 +627,13 @@ class MLGPF(MultiLabelEstimator):
 def _structural_arrays(parameters: dict) -> dict:
     """The arrays the module constructors need (shapes and fixed buffers) from a state dict."""
     arrays = {}
-    for key, name in (
-        ("inducing.basis", "basis"), ("inducing.A", "A"), ("inducing.Z", "Z"), ("Phi", "Phi"), ("bias", "bias")
-    ):
+    for key, name in (("inducing.A", "A"), ("inducing.Z", "Z"), ("Phi", "Phi"), ("bias", "bias")):
         if key in parameters:
             arrays[name] = np.asarray(parameters[key], dtype=np.float32)
+    if "inducing.basis_t" in parameters:
+        arrays["basis"] = np.asarray(parameters["inducing.basis_t"], dtype=np.float32).T
     if not any(k in arrays for k in ("basis", "Z")):
-        raise ModelFormatError("MLGPF parameters hold neither inducing.basis nor inducing.Z")
+        raise ModelFormatError("MLGPF parameters hold neither inducing.basis_t nor inducing.Z")
     return arrays
 
 

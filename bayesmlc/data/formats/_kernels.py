@@ -32,11 +32,19 @@ def _is_digit(c):
 
 @numba.njit(cache=True, nogil=True)
 def scan_chunk(buf, pos, end, max_rows, comments, skip_blank, colon_first, base, n_features, n_labels,
-                     lab_out, idx_out, val_out, row_lab, row_feat, row_start, hard_pos, hard_span):
-    """Parse lines of ``buf[pos:end]`` (which ends with a newline).
+               lab_out, idx_out, val_out, row_lab, row_feat, row_start, hard_pos, hard_span):
+    """Parse the lines of ``buf[pos:end]`` (uint8; ``buf[end - 1]`` is a newline).
+
+    Parameters: ``max_rows`` stop after this many rows (-1: no limit); ``comments``, ``skip_blank``,
+    ``colon_first``, ``base``: the dialect (see ``sparse_text.Grammar``); ``n_features``,
+    ``n_labels``: exclusive index bounds (-1: up to ``_INDEX_LIMIT``). Outputs: ``lab_out``,
+    ``idx_out`` (int32) and ``val_out`` (float32) receive labels, 0-based columns and values in file
+    order; ``row_lab[r]``/``row_feat[r]`` the number of labels/features before row ``r``;
+    ``row_start[r]`` the byte offset of row ``r``; ``hard_pos``/``hard_span`` the output position and
+    byte span of each value left to Python's ``float()``.
 
     Returns (status, position after the last parsed line, rows, labels, features, hard values,
-    unsorted flag (1 labels, 2 features), offset of the bad line or -1, max label, max column).
+    unsorted flag (1 labels, 2 features), offset of the rejected line or -1, max label, max column).
     """
     n_rows = 0
     n_lab = 0
@@ -190,6 +198,9 @@ def scan_chunk(buf, pos, end, max_rows, comments, skip_blank, colon_first, base,
             if q < line_end and not _is_ws(buf[q]):
                 return (STATUS_BAD_LINE, pos, n_rows, n_lab, n_feat, n_hard, unsorted, line_start,
                         max_label, max_column)
+            # exact fast path (Clinger, "How to read floating point numbers accurately", PLDI 1990):
+            # an integer up to 2**53 and 10**|e| with |e| <= 22 are exact doubles, so one IEEE
+            # multiplication or division gives the correctly rounded value, as float() does
             if mantissa == 0 and not hard:
                 result = 0.0
             elif not hard and mantissa <= _TWO53 and exponent >= -22 and exponent <= 22:

@@ -29,8 +29,9 @@ at most 2**53 times a power of ten of at most 22, one correctly rounded IEEE ope
 ``float()`` would give) and leaves every other literal to Python's ``float()``. Values are stored as
 float32 (rounded from the correctly rounded float64).
 
-The file is read in chunks of whole lines (``chunk_bytes``, 8 MiB by default), so memory is the
-output arrays plus one chunk.
+The file is read in chunks of whole lines (``chunk_bytes``, 8 MiB by default) and the scanner writes
+into output arrays grown in place, so the peak memory is about one copy of the output plus one
+chunk's work arrays.
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ from ...exceptions import DataFormatError
 
 __all__ = ["Grammar", "ParsedRows", "parse_line", "parse_stream", "INDEX_LIMIT", "LineError"]
 
-#: largest feature or label index (0-based) the parsers accept when no width bounds it: indices are int32
+#: exclusive bound on 0-based feature and label indices when no width is given (indices are stored as int32)
 INDEX_LIMIT = 2**31 - 1
 DEFAULT_CHUNK_BYTES = 8 * 1024 * 1024
 _FLOAT32_MAX = float(np.finfo(np.float32).max)

@@ -70,8 +70,7 @@ def write_svmlight(path, X, Y, *, zero_based: bool = False, value_format: Option
     A row with neither labels nor features cannot be written (svmlight readers skip blank lines, so
     the row would vanish): that raises :class:`DataFormatError`; use the XC format for such data.
     """
-    X, Y = canonical_csr(X), canonical_csr(Y)
-    Y.eliminate_zeros()
+    X, Y = canonical_csr(X), canonical_csr(Y, drop_zeros=True)
     empty = np.flatnonzero((np.diff(X.indptr) == 0) & (np.diff(Y.indptr) == 0))
     if empty.size:
         raise DataFormatError(

@@ -40,8 +40,9 @@ def read_xc_header(stream, path) -> Tuple[int, int, int]:
     fields = raw.split()
     shown = raw.strip().decode("utf-8", errors="backslashreplace")[:80]
     if len(fields) != 3 or not all(field.isdigit() for field in fields):
+        hint = " (a headerless svmlight file? read it with format='svmlight')" if b":" in raw else ""
         raise DataFormatError(
-            f"bad header {shown!r}: expected 'N D L' (three non-negative integers: rows, features, labels)",
+            f"bad header {shown!r}: expected 'N D L' (three non-negative integers: rows, features, labels){hint}",
             path=path, line=1,
         )
     n_rows, n_features, n_labels = (int(field) for field in fields)
@@ -146,11 +147,17 @@ def write_sparse_rows(stream, X: sp.csr_matrix, Y: sp.csr_matrix, *, index_base:
         stream.write(memoryview(out[:size]))
 
 
-def canonical_csr(matrix) -> sp.csr_matrix:
-    """A float32 CSR copy of ``matrix`` with sorted, unique indices per row (the input is not changed)."""
-    out = sp.csr_matrix(matrix, dtype=np.float32, copy=True)
-    out.sum_duplicates()
-    out.sort_indices()
+def canonical_csr(matrix, *, drop_zeros: bool = False) -> sp.csr_matrix:
+    """``matrix`` as float32 CSR with sorted, unique indices per row (and no stored zeros if
+    ``drop_zeros``). The input is never changed; it is copied only when it needs fixing."""
+    out = sp.csr_matrix(matrix, dtype=np.float32)  # may share its arrays with the input
+    needs_zeros_dropped = bool(drop_zeros and out.nnz and not np.all(out.data))
+    if not out.has_canonical_format or needs_zeros_dropped:
+        out = out.copy()
+        out.sum_duplicates()
+        out.sort_indices()
+        if needs_zeros_dropped:
+            out.eliminate_zeros()
     return out
 
 
@@ -161,8 +168,7 @@ def write_xc(path, X, Y, *, value_format: Optional[str] = None) -> None:
     ``value_format=None`` every float32 value is written as the shortest decimal that reads back
     to the same float32, so :func:`read_xc` returns identical matrices.
     """
-    X, Y = canonical_csr(X), canonical_csr(Y)
-    Y.eliminate_zeros()
+    X, Y = canonical_csr(X), canonical_csr(Y, drop_zeros=True)
     with open(path, "wb") as stream:
         stream.write(f"{X.shape[0]} {X.shape[1]} {Y.shape[1]}\n".encode())
         write_sparse_rows(stream, X, Y, index_base=0, value_format=value_format)

@@ -1,0 +1,316 @@
+"""BNMC: mixture recovery, ELBO, solvers, prediction rules, missing labels, online learning."""
+
+import warnings
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+import torch
+from sklearn.metrics import adjusted_rand_score
+
+from bayesmlc.bnmc import BNMC
+from bayesmlc.bnmc.classifiers import Design, _sample_cg, _sample_dense, _sample_woodbury
+from bayesmlc.exceptions import NotFittedError, ValidationError
+from bayesmlc.metrics import auc_micro, expected_calibration_error, f1_example
+
+
+def make_pattern_data(n=600, n_patterns=4, n_features=40, n_labels=12, seed=0, gaussian=False):
+    """Rows drawn from a mixture of ``n_patterns`` (feature, label) patterns.
+
+    Features: Dirichlet-multinomial counts (60 draws per row) from a pattern-specific distribution
+    concentrated on its own block of features, or Gaussian around pattern means (with negative
+    values). Labels: 1-3 draws from the pattern's label distribution (each pattern owns 3 labels).
+    Returns X (CSR), Y (CSR 0/1), z (true patterns).
+    """
+    rng = np.random.default_rng(seed)
+    z = rng.integers(n_patterns, size=n)
+    block = n_features // n_patterns
+    if gaussian:
+        means = rng.normal(0.0, 2.0, size=(n_patterns, n_features))
+        X = means[z] + rng.normal(0.0, 1.0, size=(n, n_features))
+    else:
+        probs = np.full((n_patterns, n_features), 0.2)
+        for k in range(n_patterns):
+            probs[k, k * block:(k + 1) * block] = 5.0
+        probs /= probs.sum(axis=1, keepdims=True)
+        X = np.stack([rng.multinomial(60, probs[k]) for k in z]).astype(float)
+    label_probs = np.full((n_patterns, n_labels), 0.02)
+    for k in range(n_patterns):
+        label_probs[k, 3 * k:3 * k + 3] = 1.0
+    label_probs /= label_probs.sum(axis=1, keepdims=True)
+    Y = np.zeros((n, n_labels))
+    for i, k in enumerate(z):
+        Y[i, rng.choice(n_labels, size=rng.integers(1, 4), replace=False, p=label_probs[k])] = 1.0
+    return sp.csr_matrix(X), sp.csr_matrix(Y), z
+
+
+def make_linear_data(n=800, n_features=20, n_labels=6, seed=0):
+    """Labels from independent logistic models of Gaussian features (a linear-classifier problem)."""
+    rng = np.random.default_rng(seed)
+    X = rng.normal(size=(n, n_features))
+    W = rng.normal(scale=1.5, size=(n_features, n_labels))
+    P = 1.0 / (1.0 + np.exp(-(X @ W - 1.0)))
+    Y = (rng.random(P.shape) < P).astype(float)
+    return X, Y
+
+
+FAST = dict(n_passes=3, n_mode_steps=4, n_sweeps=2, n_keep=1, device="cpu")
+
+
+@pytest.fixture(scope="module")
+def pattern_data():
+    return make_pattern_data()
+
+
+@pytest.fixture(scope="module")
+def fitted(pattern_data):
+    X, Y, _ = pattern_data
+    return BNMC(truncation=12, random_state=0, **FAST).fit(X, Y)
+
+
+# ---- the mixture ---------------------------------------------------------------------------
+def test_mixture_uses_and_recovers_the_true_patterns(pattern_data, fitted):
+    X, Y, z = pattern_data
+    assert fitted.emission_ == "dirichlet"
+    assert 4 <= fitted.n_patterns_ <= 5
+    resp = fitted._mixture.responsibilities(fitted._mixture_features(X), Y)
+    assert adjusted_rand_score(z, resp.argmax(axis=1)) > 0.95
+    # each true label block is the top of one fitted label pattern with a large weight
+    means = fitted._mixture.label_means()
+    heavy = np.flatnonzero(fitted.pattern_weights_ > 0.1)
+    owners = {int(np.argmax(means[k]) // 3) for k in heavy}
+    assert owners == {0, 1, 2, 3}
+
+
+def test_gaussian_emission_recovers_patterns_of_real_valued_features():
+    X, Y, z = make_pattern_data(n=500, n_patterns=3, gaussian=True, seed=1)
+    assert X.toarray().min() < 0
+    model = BNMC(truncation=10, random_state=1, **FAST).fit(X, Y)
+    assert model.emission_ == "gaussian"
+    assert model.n_patterns_ == 3
+    resp = model._mixture.responsibilities(model._mixture_features(X))
+    assert adjusted_rand_score(z, resp.argmax(axis=1)) > 0.95
+
+
+def test_dirichlet_emission_refuses_negative_features():
+    X, Y, _ = make_pattern_data(n=60, gaussian=True)
+    with pytest.raises(ValidationError, match="non-negative"):
+        BNMC(emission="dirichlet", **FAST).fit(X, Y)
+
+
+def test_full_batch_elbo_never_decreases(pattern_data):
+    X, Y, _ = pattern_data
+    model = BNMC(truncation=12, n_passes=8, batch_size=10_000, random_state=3, **{k: v for k, v in FAST.items() if k != "n_passes"})
+    model.fit(X, Y)
+    elbo = np.array(model.history_["objective"])
+    assert len(elbo) == 9 == len(model.history_["wall_time"])  # initialisation + 8 passes
+    assert np.all(np.diff(elbo) >= -1e-6 * np.abs(elbo[:-1]))
+
+
+def test_minibatch_svi_elbo_increases_up_to_noise(pattern_data):
+    X, Y, _ = pattern_data
+    model = BNMC(truncation=12, n_passes=6, batch_size=50, merge_trials=0, random_state=4,
+                 **{k: v for k, v in FAST.items() if k != "n_passes"})
+    model.fit(X, Y)
+    elbo = np.array(model.history_["objective"])
+    gain = elbo[-1] - elbo[0]
+    assert gain > 0
+    # any decrease between passes is small next to the total improvement
+    assert np.all(np.diff(elbo) >= -0.1 * gain)
+
+
+# ---- the classifier samplers ---------------------------------------------------------------
+def _small_problem(n, D, C, seed=0):
+    rng = np.random.default_rng(seed)
+    X = rng.normal(size=(n, D)).astype(np.float32)
+    omega = torch.as_tensor(rng.gamma(2.0, 0.2, size=(n, C)), dtype=torch.float32)
+    beta = torch.as_tensor(rng.normal(size=(n, C)), dtype=torch.float32)
+    prior = torch.full((D + 1,), 2.0)
+    prior[-1] = 0.01
+    return X, omega, beta, prior
+
+
+def _exact_mean_and_cov(X, omega, beta, prior, c):
+    Z = np.hstack([X, np.ones((X.shape[0], 1))]).astype(np.float64)
+    P = np.diag(prior.numpy().astype(np.float64)) + Z.T @ (omega[:, c].numpy()[:, None] * Z)
+    cov = np.linalg.inv(P)
+    return cov @ (Z.T @ beta[:, c].numpy()), cov
+
+
+@pytest.mark.parametrize("n, D", [(40, 8), (10, 30)])
+def test_all_three_solvers_give_the_exact_conditional_mean(n, D):
+    X, omega, beta, prior = _small_problem(n, D, 3)
+    design = Design(sp.csr_matrix(X), torch.device("cpu"), dense=True)
+    Z = design.dense_z()
+    gen = torch.Generator().manual_seed(0)
+    dense = _sample_dense(Z, omega, beta, prior, gen, noise=0.0)
+    wood = _sample_woodbury(Z, (Z / prior) @ Z.T, omega, beta, 1.0 / prior, gen, chunk=2, noise=0.0)
+    sparse_design = Design(sp.csr_matrix(X), torch.device("cpu"), dense=False)
+    cg, _ = _sample_cg(sparse_design, omega, beta, prior, torch.zeros(D + 1, 3), gen, 1e-6, 500, noise=0.0)
+    for c in range(3):
+        mean, _ = _exact_mean_and_cov(X, omega, beta, prior, c)
+        for got in (dense, wood, cg):
+            np.testing.assert_allclose(got[:, c].numpy(), mean, rtol=2e-3, atol=2e-3)
+
+
+@pytest.mark.parametrize("solver", ["dense", "woodbury", "cg"])
+def test_solver_draws_have_the_conditional_covariance(solver):
+    n, D = (30, 5) if solver != "woodbury" else (6, 10)
+    X, omega, beta, prior = _small_problem(n, D, 1, seed=2)
+    design = Design(sp.csr_matrix(X), torch.device("cpu"), dense=solver != "cg")
+    Z = design.dense_z()
+    gen = torch.Generator().manual_seed(5)
+    n_draws = 3000
+    omega_rep, beta_rep = omega.repeat(1, n_draws), beta.repeat(1, n_draws)  # one label column per draw
+    if solver == "dense":
+        draws = _sample_dense(Z, omega_rep, beta_rep, prior, gen)
+    elif solver == "woodbury":
+        draws = _sample_woodbury(Z, (Z / prior) @ Z.T, omega_rep, beta_rep, 1.0 / prior, gen, chunk=n_draws)
+    else:
+        draws, _ = _sample_cg(design, omega_rep, beta_rep, prior, torch.zeros(D + 1, n_draws), gen, 1e-7, 500)
+    draws = draws.numpy().astype(np.float64)
+    mean, cov = _exact_mean_and_cov(X, omega, beta, prior, 0)
+    sd = np.sqrt(np.diag(cov))
+    assert np.all(np.abs(draws.mean(axis=1) - mean) < 4.5 * sd / np.sqrt(n_draws))
+    np.testing.assert_allclose(np.cov(draws), cov, atol=0.12 * sd.max() ** 2)
+
+
+# ---- prediction ------------------------------------------------------------------------------
+def test_predictions_beat_chance_and_probabilities_are_calibrated():
+    X, Y = make_linear_data()
+    Xtr, Ytr, Xte, Yte = X[:600], Y[:600], X[600:], Y[600:]
+    model = BNMC(random_state=0, **FAST).fit(Xtr, Ytr)
+    proba = model.predict_proba(Xte)
+    assert proba.shape == Yte.shape and np.all((proba >= 0) & (proba <= 1))
+    assert auc_micro(Yte, proba) > 0.85
+    assert expected_calibration_error(Yte, proba) < 0.06
+
+
+def test_prediction_rules(fitted, pattern_data):
+    X, Y, _ = pattern_data
+    expected = fitted.predict(X, rule="expected")
+    k = int(round(fitted.label_count_mean_))
+    assert np.all(np.diff(expected.indptr) == k)
+    counted = fitted.predict(X, rule="count")
+    proba = fitted.predict_proba(X)
+    np.testing.assert_array_equal(np.diff(counted.indptr), np.clip(np.rint(proba.sum(axis=1)), 1, None))
+    thresholded = fitted.predict(X, rule="threshold").toarray()
+    assert np.all(thresholded.sum(axis=1) >= 1)
+    assert np.all(proba[thresholded == 1] >= np.minimum(fitted.threshold_, proba.max(axis=1).repeat(Y.shape[1]).reshape(Y.shape)[thresholded == 1]) - 1e-6)
+    # eq. (9) sampling is random but seeded
+    first = fitted.predict(X, rule="sample", random_state=1)
+    again = fitted.predict(X, rule="sample", random_state=1)
+    assert (first != again).nnz == 0
+    assert abs(np.diff(first.indptr).mean() - fitted.label_count_mean_) < 0.5
+    # the base class's explicit threshold and top-k still work
+    np.testing.assert_array_equal(fitted.predict(X, threshold=0.3).toarray(), (proba >= 0.3).astype(np.float32))
+    assert np.all(np.diff(fitted.predict(X, top_k=2).indptr) == 2)
+    assert fitted.count_rule_ in ("threshold", "count", "expected")
+    assert f1_example(Y, fitted.predict(X)) > 0.5
+    with pytest.raises(ValidationError, match="rule"):
+        fitted.predict(X, rule="bogus")
+
+
+def test_same_seed_same_model_and_save_load(tmp_path, pattern_data):
+    X, Y, _ = pattern_data
+    first = BNMC(truncation=8, random_state=5, **FAST).fit(X, Y)
+    second = BNMC(truncation=8, random_state=5, **FAST).fit(X, Y)
+    np.testing.assert_array_equal(first.predict_proba(X), second.predict_proba(X))
+    path = tmp_path / "bnmc.npz"
+    first.save(path)
+    loaded = BNMC.load(path)
+    np.testing.assert_array_equal(loaded.predict_proba(X), first.predict_proba(X))
+    assert (loaded.predict(X) != first.predict(X)).nnz == 0
+
+
+def test_svm_classifier_and_gibbs_inference_work():
+    X, Y = make_linear_data(n=500, seed=2)
+    for params in (dict(classifier="svm"), dict(inference="gibbs", n_sweeps=6, n_keep=4)):
+        model = BNMC(random_state=0, **{**FAST, **params}).fit(X[:400], Y[:400])
+        assert auc_micro(Y[400:], model.predict_proba(X[400:])) > 0.85
+        assert model.classifier_trace_[-1] > model.classifier_trace_[0]
+
+
+# ---- missing labels ----------------------------------------------------------------------------
+def test_masked_rows_inform_only_the_feature_patterns(pattern_data):
+    X, Y, _ = pattern_data
+    rng = np.random.default_rng(0)
+    hidden = rng.random(X.shape[0]) < 0.5
+    mask = np.ones(Y.shape)
+    mask[hidden] = 0.0
+    garbage = Y.toarray().copy()
+    garbage[hidden] = rng.integers(0, 2, size=garbage[hidden].shape)
+    params = dict(truncation=8, random_state=2, **FAST)
+    with_mask = BNMC(**params).fit(X, garbage, label_mask=mask)
+    zeroed = Y.toarray().copy()
+    zeroed[hidden] = 0.0
+    as_unlabelled = BNMC(**params).fit(X, zeroed)  # empty label rows are missing by default
+    np.testing.assert_allclose(with_mask.predict_proba(X), as_unlabelled.predict_proba(X), rtol=1e-5, atol=1e-6)
+    # the unlabelled rows still shaped the feature patterns: compare with dropping them
+    dropped = BNMC(**params).fit(X[~hidden], zeroed[~hidden])
+    assert not np.allclose(dropped._mixture.emission.conc.sum(), with_mask._mixture.emission.conc.sum())
+    assert with_mask.label_count_mean_ == pytest.approx(np.asarray(Y[~hidden].sum(axis=1)).mean())
+
+
+# ---- online ----------------------------------------------------------------------------------
+def test_partial_fit_stream_is_close_to_batch_fit():
+    X, Y = make_linear_data(n=1600, seed=3)
+    Xtr, Ytr, Xte, Yte = X[:1200], Y[:1200], X[1200:], Y[1200:]
+    batch = BNMC(random_state=0, **FAST).fit(Xtr, Ytr)
+    stream = BNMC(random_state=0, **FAST)
+    for start in range(0, 1200, 100):
+        stream.partial_fit(Xtr[start:start + 100], Ytr[start:start + 100])
+    assert stream.n_seen_ == 1200
+    assert len(stream.history_["objective"]) == 12
+    np.testing.assert_array_equal(stream.label_frequencies_, Ytr.sum(axis=0))
+    auc_batch = auc_micro(Yte, batch.predict_proba(Xte))
+    auc_stream = auc_micro(Yte, stream.predict_proba(Xte))
+    assert auc_stream > auc_batch - 0.04
+    f1_batch = f1_example(Yte, batch.predict(Xte, threshold=0.5))
+    f1_stream = f1_example(Yte, stream.predict(Xte, threshold=0.5))
+    assert f1_stream > f1_batch - 0.06
+
+
+def test_partial_fit_rejects_unknown_labels_and_features():
+    X, Y = make_linear_data(n=200, n_labels=4)
+    model = BNMC(random_state=0, **FAST).partial_fit(X[:100], Y[:100])
+    wider = np.hstack([Y[100:], np.zeros((100, 1))])
+    wider[3, 4] = 1.0
+    with pytest.raises(ValidationError, match="label index 4"):
+        model.partial_fit(X[100:], wider)
+    with pytest.raises(ValidationError, match="features"):
+        model.partial_fit(np.hstack([X[100:], X[100:, :1]]), Y[100:])
+    # a batch-fitted model continues online
+    fitted = BNMC(random_state=0, **FAST).fit(X[:100], Y[:100])
+    fitted.partial_fit(X[100:], Y[100:])
+    assert fitted.n_seen_ == 200
+
+
+# ---- errors ----------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "params, message",
+    [
+        (dict(truncation=1), "truncation"),
+        (dict(emission="poisson"), "emission"),
+        (dict(classifier="tree"), "classifier"),
+        (dict(kappa=0.4), "kappa"),
+        (dict(n_keep=5, n_sweeps=2), "n_keep"),
+        (dict(online="yes"), "online"),
+        (dict(weight_precision=-1.0), "weight_precision"),
+        (dict(validation_fraction=1.0), "validation_fraction"),
+    ],
+)
+def test_bad_parameters_are_named(params, message):
+    X, Y = make_linear_data(n=50)
+    with pytest.raises(ValidationError, match=message):
+        BNMC(**params).fit(X, Y)
+
+
+def test_not_fitted_and_no_labelled_rows():
+    X, Y = make_linear_data(n=50)
+    with pytest.raises(NotFittedError):
+        BNMC().predict(X)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with pytest.raises(ValidationError, match="no labelled row"):
+            BNMC(**FAST).fit(X, np.zeros_like(Y))
