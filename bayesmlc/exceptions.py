@@ -6,7 +6,10 @@ the file, line, argument or value at fault.
 
 from sklearn.exceptions import NotFittedError
 
-__all__ = ["BayesMLCError", "DataFormatError", "ValidationError", "ModelFormatError", "NotFittedError"]
+__all__ = [
+    "BayesMLCError", "DataFormatError", "ValidationError", "ModelFormatError", "NotFittedError",
+    "DownloadError", "DatasetNotFoundError",
+]
 
 
 class BayesMLCError(Exception):
@@ -47,3 +50,11 @@ class ValidationError(BayesMLCError, ValueError):
 
 class ModelFormatError(BayesMLCError, ValueError):
     """A saved model file cannot be read (wrong file, corrupt, or written by a newer format version)."""
+
+
+class DownloadError(BayesMLCError, OSError):
+    """A download failed, or its size or sha256 does not match the registry."""
+
+
+class DatasetNotFoundError(BayesMLCError, FileNotFoundError):
+    """The files of a data set are not where :func:`bayesmlc.datasets.load` looked."""

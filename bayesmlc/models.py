@@ -11,6 +11,11 @@ MODEL_CLASSES = {
     "bmls": "bayesmlc.bmls:BMLS",
     "bnmc": "bayesmlc.bnmc:BNMC",
     "mlgpf": "bayesmlc.gp:MLGPF",
+    # comparison baselines (napkinXC and omikuji need the optional [compare] extra)
+    "knn": "bayesmlc.bench.baselines:KNNBaseline",
+    "napkinxc_plt": "bayesmlc.bench.baselines:NapkinXCPLT",
+    "omikuji_parabel": "bayesmlc.bench.baselines:OmikujiParabel",
+    "omikuji_bonsai": "bayesmlc.bench.baselines:OmikujiBonsai",
 }
 
 

@@ -2,7 +2,7 @@
 AmazonCat-13K / RCV1 at scale.
 
     python benchmarks/bench_reader.py --quick            # 100k rows (~150 MB file)
-    python benchmarks/bench_reader.py                    # 1M rows, ~100 non-zeros per row (~1.4 GB file)
+    python benchmarks/bench_reader.py --sklearn          # 100k rows, then 1M rows x ~100 non-zeros (~1.4 GB file)
 
 The file is written to a temporary folder (``--workdir``, default /tmp/bayesmlc-bench-reader) and
 deleted afterwards unless ``--keep``. Each measurement runs in a fresh Python process so that its
@@ -149,6 +149,7 @@ def run(n_rows: int, args) -> list:
     if not args.keep:
         path.unlink()
         shutil.rmtree(cache_dir, ignore_errors=True)
+        (workdir / "warm-up.txt").unlink(missing_ok=True)
     return results
 
 

@@ -250,8 +250,8 @@ def test_distributed_checkpoint_resumes_in_one_process_and_on_every_rank(distrib
     shutil.copy(os.path.join(distributed_run, "checkpoint-epoch2.npz"), checkpoint)
     resumed = MLGPF(epochs=4, dtype="float64", checkpoint_path=str(checkpoint), **MLGPF_SETTINGS)
     resumed.fit(X, Y, resume=True)
-    _assert_same_fit(_mlgpf_arrays(resumed), uninterrupted, rtol=1e-7, atol=1e-9)
-    _assert_same_fit(_load(os.path.join(distributed_run, "resumed.npz")), uninterrupted, rtol=1e-7, atol=1e-9)
+    _assert_same_fit(_mlgpf_arrays(resumed), uninterrupted, rtol=1e-6, atol=1e-7)
+    _assert_same_fit(_load(os.path.join(distributed_run, "resumed.npz")), uninterrupted, rtol=1e-6, atol=1e-7)
 
 
 def test_a_failure_on_one_rank_stops_every_rank_with_its_error(distributed_run):

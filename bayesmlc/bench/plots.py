@@ -47,7 +47,7 @@ def _figure(n_panels: int, panel_size=(4.2, 3.3), max_columns: int = 3):
 
 def _save(figure, path: Path) -> None:
     figure.tight_layout()
-    figure.savefig(path)
+    figure.savefig(path, bbox_inches="tight")
 
 
 def _colours(labels) -> dict:
@@ -57,13 +57,16 @@ def _colours(labels) -> dict:
     return {label: palette[i % len(palette)] for i, label in enumerate(labels)}
 
 
-def _plain_log_scale(ax, which: str) -> None:
-    """Log-scale ``ax``'s ``which`` ("x" or "y") axis, with ticks reading 0.5, 2, 300 rather than 5x10^-1."""
+def _plain_log_scale(ax, which: str, values) -> None:
+    """Log-scale ``ax``'s ``which`` ("x" or "y") axis, with ticks reading 0.5, 2, 300 rather than 5x10^-1;
+    ticks at 1, 2 and 5 per decade when ``values`` span at most three decades, else at powers of ten."""
     from matplotlib.ticker import FuncFormatter, LogLocator
 
     (ax.set_xscale if which == "x" else ax.set_yscale)("log")
     axis = ax.xaxis if which == "x" else ax.yaxis
-    axis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+    positive = [v for v in values if v and v > 0]
+    decades = math.log10(max(positive) / min(positive)) if positive else 0.0
+    axis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0) if decades <= 3 else (1.0,)))
     axis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:g}"))
     axis.set_minor_formatter(FuncFormatter(lambda value, _: ""))
 
@@ -117,7 +120,7 @@ def _p1_plot(dataset, summaries, out_dir, path, colours) -> bool:
     points = [(s, t, p) for s, t, p in points if t is not None and p is not None]
     if not points:
         return False
-    figure, (ax,) = _figure(1, panel_size=(6.5, 4.5))
+    figure, (ax,) = _figure(1, panel_size=(10.0, 4.8))
     for summary, seconds, p1 in points:
         colour = colours[summary.label]
         history = _run_file(out_dir, summary, "history.json") or {}
@@ -131,18 +134,19 @@ def _p1_plot(dataset, summaries, out_dir, path, colours) -> bool:
             ax.errorbar([max(seconds, 1e-3)], [100 * p1], color=colour, lw=1, capsize=3,
                         xerr=[[seconds - min(all_seconds)], [max(all_seconds) - seconds]],
                         yerr=[[100 * (p1 - min(all_p1))], [100 * (max(all_p1) - p1)]])
-    for entry in published_for(dataset):
-        if "P@1" in entry.metrics and "train_seconds" in entry.metrics:
-            ax.scatter([max(entry.metrics["train_seconds"], 1e-3)], [100 * entry.metrics["P@1"]], s=45,
-                       facecolors="none", edgecolors="dimgrey", marker="D", linewidths=1,
-                       label=f"{entry.method} ({entry.kind})")
-    _plain_log_scale(ax, "x")
+    references = [e for e in published_for(dataset) if "P@1" in e.metrics and "train_seconds" in e.metrics]
+    shown_seconds = [max(t, 1e-3) for _, t, _ in points] + [max(e.metrics["train_seconds"], 1e-3) for e in references]
+    for entry, marker in zip(references, "Ds^v<>"):
+        ax.scatter([max(entry.metrics["train_seconds"], 1e-3)], [100 * entry.metrics["P@1"]], s=50,
+                   facecolors="none", edgecolors="black", marker=marker, linewidths=1,
+                   label=f"{entry.method} ({entry.kind})")
+    _plain_log_scale(ax, "x", shown_seconds)
     ax.set_xlabel("training time (s, log scale)")
     ax.set_ylabel("test P@1 (%)")
     ax.set_title(f"{dataset}: P@1 against training time\n(points: final, median over repeats, bars min to max; "
                  "lines: during training)", fontsize=10)
     ax.grid(alpha=0.3, which="both")
-    ax.legend(fontsize=8, loc="best")
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0)
     _save(figure, path)
     return True
 
@@ -202,8 +206,8 @@ def _scale_plot(summaries, path, colours) -> bool:
                 labels_shown.add(summary.model)
                 ax.scatter([shape[dim]], [value], color=colours[summary.model], s=30, edgecolors="black",
                            linewidths=0.4, label=summary.model if first else None)
-            _plain_log_scale(ax, "x")
-            _plain_log_scale(ax, "y")
+            _plain_log_scale(ax, "x", [shape.get(dim) for _, shape in series])
+            _plain_log_scale(ax, "y", [summary.median(quantity) for summary, _ in series])
             ax.set_xlabel(dim_label + ", log scale")
             ax.set_ylabel(quantity_label)
             ax.grid(alpha=0.3, which="both")

@@ -444,6 +444,14 @@ def run_suite(suite: Suite, out_dir, *, datasets=None, models=None, repeats: int
         with open(results_path, "a", encoding="utf-8") as handle:
             handle.write(json.dumps(record, default=str) + "\n")
         log(f"[{index}/{len(runs)}] {spec.run_id}: {_summary(record)}")
+    # in plan order (a resumed suite appended its reruns after the kept records)
+    order = {spec.run_id: index for index, spec in enumerate(runs)}
+    records.sort(key=lambda record: order.get(record["run_id"], len(order)))
+    temporary = results_path.with_suffix(".jsonl.tmp")
+    with open(temporary, "w", encoding="utf-8") as handle:
+        for record in records:
+            handle.write(json.dumps(record, default=str) + "\n")
+    os.replace(temporary, results_path)
     return records
 
 

@@ -536,6 +536,7 @@ class BNMC(MultiLabelEstimator):
         """
         if top_k is not None or threshold is not None:
             return super().predict(X, threshold=0.5 if threshold is None else threshold, top_k=top_k)
+        self._check_is_fitted()
         rule = self.count_rule_ if rule is None else rule
         if rule not in _COUNT_RULES:
             raise ValidationError(f"rule must be one of {_COUNT_RULES}, got {rule!r}")

@@ -28,7 +28,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Optional, Tuple
 
-from ..exceptions import BayesMLCError, ValidationError
+from ..exceptions import DatasetNotFoundError, DownloadError, ValidationError
 
 __all__ = [
     "DataFile",
@@ -52,14 +52,6 @@ MULAN_URL = "http://mulan.sourceforge.net/datasets-mlc.html"
 JAIN_2016 = "Jain, Prabhu, Varma, KDD 2016 (propensity model); pyxclib and napkinXC defaults"
 
 _DEFAULT_A, _DEFAULT_B = 0.55, 1.5
-
-
-class DownloadError(BayesMLCError, OSError):
-    """A download failed, or its size or sha256 does not match the registry."""
-
-
-class DatasetNotFoundError(BayesMLCError, FileNotFoundError):
-    """The files of a data set are not where :func:`load` looked."""
 
 
 @dataclass(frozen=True)

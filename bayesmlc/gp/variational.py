@@ -133,6 +133,10 @@ class VariationalFamily(nn.Module):
         """Mean (P, M) and covariance (P, M, M) of q(u): for tests and diagnostics."""
         raise NotImplementedError  # pragma: no cover
 
+    def set_mean(self, u_mean: torch.Tensor, L_K: torch.Tensor) -> None:
+        """Set the parameters so that E_q[u_p] = ``u_mean[p]`` (P, M); ``L_K`` = chol(K_ZZ)."""
+        raise NotImplementedError  # pragma: no cover
+
 
 class Whitened(VariationalFamily):
     """q(v_p) = N(m_p, S_p S_p^T) with u_p = L_K v_p. ``init_scale`` sets diag S at the start."""
@@ -160,6 +164,10 @@ class Whitened(VariationalFamily):
 
     def mean_weights(self, prep):
         return torch.linalg.solve_triangular(prep.chol.T, self.mean.T, upper=True)
+
+    def set_mean(self, u_mean, L_K):
+        with torch.no_grad():
+            self.mean.copy_(_solve_lower(L_K, u_mean.T).T)  # v = L_K^{-1} u
 
     def dense_q_u(self, prep):
         S = prep.scale
@@ -202,6 +210,10 @@ class Cholesky(VariationalFamily):
 
     def mean_weights(self, prep):
         return torch.cholesky_solve(self.mean.T, prep.chol)
+
+    def set_mean(self, u_mean, L_K):
+        with torch.no_grad():
+            self.mean.copy_(u_mean)
 
     def dense_q_u(self, prep):
         S = prep.scale
@@ -246,6 +258,10 @@ class Preconditioned(VariationalFamily):
 
     def mean_weights(self, prep):
         return self.mu.T
+
+    def set_mean(self, u_mean, L_K):
+        with torch.no_grad():
+            self.mu.copy_(torch.cholesky_solve(u_mean.T, L_K).T)  # m = K_Z mu
 
     def dense_q_u(self, prep):
         K = prep.K_zz

@@ -1,0 +1,170 @@
+"""BNMC benchmark: the paper's F1 / exact-match tables, time on Bibtex, online mode, missing labels.
+
+Usage (from the repository root; datasets from ../shared/datasets)::
+
+    python benchmarks/bench_bnmc.py accuracy --datasets scene,emotions,bibtex --seeds 10
+    python benchmarks/bench_bnmc.py accuracy --datasets bibtex --seeds 10 --online
+    python benchmarks/bench_bnmc.py speed --repeats 3            # bibtex: batch vs online, fit+predict
+    python benchmarks/bench_bnmc.py missing --fractions 0.7,0.8,0.9 --seeds 5   # paper figure 6 protocol
+    ... --set key=value ...                                      # any BNMC parameter
+
+Each run: fit on the train split with ``random_state=seed``, predict the test split with the model's
+own count rule (eqs. 8-9), and report example-based F1 and exact match (the paper's Tables 2-3),
+micro-F1 (what the authors' code reports as F1), P@1/3/5 and micro-AUC, all from
+``bayesmlc.metrics.evaluate``; mean and standard deviation over seeds. Times are wall-clock seconds of
+fit + predict, printed with the 1-minute load average (the machine may be shared).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import json
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+import scipy.sparse as sp
+import torch
+
+from bayesmlc.bnmc import BNMC
+from bayesmlc.data.io import read_dataset
+from bayesmlc.metrics import evaluate
+
+DATA = Path(__file__).resolve().parents[1].parent / "shared" / "datasets"
+PAPER = {  # best BNMC row of the paper (Tables 2-3), fractions
+    "scene": {"F1_example": 0.715, "exact_match": 0.662},
+    "emotions": {"F1_example": 0.360, "exact_match": 0.102},
+    "bibtex": {"F1_example": 0.410, "exact_match": 0.176},
+}
+COLUMNS = ["F1_example", "exact_match", "F1_micro", "P@1", "P@3", "P@5", "AUC_micro", "seconds"]
+
+
+def load(name: str):
+    train = read_dataset(DATA / name / "train.txt")
+    test = read_dataset(DATA / name / "test.txt").with_features_width(train.n_features)
+    return train, test
+
+
+def run_once(train_X, train_Y, test, params: dict, label_mask=None) -> dict:
+    start = time.perf_counter()
+    model = BNMC(**params).fit(train_X, train_Y, label_mask=label_mask)
+    proba = model.predict_proba(test.X)
+    pred = model.predict(test.X)
+    seconds = time.perf_counter() - start
+    metrics = evaluate(test.Y, proba=proba, Y_pred=pred, ks=(1, 3, 5))
+    out = {key: metrics[key] for key in COLUMNS if key in metrics}
+    out.update(seconds=seconds, n_patterns=model.n_patterns_, rule=model.count_rule_)
+    return out
+
+
+def summarise(rows: list[dict]) -> dict:
+    return {key: (float(np.mean([r[key] for r in rows])), float(np.std([r[key] for r in rows]))) for key in COLUMNS}
+
+
+def print_table(title: str, summary: dict[str, dict], extra: dict[str, str] | None = None) -> None:
+    print(f"\n{title} (load average {os.getloadavg()[0]:.1f})")
+    header = "| run | " + " | ".join(COLUMNS) + " |" + (" note |" if extra else "")
+    print(header)
+    print("|" + "---|" * (len(COLUMNS) + 1 + bool(extra)))
+    for name, stats in summary.items():
+        cells = [f"{m:.4f} ± {s:.4f}" if key != "seconds" else f"{m:.1f} ± {s:.1f}" for key, (m, s) in stats.items()]
+        note = f" {extra.get(name, '')} |" if extra else ""
+        print(f"| {name} | " + " | ".join(cells) + " |" + note)
+
+
+def cmd_accuracy(args, params):
+    summary, notes = {}, {}
+    for name in args.datasets.split(","):
+        train, test = load(name)
+        rows = []
+        for seed in range(args.seeds):
+            row = run_once(train.X, train.Y, test, {**params, "random_state": seed, "online": args.online})
+            rows.append(row)
+            _log(args, {"command": "accuracy", "dataset": name, "seed": seed, "online": args.online, **row})
+            print(f"  {name} seed {seed}: F1 {row['F1_example']:.4f} exact {row['exact_match']:.4f} "
+                  f"{row['seconds']:.1f}s rule {row['rule']} patterns {row['n_patterns']}", flush=True)
+        key = f"{name}{' online' if args.online else ''}"
+        summary[key] = summarise(rows)
+        target = PAPER.get(name)
+        if target:
+            ok = summary[key]["F1_example"][0] >= target["F1_example"] and summary[key]["exact_match"][0] >= target["exact_match"]
+            notes[key] = f"paper F1 {target['F1_example']:.3f} / exact {target['exact_match']:.3f}: {'met' if ok else 'NOT met'}"
+    print_table(f"BNMC accuracy, {args.seeds} seeds", summary, notes)
+
+
+def cmd_speed(args, params):
+    train, test = load("bibtex")
+    summary = {}
+    for online in (False, True):
+        rows = [run_once(train.X, train.Y, test, {**params, "random_state": seed, "online": online})
+                for seed in range(args.repeats)]
+        for row in rows:
+            _log(args, {"command": "speed", "online": online, **row})
+        summary["bibtex " + ("online" if online else "batch")] = summarise(rows)
+    print_table(f"BNMC time on bibtex, fit + predict, {args.repeats} repeats", summary)
+    ratio = summary["bibtex batch"]["seconds"][0] / summary["bibtex online"]["seconds"][0]
+    print(f"batch / online time ratio: {ratio:.1f}")
+
+
+def cmd_missing(args, params):
+    train, test = load(args.dataset)
+    n, L = train.Y.shape
+    summary, notes = {}, {}
+    for fraction in [float(f) for f in args.fractions.split(",")]:
+        both, labelled_only = [], []
+        for seed in range(args.seeds):
+            rng = np.random.default_rng(1000 + seed)
+            hidden = rng.permutation(n)[: int(round(fraction * n))]
+            observed = np.ones(n, dtype=bool)
+            observed[hidden] = False
+            mask = sp.csr_matrix(np.repeat(observed[:, None], L, axis=1).astype(np.float32))
+            run_params = {**params, "random_state": seed}
+            both.append(run_once(train.X, train.Y, test, run_params, label_mask=mask))
+            keep = np.flatnonzero(observed)
+            labelled_only.append(run_once(train.X[keep], train.Y[keep], test, run_params))
+            _log(args, {"command": "missing", "fraction": fraction, "seed": seed, "with_unlabelled": both[-1],
+                        "labelled_only": labelled_only[-1]})
+        summary[f"{int(fraction * 100)}% missing, BNMC with unlabelled rows"] = summarise(both)
+        summary[f"{int(fraction * 100)}% missing, BNMC on labelled rows only"] = summarise(labelled_only)
+    print_table(f"BNMC with missing label vectors on {args.dataset}, {args.seeds} seeds", summary)
+
+
+def _log(args, record: dict) -> None:
+    if args.out:
+        with open(args.out, "a") as handle:
+            handle.write(json.dumps(record) + "\n")
+
+
+def _parse_set(items) -> dict:
+    params = {}
+    for item in items or []:
+        key, _, value = item.partition("=")
+        try:
+            params[key] = ast.literal_eval(value)
+        except (ValueError, SyntaxError):
+            params[key] = value
+    return params
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("command", choices=["accuracy", "speed", "missing"])
+    parser.add_argument("--datasets", default="scene,emotions,bibtex")
+    parser.add_argument("--dataset", default="scene")
+    parser.add_argument("--seeds", type=int, default=10)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--online", action="store_true")
+    parser.add_argument("--fractions", default="0.7,0.8,0.9")
+    parser.add_argument("--set", action="append", metavar="KEY=VALUE", help="a BNMC parameter")
+    parser.add_argument("--out", help="append one JSON line per run to this file")
+    parser.add_argument("--threads", type=int, default=2)
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    params = {"device": "cpu", **_parse_set(args.set)}
+    {"accuracy": cmd_accuracy, "speed": cmd_speed, "missing": cmd_missing}[args.command](args, params)
+
+
+if __name__ == "__main__":
+    main()
