@@ -15,6 +15,8 @@ scheme is synchronous and exact:
 * before every collective the ranks agree whether any of them failed (:meth:`DataParallel.sync_failure`):
   a failing rank re-raises its own error and every other rank raises :class:`RankFailedError` naming
   it and its message, so one rank's exception stops all ranks instead of leaving them waiting. The
+  same message checks that the ranks are at the same step and hold the same parameters
+  (:class:`RanksOutOfStepError` otherwise, e.g. when one rank could not read the checkpoint). The
   process-group timeout is the backstop for failures inside a collective (a dead host, a lost link).
 
 Usage under ``torchrun --nproc-per-node 2 script.py``::
@@ -33,14 +35,18 @@ See ``docs/scaling.md`` for the launch commands (several GPUs, several hosts) an
 from __future__ import annotations
 
 import datetime
+import math
 import os
 import traceback
 
+import numpy as np
 import torch
 
-from .exceptions import ValidationError
+from .exceptions import BayesMLCError, ValidationError
 
-__all__ = ["SingleProcess", "DataParallel", "RankFailedError", "shard_bounds", "DEFAULT_TIMEOUT_S"]
+__all__ = [
+    "SingleProcess", "DataParallel", "RankFailedError", "RanksOutOfStepError", "shard_bounds", "DEFAULT_TIMEOUT_S",
+]
 
 #: Seconds a collective may wait for the other ranks before the process group gives up (backstop).
 DEFAULT_TIMEOUT_S = 600.0
@@ -48,13 +54,18 @@ DEFAULT_TIMEOUT_S = 600.0
 _TORCHRUN_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
 
 
-class RankFailedError(RuntimeError):
+class RankFailedError(BayesMLCError, RuntimeError):
     """Another rank of a data-parallel run raised; ``failures`` maps its rank to its error message."""
 
     def __init__(self, failures: dict):
         self.failures = dict(failures)
         shown = "; ".join(f"rank {rank} failed: {message}" for rank, message in sorted(self.failures.items()))
         super().__init__(f"data-parallel training stopped because {shown}")
+
+
+class RanksOutOfStepError(BayesMLCError, RuntimeError):
+    """The ranks reached different collectives, or hold different parameters: they were not given
+    the same data, settings, seed or checkpoint."""
 
 
 def shard_bounds(n_rows: int, rank: int, world_size: int) -> tuple:
@@ -84,7 +95,7 @@ class SingleProcess:
         """(data-term scale, KL weight) for this process's bound: unchanged."""
         return n_total, kl_weight
 
-    def sync_failure(self, exc: BaseException | None = None) -> None:
+    def sync_failure(self, exc: BaseException | None = None, parameters=None) -> None:
         """Nothing to agree on in one process; the caller re-raises ``exc`` itself."""
 
     def reduce_gradients(self, parameters, value: torch.Tensor) -> float:
@@ -131,6 +142,7 @@ class DataParallel:
             device = torch.device("cuda", torch.cuda.current_device()) if on_gpu else torch.device("cpu")
         self.device = torch.device(device)
         self._broken = False  # a collective itself failed: no further collective can be trusted
+        self._syncs = 0  # calls of sync_failure so far: equal on every rank when the ranks are in step
         self._owns_group = False
 
     @classmethod
@@ -190,29 +202,52 @@ class DataParallel:
         return n_total * n_local / n_global, kl_weight if self.is_main else 0.0
 
     # ---- failures -----------------------------------------------------------------------------
-    def sync_failure(self, exc: BaseException | None = None) -> None:
+    def sync_failure(self, exc: BaseException | None = None, parameters=None) -> None:
         """Agree with the other ranks whether any of them failed since the last collective.
 
         Every rank calls this at the same points: the strategy before each of its own collectives,
-        the training loop with the exception it caught, and once when the loop ends. When no rank
-        failed it returns. When some failed, their messages are gathered; a rank that passed its
-        own ``exc`` returns (its caller re-raises the original), every other rank raises
-        :class:`RankFailedError` naming the failing ranks and their messages.
+        the caller with the exception it caught (or None when training ended). One small
+        ``all_gather`` carries, per rank, a failure flag, the number of this call and, when
+        ``parameters`` are given, their sum of squares. If some rank failed, the failure messages
+        are gathered: a rank that passed its own ``exc`` returns (its caller re-raises the
+        original), every other rank raises :class:`RankFailedError` naming the failing ranks.
+        Otherwise, if the ranks are at different calls or hold different parameters, every rank
+        raises :class:`RanksOutOfStepError` (instead of pairing unrelated collectives or training
+        diverged replicas).
         """
-        if self._broken or isinstance(exc, RankFailedError):
+        if self._broken or isinstance(exc, (RankFailedError, RanksOutOfStepError)):
             return  # the other ranks already know, or can no longer be reached
-        flag = torch.tensor([0.0 if exc is None else 1.0], device=self.device)
+        self._syncs += 1
+        checksum = math.nan
+        if parameters is not None:
+            checksum = torch.stack([p.detach().double().pow(2).sum() for p in parameters]).sum().item()
+        mine = torch.tensor([0.0 if exc is None else 1.0, float(self._syncs), checksum],
+                            dtype=torch.float64, device=self.device)
+        table = [torch.empty_like(mine) for _ in range(self.world_size)]
         try:
-            self._dist.all_reduce(flag)
-            if flag.item() == 0:
-                return
+            self._dist.all_gather(table, mine)
+            flags, syncs, checksums = torch.stack(table).cpu().numpy().T
             messages = [None] * self.world_size
-            self._dist.all_gather_object(messages, None if exc is None else _describe(exc))
+            if flags.any():
+                self._dist.all_gather_object(messages, None if exc is None else _describe(exc))
         except BaseException:
             self._broken = True
             raise
-        if exc is None:
-            raise RankFailedError({rank: text for rank, text in enumerate(messages) if text is not None})
+        if flags.any():
+            if exc is None:
+                raise RankFailedError({rank: text for rank, text in enumerate(messages) if text is not None})
+            return
+        if (syncs != syncs[0]).any():
+            raise RanksOutOfStepError(
+                f"the ranks are out of step (at synchronisation {', '.join(str(int(v)) for v in syncs)} on ranks "
+                f"0..{self.world_size - 1}): give every rank the same data, settings and seed"
+            )
+        if not np.isnan(checksums).any() and not np.allclose(checksums, checksums[0], rtol=1e-6, atol=0.0):
+            raise RanksOutOfStepError(
+                "the ranks hold different parameters (sums of squares "
+                f"{', '.join(f'{v:.9g}' for v in checksums)}): they did not start from the same data, seed or "
+                "checkpoint (with resume=True every rank must read the same checkpoint file)"
+            )
 
     # ---- collectives --------------------------------------------------------------------------
     def reduce_gradients(self, parameters, value: torch.Tensor) -> float:
@@ -223,25 +258,25 @@ class DataParallel:
         its total is returned. A gradient that is None on every rank stays None; one that is None
         on some ranks counts as zero there.
         """
-        self.sync_failure(None)
         parameters = list(parameters)
+        self.sync_failure(None, parameters)
         dtype = parameters[0].dtype if parameters else torch.float64
-        # layout: [value, grad_0 (flat), has_grad_0, grad_1 (flat), has_grad_1, ...]
-        pieces = [torch.as_tensor(value).detach().reshape(1).to(device=self.device, dtype=dtype)]
+        # layout: [value, grad_0 (flat), has_grad_0, grad_1 (flat), has_grad_1, ...], filled in place
+        buffer = torch.zeros(1 + sum(p.numel() + 1 for p in parameters), dtype=dtype, device=self.device)
+        buffer[0] = torch.as_tensor(value).detach().to(device=self.device, dtype=dtype).reshape(())
+        spans, start = [], 1
         for param in parameters:
-            if param.grad is None:
-                pieces.append(torch.zeros(param.numel() + 1, dtype=dtype, device=self.device))
-            else:
-                grad = param.grad.detach().reshape(-1).to(device=self.device, dtype=dtype)
-                pieces.append(torch.cat([grad, grad.new_ones(1)]))
-        buffer = torch.cat(pieces)
+            stop = start + param.numel()
+            if param.grad is not None:
+                buffer[start:stop].copy_(param.grad.detach().reshape(-1))
+                buffer[stop] = 1.0
+            spans.append((start, stop))
+            start = stop + 1
         self._all_reduce(buffer)
-        ends = (1 + torch.tensor([p.numel() + 1 for p in parameters], dtype=torch.int64).cumsum(0)).tolist()
-        has_grad = buffer[[end - 1 for end in ends]].tolist() if parameters else []
-        for param, end, count in zip(parameters, ends, has_grad):
+        has_grad = buffer[[stop for _, stop in spans]].tolist() if parameters else []
+        for param, (start, stop), count in zip(parameters, spans, has_grad):
             if count > 0:
-                start = end - 1 - param.numel()
-                summed = buffer[start : end - 1].view(param.shape).to(device=param.device, dtype=param.dtype)
+                summed = buffer[start:stop].view(param.shape).to(device=param.device, dtype=param.dtype)
                 if param.grad is None:
                     param.grad = summed
                 else:

@@ -60,57 +60,66 @@ def bibtex():
     return train, test
 
 
-def timed_epochs(model: MLGPF, X, Y, epochs: int):
-    """Train like MLGPF.fit but with a clock around each stage; returns per-epoch seconds and splits."""
+STAGES = ["batching", "kernels", "factorisations", "marginals", "quadrature", "kl", "backward", "adam"]
+
+
+def setup(model: MLGPF, X, Y, rng):
+    """Model initialisation as in fit (with the ridge warm start); returns (module, projection, optimizer, seconds)."""
     model._check_params(X.shape[0])
-    dtype = {"float32": torch.float32, "float64": torch.float64}[model.dtype]
-    rng = np.random.default_rng(0)
-    X = model._prepare_features(X)
     t0 = time.perf_counter()
     arrays, projection = model._initial_arrays(X, Y, rng)
-    init_s = time.perf_counter() - t0
-    module = model._build_module(arrays, Y.shape[1]).to(dtype=dtype)
-    likelihood = BernoulliLogit(model.quadrature_points)
+    module = model._build_module(arrays, Y.shape[1])
+    if model.init_mean == "ridge":
+        model._warm_start_mean(module, X, Y, projection, rng)
     optimizer = make_optimizer(module, model.learning_rate, model.variational_learning_rate)
-    rows_per_epoch, splits = [], []
-    for _ in range(epochs):
-        timings: dict = {}
-        start = time.perf_counter()
-        for rows in epoch_batches(X.shape[0], model.batch_size, rng):
-            t = time.perf_counter()
-            batch = model._feature_batch(module, X, rows, projection)
-            targets, _ = model._targets(Y, None, rows, rng, torch.device("cpu"), dtype)
-            timings["batching"] = timings.get("batching", 0.0) + time.perf_counter() - t
-            optimizer.zero_grad(set_to_none=True)
-            elbo, _, _, _ = minibatch_elbo(module, likelihood, batch, targets, X.shape[0], model.kl_weight,
-                                           model.jitter, timings)
-            t = time.perf_counter()
-            (-elbo / X.shape[0]).backward()
-            timings["backward"] = timings.get("backward", 0.0) + time.perf_counter() - t
-            t = time.perf_counter()
-            optimizer.step()
-            timings["adam"] = timings.get("adam", 0.0) + time.perf_counter() - t
-        rows_per_epoch.append(time.perf_counter() - start)
-        splits.append(timings)
-    return init_s, rows_per_epoch, splits
+    return module, projection, optimizer, time.perf_counter() - t0
+
+
+def timed_steps(model, module, optimizer, X, Y, projection, batches, rng) -> dict:
+    """Adam steps as in MLGPF.fit with a clock around each stage; returns seconds per stage."""
+    likelihood = BernoulliLogit(model.quadrature_points)
+    timings: dict = {}
+    for rows in batches:
+        t = time.perf_counter()
+        batch = model._feature_batch(module, X, rows, projection)
+        targets, _ = model._targets(Y, None, rows, rng, torch.device("cpu"), torch.float32)
+        timings["batching"] = timings.get("batching", 0.0) + time.perf_counter() - t
+        optimizer.zero_grad(set_to_none=True)
+        elbo, _, _, _ = minibatch_elbo(module, likelihood, batch, targets, X.shape[0], model.kl_weight,
+                                       model.jitter, timings)
+        t = time.perf_counter()
+        (-elbo / X.shape[0]).backward()
+        timings["backward"] = timings.get("backward", 0.0) + time.perf_counter() - t
+        t = time.perf_counter()
+        optimizer.step()
+        timings["adam"] = timings.get("adam", 0.0) + time.perf_counter() - t
+    return timings
+
+
+def split_row(timings: dict) -> str:
+    return " | ".join(f"{timings.get(s, 0.0):.2f}" for s in STAGES)
 
 
 def cmd_speed(args):
     train, _ = bibtex()
     params = dict(PAPER, **parse_sets(args.set))
     model = MLGPF(**params)
-    init_s, per_epoch, splits = timed_epochs(model, train.X, train.Y, args.epochs)
-    last = splits[-1]
-    stages = ["batching", "kernels", "factorisations", "marginals", "quadrature", "kl", "backward", "adam"]
+    rng = np.random.default_rng(0)
+    X = model._prepare_features(train.X)
+    module, projection, optimizer, init_s = setup(model, X, train.Y, rng)
     print(f"\nMLGPF speed on bibtex_xc train ({train.X.shape[0]} rows), threads={torch.get_num_threads()}, {load_avg()}")
     print(f"settings: {params}")
-    print(f"initialisation (SVD + k-means + factor warm start): {init_s:.1f} s")
-    print("\n| epoch | s/epoch | " + " | ".join(stages) + " |")
-    print("|---|---|" + "---|" * len(stages))
-    for i, (sec, split) in enumerate(zip(per_epoch, splits), 1):
-        print(f"| {i} | {sec:.2f} | " + " | ".join(f"{split.get(s, 0.0):.2f}" for s in stages) + " |")
-    total = sum(last.values())
-    print("\nshare of the last epoch: " + ", ".join(f"{s} {100 * last.get(s, 0.0) / total:.0f}%" for s in stages))
+    print(f"initialisation (SVD + k-means + factor and mean warm starts): {init_s:.1f} s")
+    print("\n| epoch | s/epoch | " + " | ".join(STAGES) + " |")
+    print("|---|---|" + "---|" * len(STAGES))
+    for epoch in range(1, args.epochs + 1):
+        start = time.perf_counter()
+        timings = timed_steps(model, module, optimizer, X, train.Y, projection,
+                              epoch_batches(X.shape[0], model.batch_size, rng), rng)
+        print(f"| {epoch} | {time.perf_counter() - start:.2f} | {split_row(timings)} |", flush=True)
+    total = sum(timings.values())
+    print("\nshare of the last epoch: " + ", ".join(f"{s} {100 * timings.get(s, 0.0) / total:.0f}%" for s in STAGES))
+    print(f"(after the run: {load_avg()})")
 
 
 def cmd_accuracy(args):
@@ -157,35 +166,25 @@ def cmd_scale(args):
                   epochs=1)
     params.update(parse_sets(args.set))
     model = MLGPF(**params)
-    model._check_params(data.X.shape[0])
     X = model._prepare_features(data.X)
     rng = np.random.default_rng(0)
-    t = time.perf_counter()
-    arrays, projection = model._initial_arrays(X, data.Y, rng)
-    init_s = time.perf_counter() - t
-    module = model._build_module(arrays, data.Y.shape[1])
-    likelihood = BernoulliLogit(model.quadrature_points)
-    optimizer = make_optimizer(module, model.learning_rate, None)
+    module, projection, optimizer, init_s = setup(model, X, data.Y, rng)
     batches = epoch_batches(X.shape[0], model.batch_size, rng)[: args.steps]
     t = time.perf_counter()
-    for rows in batches:
-        batch = model._feature_batch(module, X, rows, projection)
-        targets, _ = model._targets(data.Y, None, rows, rng, torch.device("cpu"), torch.float32)
-        optimizer.zero_grad(set_to_none=True)
-        elbo, _, _, _ = minibatch_elbo(module, likelihood, batch, targets, X.shape[0], 1.0, model.jitter)
-        (-elbo / X.shape[0]).backward()
-        optimizer.step()
+    timings = timed_steps(model, module, optimizer, X, data.Y, projection, batches, rng)
     step_s = (time.perf_counter() - t) / len(batches)
     rows_done = sum(len(r) for r in batches)
     full_rows = 1_186_239
     peak_gb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024**2
     print(f"\nMLGPF scale: synthetic amazoncat-13k preset, scale={args.scale} ({X.shape[0]} rows, {X.shape[1]} features, "
           f"{data.Y.shape[1]} labels), threads={torch.get_num_threads()}, {load_avg()}")
-    print(f"settings: {params}")
-    print("\n| data gen s | init s (SVD+k-means) | s/step (B=500) | s per 1000 rows | projected s/epoch at 1.19M rows | peak RSS GB |")
+    print(f"settings: {params}; projections cached: {projection is not None}")
+    print("\n| data gen s | init s | s/step (B=500) | s per 1000 rows | projected s/epoch at 1.19M rows | peak RSS GB |")
     print("|---|---|---|---|---|---|")
     per_row = step_s * len(batches) / rows_done
     print(f"| {gen_s:.0f} | {init_s:.0f} | {step_s:.3f} | {1000 * per_row:.2f} | {full_rows * per_row:.0f} | {peak_gb:.1f} |")
+    print(f"\nstage seconds over {len(batches)} steps: | " + " | ".join(STAGES) + " |")
+    print(f"| {split_row(timings)} |")
 
 
 def main(argv=None):

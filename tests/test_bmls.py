@@ -138,6 +138,7 @@ def test_all_observed_mask_equals_no_mask():
     np.testing.assert_array_equal(a, b)
 
 
+@pytest.mark.filterwarnings("ignore:.*no positive training example")
 def test_log_likelihood_history_matches_direct_computation():
     """The recorded objective of the last sweep equals log p(observed Y | last phi, theta), computed densely."""
     rng = np.random.default_rng(4)

@@ -223,12 +223,14 @@ def test_same_seed_same_model_and_save_load(tmp_path, pattern_data):
     assert (loaded.predict(X) != first.predict(X)).nnz == 0
 
 
-def test_svm_classifier_and_gibbs_inference_work():
+def test_svm_classifier_gibbs_inference_and_online_fit_work():
     X, Y = make_linear_data(n=500, seed=2)
-    for params in (dict(classifier="svm"), dict(inference="gibbs", n_sweeps=6, n_keep=4)):
+    for params in (dict(classifier="svm"), dict(inference="gibbs", n_sweeps=6, n_keep=4),
+                   dict(online=True), dict(online=True, classifier="svm")):
         model = BNMC(random_state=0, **{**FAST, **params}).fit(X[:400], Y[:400])
         assert auc_micro(Y[400:], model.predict_proba(X[400:])) > 0.85
-        assert model.classifier_trace_[-1] > model.classifier_trace_[0]
+        if not params.get("online"):
+            assert model.classifier_trace_[-1] > model.classifier_trace_[0]
 
 
 # ---- missing labels ----------------------------------------------------------------------------
@@ -314,3 +316,20 @@ def test_not_fitted_and_no_labelled_rows():
         warnings.simplefilter("ignore")
         with pytest.raises(ValidationError, match="no labelled row"):
             BNMC(**FAST).fit(X, np.zeros_like(Y))
+
+
+# ---- real data (slow) ----------------------------------------------------------------------------
+@pytest.mark.slow
+def test_scene_reaches_the_papers_best_bnmc_row():
+    from conftest import shared_dataset_dir
+
+    from bayesmlc.data.io import read_dataset
+    from bayesmlc.metrics import exact_match
+
+    folder = shared_dataset_dir("scene")
+    train = read_dataset(folder / "train.txt")
+    test = read_dataset(folder / "test.txt").with_features_width(train.n_features)
+    model = BNMC(random_state=0, device="cpu").fit(train.X, train.Y)
+    pred = model.predict(test.X)
+    assert f1_example(test.Y, pred) >= 0.715  # paper Table 2, BNMC-L 71.5
+    assert exact_match(test.Y, pred) >= 0.662  # paper Table 3, BNMC-S 66.2

@@ -11,6 +11,9 @@ from __future__ import annotations
 import os
 import shutil
 import socket
+import subprocess
+import sys
+import textwrap
 import time
 
 import numpy as np
@@ -165,9 +168,30 @@ def _training_worker(rank, world_size, port, out):
     sampled.fit(X, Y, parallel=parallel)
     if parallel.is_main:
         np.savez(os.path.join(out, "sampled.npz"), **_mlgpf_arrays(sampled))
+    _run_out_of_step(parallel, X, Y, out)
     # last, as it leaves rank 1's bound replaced: a failure on one rank must stop both
     _run_with_failure_on_rank_1(parallel, X, Y, out)
     parallel.close()
+
+
+def _record_outcome(path, fit):
+    started = time.monotonic()
+    try:
+        fit()
+        outcome = "finished without error"
+    except Exception as exc:  # recorded for the parent test to inspect
+        outcome = f"{type(exc).__name__}: {exc}"
+    with open(path, "w") as handle:
+        handle.write(f"{time.monotonic() - started:.3f}\n{outcome}")
+
+
+def _run_out_of_step(parallel, X, Y, out):
+    """Rank 0 resumes from the checkpoint, rank 1 cannot see it (as on a host without the shared
+    file system) and starts from scratch: both must stop with RanksOutOfStepError."""
+    path = os.path.join(out, "checkpoint.npz" if parallel.is_main else "not-on-this-host.npz")
+    model = MLGPF(epochs=5, dtype="float64", checkpoint_path=path, **MLGPF_SETTINGS)
+    _record_outcome(os.path.join(out, f"out-of-step-rank{parallel.rank}.txt"),
+                    lambda: model.fit(X, Y, parallel=parallel, resume=True))
 
 
 def _run_with_failure_on_rank_1(parallel, X, Y, out):
@@ -184,14 +208,8 @@ def _run_with_failure_on_rank_1(parallel, X, Y, out):
             return original(*args, **kwargs)
 
         gp_model.minibatch_elbo = failing_elbo
-    started = time.monotonic()
-    try:
-        MLGPF(epochs=3, **MLGPF_SETTINGS).fit(X, Y, parallel=parallel)
-        outcome = "finished without error"
-    except Exception as exc:  # recorded for the parent test to inspect
-        outcome = f"{type(exc).__name__}: {exc}"
-    with open(os.path.join(out, f"failure-rank{parallel.rank}.txt"), "w") as handle:
-        handle.write(f"{time.monotonic() - started:.3f}\n{outcome}")
+    _record_outcome(os.path.join(out, f"failure-rank{parallel.rank}.txt"),
+                    lambda: MLGPF(epochs=3, **MLGPF_SETTINGS).fit(X, Y, parallel=parallel))
 
 
 def _load(path) -> dict:
@@ -254,14 +272,59 @@ def test_distributed_checkpoint_resumes_in_one_process_and_on_every_rank(distrib
     _assert_same_fit(_load(os.path.join(distributed_run, "resumed.npz")), uninterrupted, rtol=1e-6, atol=1e-7)
 
 
-def test_a_failure_on_one_rank_stops_every_rank_with_its_error(distributed_run):
+def _outcomes(folder, name):
     seconds, outcomes = {}, {}
     for rank in range(WORLD_SIZE):
-        with open(os.path.join(distributed_run, f"failure-rank{rank}.txt")) as handle:
+        with open(os.path.join(folder, f"{name}-rank{rank}.txt")) as handle:
             elapsed, outcome = handle.read().split("\n", 1)
         seconds[rank], outcomes[rank] = float(elapsed), outcome
+    return seconds, outcomes
+
+
+def test_ranks_that_start_from_different_parameters_stop_instead_of_diverging(distributed_run):
+    seconds, outcomes = _outcomes(distributed_run, "out-of-step")
+    for rank in range(WORLD_SIZE):
+        assert outcomes[rank].startswith("RanksOutOfStepError: the ranks hold different parameters"), outcomes[rank]
+        assert seconds[rank] < GROUP_TIMEOUT_S / 2
+
+
+def test_a_failure_on_one_rank_stops_every_rank_with_its_error(distributed_run):
+    seconds, outcomes = _outcomes(distributed_run, "failure")
     assert outcomes[1].startswith("ValueError: injected failure on rank 1")
     assert outcomes[0].startswith(RankFailedError.__name__)
     assert "rank 1 failed: ValueError: injected failure on rank 1" in outcomes[0]
     # stopped by the failure protocol, not by the process-group timeout backstop
     assert seconds[0] < GROUP_TIMEOUT_S / 2
+
+
+TORCHRUN_SCRIPT = """
+import sys
+import numpy as np
+from bayesmlc.data.synthetic import make_multilabel
+from bayesmlc.distributed import DataParallel
+from bayesmlc.gp import MLGPF
+
+parallel = DataParallel.from_env(backend="gloo", timeout_s=120)
+data = make_multilabel(121, 40, 10, features_per_row=8, labels_per_row=2, random_state=11)
+model = MLGPF(epochs=2, dtype="float64", n_latent=3, n_inducing=8, subspace_rank=6, batch_size=40,
+              learning_rate=0.05, random_state=3, device=parallel.device)
+model.fit(data.X, data.Y, parallel=parallel)
+if parallel.is_main:
+    np.save(sys.argv[1], model.parameters_["Phi"].numpy())
+parallel.close()
+"""
+
+
+@pytest.mark.slow
+def test_torchrun_launch_equals_one_process(tmp_path):
+    """The real launcher: ``python -m torch.distributed.run --nproc-per-node 2`` on 127.0.0.1."""
+    script = tmp_path / "train.py"
+    script.write_text(textwrap.dedent(TORCHRUN_SCRIPT))
+    out = tmp_path / "phi.npy"
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
+               "--master-port", str(_free_port()), str(script), str(out)]
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    subprocess.run(command, check=True, timeout=JOIN_TIMEOUT_S, env=env, capture_output=True)
+    X, Y = _data()
+    single = MLGPF(epochs=2, dtype="float64", **MLGPF_SETTINGS).fit(X, Y)
+    np.testing.assert_allclose(np.load(out), single.parameters_["Phi"].numpy(), rtol=1e-7, atol=1e-9)

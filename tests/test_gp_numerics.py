@@ -204,3 +204,14 @@ def test_truncated_svd_matches_dense_svd_and_never_needs_dense_input():
     assert np.allclose(basis @ basis.T, np.eye(5), atol=1e-5)
     assert np.allclose(basis.T @ basis, Vt[:5].T @ Vt[:5], atol=1e-3)
     assert np.allclose(US, X @ basis.T, atol=1e-4)
+
+
+@pytest.mark.parametrize("name", ["whitened", "cholesky", "preconditioned"])
+def test_set_mean_gives_the_requested_mean_of_q_u(name):
+    rng = np.random.default_rng(8)
+    K_zz, _, _, _ = _se_kernel_matrices(rng)
+    family = make_variational(name, n_latent=2, n_inducing=K_zz.shape[0]).to(DT)
+    target = torch.as_tensor(rng.standard_normal((2, K_zz.shape[0])), dtype=DT)
+    family.set_mean(target, torch.linalg.cholesky(K_zz))
+    mean_u, _ = family.dense_q_u(family.prepare(K_zz, 0.0))
+    assert torch.allclose(mean_u, target, atol=1e-8)

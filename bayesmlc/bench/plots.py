@@ -183,7 +183,7 @@ def _reliability_plot(dataset, summaries, out_dir, path, colours) -> bool:
     return True
 
 
-def _scale_plot(summaries, path, colours) -> bool:
+def _scale_plot(summaries, path) -> bool:
     dims = (("n_train", "N (training rows)"), ("n_features", "D (features)"), ("n_labels", "L (labels)"))
     quantities = (("seconds_per_epoch", "seconds per epoch / sweep"), ("peak_rss_mb", "peak memory (MB)"))
     series = []
@@ -193,33 +193,35 @@ def _scale_plot(summaries, path, colours) -> bool:
             series.append((summary, shape))
     if not series:
         return False
+    models = list(dict.fromkeys(summary.model for summary, _ in series))
+    colours = _colours(models)
     figure, axes = _figure(6, panel_size=(4.2, 3.4))
-    labels_shown = set()
     for row, (quantity, quantity_label) in enumerate(quantities):
         for column, (dim, dim_label) in enumerate(dims):
             ax = axes[3 * row + column]
-            for summary, shape in series:
-                value = summary.median(quantity)
-                if value is None or not shape.get(dim):
-                    continue
-                first = summary.model not in labels_shown
-                labels_shown.add(summary.model)
-                ax.scatter([shape[dim]], [value], color=colours[summary.model], s=30, edgecolors="black",
-                           linewidths=0.4, label=summary.model if first else None)
+            others = [name for name, _ in dims if name != dim]
+            for model in models:
+                points = [(shape, summary.median(quantity)) for summary, shape in series
+                          if summary.model == model and summary.median(quantity) is not None and shape.get(dim)]
+                ax.scatter([shape[dim] for shape, _ in points], [value for _, value in points], color=colours[model],
+                           s=30, edgecolors="black", linewidths=0.4, label=model, zorder=3)
+                # a line joins the sets that differ in this dimension only (the sweeps)
+                groups: dict[tuple, list] = {}
+                for shape, value in points:
+                    groups.setdefault(tuple(shape.get(name) for name in others), []).append((shape[dim], value))
+                for group in groups.values():
+                    if len(group) > 1:
+                        group.sort()
+                        ax.plot([x for x, _ in group], [y for _, y in group], color=colours[model], lw=1.2)
             _plain_log_scale(ax, "x", [shape.get(dim) for _, shape in series])
             _plain_log_scale(ax, "y", [summary.median(quantity) for summary, _ in series])
             ax.set_xlabel(dim_label + ", log scale")
             ax.set_ylabel(quantity_label)
             ax.grid(alpha=0.3, which="both")
-    handles, names = [], []
-    for ax in axes:
-        for handle, name in zip(*ax.get_legend_handles_labels()):
-            if name not in names:
-                handles.append(handle)
-                names.append(name)
-    if handles:
-        figure.legend(handles, names, loc="upper right", fontsize=8)
-    figure.suptitle("scale suite: time per epoch and peak memory against N, D and L", fontsize=11)
+    handles, names = axes[0].get_legend_handles_labels()
+    figure.legend(handles, names, loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize=9)
+    figure.suptitle("scale suite: time per epoch and peak memory against N, D and L "
+                    "(lines join sets that differ in that dimension only)", fontsize=11)
     _save(figure, path)
     return True
 
@@ -230,10 +232,10 @@ def make_plots(records, out_dir, quality: bool = True) -> dict:
     folder = out_dir / PLOTS_DIR
     folder.mkdir(parents=True, exist_ok=True)
     summaries = [s for s in summarise(records) if s.records]
-    colours = _colours(list(dict.fromkeys([s.label for s in summaries] + [s.model for s in summaries])))
+    colours = _colours(list(dict.fromkeys(s.label for s in summaries)))
     made: dict[str, list] = {}
     if not quality:
-        if _scale_plot(summaries, folder / "scale.png", colours):
+        if _scale_plot(summaries, folder / "scale.png"):
             made["scale"] = [("time per epoch and peak memory against N, D and L", f"{PLOTS_DIR}/scale.png")]
         return made
     for dataset in dict.fromkeys(s.dataset for s in summaries):

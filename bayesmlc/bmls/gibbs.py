@@ -187,29 +187,29 @@ def sweep_feature_weights(csc_indptr, csc_indices, gamma_draws, h, theta, exposu
     updated in place.
     """
     n_features, n_topics = h.shape
-    total = np.empty(n_topics)
+    factor = np.empty(n_topics)
     for d in range(n_features):
         start = csc_indptr[d]
         stop = csc_indptr[d + 1]
-        total[:] = 0.0
+        factor[:] = 0.0
         if use_exposure:
             for p in range(start, stop):
                 n = csc_indices[p]
                 for k in range(n_topics):
-                    total[k] += theta[n, k] * exposure[n, k]
+                    factor[k] += theta[n, k] * exposure[n, k]
         else:
             for p in range(start, stop):
                 n = csc_indices[p]
                 for k in range(n_topics):
-                    total[k] += theta[n, k]
+                    factor[k] += theta[n, k]
         for k in range(n_topics):
-            new_h = gamma_draws[d, k] / (nu0 + total[k] / h[d, k])
-            total[k] = new_h / h[d, k]  # reuse the buffer for the ratio
+            new_h = gamma_draws[d, k] / (nu0 + factor[k] / h[d, k])
+            factor[k] = new_h / h[d, k]  # the buffer now holds the ratio h' / h
             h[d, k] = new_h
         for p in range(start, stop):
             n = csc_indices[p]
             for k in range(n_topics):
-                theta[n, k] *= total[k]
+                theta[n, k] *= factor[k]
 
 
 def theta_from_log_h(x_csr: sp.csr_matrix, h: np.ndarray) -> np.ndarray:

@@ -187,8 +187,8 @@ class BMLS(MultiLabelEstimator):
             return None
         if isinstance(spec, (bool, np.bool_)):
             matrix = cooccurrence_matrix(Y)
-        elif sp.issparse(spec) or isinstance(spec, np.ndarray):
-            matrix = spec
+        elif sp.issparse(spec) or isinstance(spec, (np.ndarray, list, tuple)):
+            matrix = sp.csr_matrix(np.asarray(spec)) if isinstance(spec, (list, tuple)) else spec
         else:
             raise ValidationError(f"cooccurrence must be True, False or an (L, L) matrix, got {type(spec).__name__}")
         return _pairs_from_matrix(matrix, Y.shape[1])

@@ -18,7 +18,6 @@ from scipy.special import logsumexp
 __all__ = [
     "zero_truncated_poisson",
     "crt",
-    "crt_sum",
     "log_gamma_variates",
     "dirichlet_columns",
     "allocate_label_tokens",
@@ -74,11 +73,6 @@ def crt(counts: np.ndarray, concentration, rng: np.random.Generator) -> np.ndarr
     r_tok = r[owner]
     new_table = rng.random(total) * (r_tok + seat) < r_tok
     return np.bincount(owner, weights=new_table, minlength=flat.size).astype(np.int64).reshape(counts.shape)
-
-
-def crt_sum(counts: np.ndarray, concentration, rng: np.random.Generator) -> int:
-    """Sum of :func:`crt` over all entries."""
-    return int(crt(counts, concentration, rng).sum())
 
 
 def log_gamma_variates(shape: np.ndarray, rng: np.random.Generator) -> np.ndarray:

@@ -15,9 +15,13 @@ Both are "precision weights omega, targets beta" Gaussian draws. Three exact sam
 * ``woodbury``: N < D, the sampler of Bhattacharya, Chakraborty and Mallick (2016), which only factors
   (C, N, N) matrices I + diag(sqrt omega_c) Z Sigma0 Z^T diag(sqrt omega_c);
 * ``cg``: large sparse problems; "perturb then solve": P_c w = Z^T beta_c + Z^T (sqrt(omega_c) e1) +
-  Sigma0^-1/2 e2 has solution ~ N(P_c^-1 Z^T beta_c, P_c^-1), solved by Jacobi-preconditioned conjugate
-  gradients batched over labels and warm-started from the previous draw (the solve is to a relative
-  residual ``cg_tol``; the draw is exact up to that tolerance).
+  Sigma0^-1/2 e2 has solution ~ N(P_c^-1 Z^T beta_c, P_c^-1), solved by conjugate gradients batched
+  over labels, preconditioned by one Cholesky factor shared by all labels and warm-started from the
+  previous draw (the solve is to a relative residual ``cg_tol``; the draw is exact up to that).
+
+Before the sweeps, ``n_mode_steps`` damped Newton (logistic) or EM (svm) steps move the chain to the
+posterior mode. ``inference="variational"`` swaps the draws for the mean-field variational updates
+(q(omega) = PG(1, xi), factorised Gaussian q(w)) with the same solvers.
 
 Online (eq. 7): averaged stochastic gradient descent on the L2-regularised loss, step 1 / (lambda (t + t0)).
 Masked (unobserved) label entries get omega = beta = 0: they drop out of the likelihood.
@@ -417,13 +421,3 @@ class SGDClassifier:
         self.steps = int(state["steps"])
         self.n_averaged = int(state["n_averaged"])
         self.alpha = float(state["alpha"])
-
-
-def log_sigmoid(x: np.ndarray) -> np.ndarray:
-    return -np.logaddexp(0.0, -x)
-
-
-def logit(p: np.ndarray) -> np.ndarray:
-    p = np.clip(p, 1e-7, 1 - 1e-7)
-    return np.log(p) - np.log1p(-p)
-

@@ -9,7 +9,6 @@ import time
 
 import numpy as np
 import scipy.sparse as sp
-import torch
 from tqdm.auto import tqdm
 
 from ..base import MultiLabelEstimator
@@ -159,6 +158,7 @@ class BNMC(MultiLabelEstimator):
         standardize="auto",
         count_rule="auto",
         validation_fraction=0.2,
+        refit=True,
         sgd_alpha=None,
         sgd_eta0=200.0,
         unlabeled_rows="missing",
@@ -187,6 +187,7 @@ class BNMC(MultiLabelEstimator):
         self.standardize = standardize
         self.count_rule = count_rule
         self.validation_fraction = validation_fraction
+        self.refit = refit
         self.sgd_alpha = sgd_alpha
         self.sgd_eta0 = sgd_eta0
         self.unlabeled_rows = unlabeled_rows
@@ -279,7 +280,7 @@ class BNMC(MultiLabelEstimator):
             return X.astype(np.float64)
         return (X.toarray() - self.feature_mean_) / self.feature_scale_ if self.standardized_ else X.toarray()
 
-    def _new_mixture(self, X_mix) -> DPMixture:
+    def _new_mixture(self) -> DPMixture:
         D = self.n_features_in_
         if self.emission_ == "dirichlet":
             emission = DirichletEmission(D, self.feature_prior)
@@ -331,6 +332,8 @@ class BNMC(MultiLabelEstimator):
         mask, labelled = self._entry_mask(Y, label_mask)
         if not labelled.any():
             raise ValidationError("Y has no labelled row: BNMC needs at least one observed label vector")
+        if label_mask is None and not labelled.all():  # empty rows are missing, not negative
+            self.label_prior_ = (self.label_frequencies_ + 0.5) / (mask.sum(axis=0) + 1.0)
         self.count_sums_ = np.zeros(3)
         self.label_count_mean_, self.label_count_std_ = 1.0, 0.0
         self._update_count_stats(Y, mask, labelled)
@@ -339,7 +342,7 @@ class BNMC(MultiLabelEstimator):
 
         X_mix_all = self._mixture_features(X)
         Y_mix = Y  # masked entries are already zero, and unlabelled rows are empty: section 3.4
-        self._mixture = self._new_mixture(X_mix_all)
+        self._mixture = self._new_mixture()
         self._mixture.initialise(X_mix_all, Y_mix, float(n), rng)
         n_batches = -(-n // self.batch_size)
         total_steps = self.n_passes * n_batches + self._classifier_steps(n)
@@ -365,7 +368,7 @@ class BNMC(MultiLabelEstimator):
     def _classifier_steps(self, n: int) -> int:
         if self.online:
             return self.n_passes * -(-n // self.batch_size)
-        refit = max(2, self.n_sweeps // 2) + 1 if float(self.validation_fraction) > 0 else 0
+        refit = max(2, self.n_sweeps // 2) + 1 if float(self.validation_fraction) > 0 and self.refit else 0
         return self.n_mode_steps + self.n_sweeps + refit
 
     def _rho(self) -> float:
@@ -441,6 +444,7 @@ class BNMC(MultiLabelEstimator):
         if val_rows.size:
             self.classifier_samples_, self.classifier_variances_ = samples, variances
             self._calibrate(Z[val_rows], Y[val_rows], mask[val_rows])
+        if val_rows.size and self.refit:
             # refit on every labelled row, starting from the posterior mean of the first fit
             n_refit = max(2, self.n_sweeps // 2)
             design = Design(Z[rows], device, dense=dense)
@@ -463,8 +467,8 @@ class BNMC(MultiLabelEstimator):
     # ---- calibration ----------------------------------------------------------------------------
     def _calibrate(self, Z_val, Y_val, mask_val) -> None:
         """Fit (a, b, d) of logit p = a s_clf + b s_pattern + d by Newton's method on the observed
-        validation entries; then the threshold (and, with ``count_rule="auto"``, the rule) that
-        maximise example-F1 + exact match on the validation rows."""
+        validation entries; then the threshold (near-best example-F1, then best exact match) and, with
+        ``count_rule="auto"``, the rule with the best example-F1 + exact match on the validation rows."""
         self._finish_mixture()
         X_val = self._raw_from_classifier(Z_val)
         s_clf, s_pat = self._evidence(Z_val, X_val)
@@ -478,8 +482,14 @@ class BNMC(MultiLabelEstimator):
         def quality(pred):  # the selection criterion: example-F1 + exact match
             return _example_f1(Y_val, mask_val, pred) + _exact_match(Y_val, mask_val, pred)
 
-        scores = {float(t): quality(_threshold_rows(proba, t)) for t in np.linspace(0.05, 0.95, 37)}
-        self.threshold_ = max(scores, key=scores.get)
+        # the threshold: among those within 0.01 of the best validation example-F1, the one with the
+        # best exact match (ties: the highest threshold, the smallest label sets)
+        grid = np.linspace(0.05, 0.95, 37)
+        preds = [_threshold_rows(proba, t) for t in grid]
+        f1 = np.array([_example_f1(Y_val, mask_val, pred) for pred in preds])
+        exact = np.array([_exact_match(Y_val, mask_val, pred) for pred in preds])
+        near = np.flatnonzero(f1 >= f1.max() - 0.01)
+        self.threshold_ = float(grid[near[np.lexsort((grid[near], exact[near]))[-1]]])
         if self.count_rule == "auto":
             candidates = {rule: quality(self._rule_predictions(proba, rule, None)) for rule in ("threshold", "count", "expected")}
             self.count_rule_ = max(candidates, key=candidates.get)
@@ -622,7 +632,7 @@ class BNMC(MultiLabelEstimator):
         X_mix = self._mixture_features(X)
         Y_mix = Y
         if first:
-            self._mixture = self._new_mixture(X_mix)
+            self._mixture = self._new_mixture()
             self._mixture.initialise(X_mix, Y_mix, float(n), rng)
         else:
             self._svi_step(X_mix, Y_mix, self.n_seen_)
@@ -671,7 +681,7 @@ class BNMC(MultiLabelEstimator):
         mixture_state = state.pop("mixture_state")
         sgd_state = state.pop("sgd_state")
         super()._set_state(state)
-        self._mixture = self._new_mixture(None)
+        self._mixture = self._new_mixture()
         self._mixture.set_state(mixture_state)
         self._mixture.emission.set_state({k.split(".", 1)[1]: v for k, v in mixture_state.items() if k.startswith("emission.")})
         self._sgd = None

@@ -185,8 +185,8 @@ class MLGPF(MultiLabelEstimator):
         batch_size_growth=0,
         batch_size_every=10,
         max_batch_size=None,
-        epochs=100,
-        learning_rate=0.01,
+        epochs=50,
+        learning_rate=0.03,
         variational_learning_rate=None,
         negative_samples=None,
         quadrature_points=10,
@@ -329,8 +329,8 @@ class MLGPF(MultiLabelEstimator):
             basis, US, used_rows = truncated_svd(X, rank, seed, self.svd_max_rows)
             arrays["basis"] = basis
             arrays["A"] = kmeans_centres(US, M, seed)  # A init: k-means on U S (sec. 2.2)
-            if used_rows is None and n * rank <= PROJECTION_CACHE_ENTRIES:
-                projection = US  # X X~^T for every training row
+            if n * rank <= PROJECTION_CACHE_ENTRIES:  # X X~^T for every training row
+                projection = US if used_rows is None else np.asarray(X @ basis.T, dtype=np.float32)
         elif self.inducing == "free":
             arrays["Z"] = kmeans_centres(X, M, seed)
         else:  # fixed: a random subset of training rows

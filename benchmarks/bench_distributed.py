@@ -1,0 +1,147 @@
+"""Throughput of data-parallel MLGPF training: rows per second for 1 and W processes.
+
+    python benchmarks/bench_distributed.py --procs 1 2 --threads 1 [--device cpu|cuda] [--json out.json]
+
+Every configuration trains the same model on the same synthetic data with the same global batch
+size. "1" is a plain single-process fit (no process group); W > 1 starts W processes on 127.0.0.1
+(gloo on CPUs, nccl with --device cuda, one GPU per process) with ``DataParallel``. Throughput is
+measured over the epochs after the first (initialisation, SVD and warm-up excluded):
+rows / (wall time of the last epoch end - wall time of the first epoch end).
+
+The machine load (``uptime``) is printed beside the numbers: timings on a shared machine are noisy.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+import torch
+import torch.multiprocessing as mp
+
+COMM_REPEATS = 20
+
+
+def _settings(args) -> dict:
+    return dict(
+        n_latent=args.latent, n_inducing=args.inducing, subspace_rank=args.rank, batch_size=args.batch_size,
+        epochs=args.epochs, negative_samples=args.negative_samples, learning_rate=0.01, random_state=0,
+    )
+
+
+def _data(args):
+    from bayesmlc.data.synthetic import make_multilabel
+
+    data = make_multilabel(args.n_samples, args.n_features, args.n_labels, random_state=0)
+    return data.X, data.Y
+
+
+def _throughput(model, n_rows: int) -> float:
+    times = model.history_["wall_time"]
+    return n_rows * (len(times) - 1) / (times[-1] - times[0])
+
+
+def _single(args) -> dict:
+    from bayesmlc.gp import MLGPF
+
+    torch.set_num_threads(args.threads)
+    X, Y = _data(args)
+    model = MLGPF(device=args.device, **_settings(args)).fit(X, Y)
+    return {"rows_per_s": _throughput(model, X.shape[0]), "objective": model.history_["objective"][-1]}
+
+
+def _worker(rank, world_size, port, args, out):
+    from bayesmlc.distributed import DataParallel
+    from bayesmlc.gp import MLGPF
+
+    os.environ.update(
+        RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world_size), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)
+    )
+    torch.set_num_threads(args.threads)
+    parallel = DataParallel.from_env(backend="nccl" if args.device == "cuda" else "gloo")
+    X, Y = _data(args)
+    model = MLGPF(device=parallel.device, **_settings(args)).fit(X, Y, parallel=parallel)
+    # the cost of one step's collectives alone: failure/consistency check + flattened gradient all-reduce
+    params = [p for p in model._module.parameters() if p.requires_grad]
+    for param in params:
+        param.grad = torch.ones_like(param)
+    started = time.perf_counter()
+    for _ in range(COMM_REPEATS):
+        parallel.reduce_gradients(params, torch.tensor(0.0))
+    comm_ms = 1000 * (time.perf_counter() - started) / COMM_REPEATS
+    if parallel.is_main:
+        with open(out, "w") as handle:
+            json.dump({"rows_per_s": _throughput(model, X.shape[0]), "objective": model.history_["objective"][-1],
+                       "comm_ms_per_step": comm_ms, "gradient_floats": sum(p.numel() for p in params)}, handle)
+    parallel.close()
+
+
+def _distributed(args, world_size: int) -> dict:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    with tempfile.TemporaryDirectory() as folder:
+        out = os.path.join(folder, "result.json")
+        mp.start_processes(_worker, args=(world_size, port, args, out), nprocs=world_size, start_method="spawn")
+        with open(out) as handle:
+            return json.load(handle)
+
+
+def _uptime() -> str:
+    try:
+        return subprocess.run(["uptime"], capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "uptime unavailable"
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--procs", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--threads", type=int, default=1, help="torch threads per process")
+    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    parser.add_argument("--n-samples", type=int, default=6000)
+    parser.add_argument("--n-features", type=int, default=2000)
+    parser.add_argument("--n-labels", type=int, default=1000)
+    parser.add_argument("--latent", type=int, default=30)
+    parser.add_argument("--inducing", type=int, default=100)
+    parser.add_argument("--rank", type=int, default=200)
+    parser.add_argument("--batch-size", type=int, default=500)
+    parser.add_argument("--epochs", type=int, default=3)
+    parser.add_argument("--negative-samples", type=int, default=None)
+    parser.add_argument("--json", help="write the results here")
+    args = parser.parse_args(argv)
+    if args.device == "cuda" and max(args.procs) > torch.cuda.device_count():
+        parser.error(f"--procs {max(args.procs)} needs that many GPUs; this machine has {torch.cuda.device_count()}")
+
+    results = []
+    for procs in args.procs:
+        load_before = _uptime()
+        started = time.perf_counter()
+        result = _single(args) if procs == 1 else _distributed(args, procs)
+        result.update(procs=procs, threads_per_proc=args.threads, device=args.device, uptime_before=load_before,
+                      uptime_after=_uptime(), wall_s=time.perf_counter() - started)
+        results.append(result)
+        comm = f", collectives {result['comm_ms_per_step']:.1f} ms/step" if "comm_ms_per_step" in result else ""
+        print(f"procs={procs} threads/proc={args.threads} device={args.device}: {result['rows_per_s']:.0f} rows/s "
+              f"(final objective {result['objective']:.8g}{comm}); load: {load_before.split('load average:')[-1].strip()}",
+              flush=True)
+    base = results[0]["rows_per_s"]
+    for result in results:
+        result["speedup"] = result["rows_per_s"] / base
+    record = {"problem": {k: v for k, v in vars(args).items() if k not in ("json", "procs")}, "results": results,
+              "torch": torch.__version__, "cpu_count": os.cpu_count()}
+    if args.json:
+        with open(args.json, "w") as handle:
+            json.dump(record, handle, indent=2)
+    print(json.dumps({r["procs"]: round(r["speedup"], 3) for r in results}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
