@@ -67,8 +67,8 @@ def setup(model: MLGPF, X, Y, rng):
     """Model initialisation as in fit (with the ridge warm start); returns (module, projection, optimizer, seconds)."""
     model._check_params(X.shape[0])
     t0 = time.perf_counter()
-    arrays, projection = model._initial_arrays(X, Y, rng)
-    module = model._build_module(arrays, Y.shape[1])
+    module = model._build_module(model._initial_arrays(X, Y, rng), Y.shape[1])
+    projection = model._training_projection(module, X)
     if model.init_mean == "ridge":
         model._warm_start_mean(module, X, Y, projection, rng)
     optimizer = make_optimizer(module, model.learning_rate, model.variational_learning_rate)

@@ -2,9 +2,7 @@
 kNN baseline against a brute-force computation; one end-to-end run through the real CLI."""
 
 import json
-import os
 import stat
-import sys
 
 import numpy as np
 import pytest
@@ -14,7 +12,7 @@ from bayesmlc.bench import baselines
 from bayesmlc.bench.baselines import KNNBaseline, missing_dependency
 from bayesmlc.bench.cli import main as bench_main
 from bayesmlc.bench.plots import make_plots
-from bayesmlc.bench.report import format_cell, render_report, summarise
+from bayesmlc.bench.report import format_cell, render_report
 from bayesmlc.bench.runner import (
     CLIRunner, RunFailure, RunSpec, epoch_timing, plan_runs, read_results, run_suite,
 )

@@ -179,3 +179,12 @@ def test_plot_history_writes_an_image(tmp_path):
         assert handle.read(8) == b"\x89PNG\r\n\x1a\n"
     with pytest.raises(ValueError, match="wall_time"):
         plot_history({"wall_time": [1.0], "objective": []}, tmp_path / "bad.png")
+
+
+def test_float64_training_agrees_with_float32():
+    X, Y, _ = _planted(seed=9, n=300)
+    single = MLGPF(epochs=3, **SMALL).fit(X, Y)
+    double = MLGPF(epochs=3, dtype="float64", **SMALL).fit(X, Y)
+    assert double.parameters_["Phi"].dtype == torch.float64
+    a, b = single.decision_function(X), double.decision_function(X)
+    assert np.abs(a - b).max() < 1e-2 * np.abs(b).max()

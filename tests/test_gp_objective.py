@@ -113,8 +113,7 @@ def test_gradients_pass_finite_difference_check(kernel, inducing, variational):
     model = MLGPF(n_latent=2, n_inducing=3, kernel=kernel, ard=True, inducing=inducing, subspace_rank=3,
                   variational=variational, init_factors="random", random_state=0)
     model._check_params(12)
-    arrays, _ = model._initial_arrays(X, Y, np.random.default_rng(0))
-    module = model._build_module(arrays, 4).to(DT)
+    module = model._build_module(model._initial_arrays(X, Y, np.random.default_rng(0)), 4).to(DT)
     with torch.no_grad():  # move away from the symmetric initial values
         for p in module.parameters():
             p.add_(0.1 * torch.as_tensor(rng.standard_normal(tuple(p.shape)), dtype=DT))

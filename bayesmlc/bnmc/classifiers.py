@@ -29,6 +29,8 @@ Masked (unobserved) label entries get omega = beta = 0: they drop out of the lik
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import scipy.sparse as sp
 import torch
@@ -88,12 +90,14 @@ class Design:
 
 def _csr(matrix: sp.csr_matrix, device) -> torch.Tensor:
     matrix = sp.csr_matrix(matrix, dtype=np.float32)
-    return torch.sparse_csr_tensor(
-        torch.from_numpy(matrix.indptr.astype(np.int64)),
-        torch.from_numpy(matrix.indices.astype(np.int64)),
-        torch.from_numpy(matrix.data),
-        size=matrix.shape,
-    ).to(device)
+    with warnings.catch_warnings():  # torch's "sparse CSR support is in beta" notice, once per tensor
+        warnings.simplefilter("ignore", UserWarning)
+        return torch.sparse_csr_tensor(
+            torch.from_numpy(matrix.indptr.astype(np.int64)),
+            torch.from_numpy(matrix.indices.astype(np.int64)),
+            torch.from_numpy(matrix.data),
+            size=matrix.shape,
+        ).to(device)
 
 
 def choose_solver(n: int, n_features: int, n_labels: int, density: float) -> str:

@@ -312,12 +312,23 @@ class MLGPF(MultiLabelEstimator):
         return _normalize_rows(X) if self.normalize_features else X
 
     # ---- construction -------------------------------------------------------------------------
-    def _initial_arrays(self, X, Y, rng):
-        """Data-driven initial values: inducing inputs, Phi, b; plus the cached training projections."""
+    @staticmethod
+    def _training_projection(module, X) -> np.ndarray | None:
+        """X X~^T (= U S) for every training row, when subspace inputs are used and it takes at most
+        ``PROJECTION_CACHE_ENTRIES`` entries; the same computation as for test rows, so a resumed run
+        and a fresh one see identical numbers."""
+        inducing = module.inducing
+        if not isinstance(inducing, SubspaceInducing) or X.shape[0] * inducing.rank > PROJECTION_CACHE_ENTRIES:
+            return None
+        with torch.no_grad():
+            return inducing.project(X).cpu().numpy()
+
+    def _initial_arrays(self, X, Y, rng) -> dict:
+        """Data-driven initial values: inducing inputs, Phi, b."""
         M, P = self.n_inducing, self.n_latent
         n, D = X.shape
         seed = int(rng.integers(2**31 - 1))
-        arrays, projection = {}, None
+        arrays = {}
         if self.inducing.startswith("subspace"):
             rank = min(self.subspace_rank, n, D)
             if rank < self.subspace_rank:
@@ -326,11 +337,9 @@ class MLGPF(MultiLabelEstimator):
                     UserWarning,
                     stacklevel=4,
                 )
-            basis, US, used_rows = truncated_svd(X, rank, seed, self.svd_max_rows)
+            basis, US, _ = truncated_svd(X, rank, seed, self.svd_max_rows)
             arrays["basis"] = basis
             arrays["A"] = kmeans_centres(US, M, seed)  # A init: k-means on U S (sec. 2.2)
-            if n * rank <= PROJECTION_CACHE_ENTRIES:  # X X~^T for every training row
-                projection = US if used_rows is None else np.asarray(X @ basis.T, dtype=np.float32)
         elif self.inducing == "free":
             arrays["Z"] = kmeans_centres(X, M, seed)
         else:  # fixed: a random subset of training rows
@@ -338,7 +347,7 @@ class MLGPF(MultiLabelEstimator):
         prior = np.clip((np.bincount(Y.indices, minlength=Y.shape[1]) + 0.5) / (n + 1.0), 1e-6, 1 - 1e-6)
         arrays["bias"] = _logit(prior).astype(np.float32)
         arrays["Phi"] = self._initial_factors(Y, rng)
-        return arrays, projection
+        return arrays
 
     def _initial_factors(self, Y, rng) -> np.ndarray:
         """(L, P) loadings: N(0, 1/P) draws (the authors' code), or a warm start from the top-P right
@@ -448,20 +457,14 @@ class MLGPF(MultiLabelEstimator):
         n_train = X_tr.shape[0]
 
         if checkpoint is None:
-            arrays, projection = self._initial_arrays(X_tr, Y_tr, rng)
-            module = self._build_module(arrays, Y.shape[1]).to(device=device, dtype=dtype)
-            if self.init_mean == "ridge":
-                self._warm_start_mean(module, X_tr, Y_tr, projection, rng)
+            module = self._build_module(self._initial_arrays(X_tr, Y_tr, rng), Y.shape[1]).to(device=device, dtype=dtype)
         else:
             module = self._build_module(_structural_arrays(checkpoint["parameters"]), Y.shape[1])
             module.load_state_dict(checkpoint["parameters"])
             module = module.to(device=device, dtype=dtype)
-            projection = None
-            if isinstance(module.inducing, SubspaceInducing) and n_train * module.inducing.rank <= PROJECTION_CACHE_ENTRIES:
-                projection = module.inducing.project(X_tr).cpu().numpy()
-        if isinstance(module.inducing, SubspaceInducing) and projection is not None:
-            # U S from the SVD equals X X~^T; keep it in the working dtype
-            projection = np.asarray(projection, dtype=np.float32 if dtype == torch.float32 else np.float64)
+        projection = self._training_projection(module, X_tr)
+        if checkpoint is None and self.init_mean == "ridge":
+            self._warm_start_mean(module, X_tr, Y_tr, projection, rng)
         likelihood = BernoulliLogit(self.quadrature_points)
         optimizer = make_optimizer(module, self.learning_rate, self.variational_learning_rate)
         history = {
