@@ -380,7 +380,8 @@ class _OmikujiTrees(_FileBackedModel):
     """omikuji partitioned label trees; subclasses fix the clustering preset.
 
     Scores are omikuji's beam-search label scores for the ``predict_top_k`` best labels per row (all
-    labels by default); labels the beam never reaches score 0. omikuji takes no seed, so repeated
+    labels by default, with a beam wide enough to reach them all); labels the beam never reaches
+    score 0. omikuji takes no seed, so repeated
     fits can differ slightly whatever ``random_state`` says.
     """
 
@@ -419,12 +420,15 @@ class _OmikujiTrees(_FileBackedModel):
     def _proba_batch(self, X) -> np.ndarray:
         model = self._model()
         top_k = self.n_labels_ if self.predict_top_k is None else min(int(self.predict_top_k), self.n_labels_)
+        # scoring every label needs a beam as wide as the widest tree level (at most L nodes)
+        beam_size = int(self.beam_size) if self.beam_size is not None else (
+            self.n_labels_ if self.predict_top_k is None else 10)
         rows = []
         with _stdout_to_stderr():
             for i in range(X.shape[0]):
                 start, stop = X.indptr[i], X.indptr[i + 1]
                 pairs = list(zip(X.indices[start:stop].tolist(), X.data[start:stop].tolist()))
-                rows.append(model.predict(pairs, beam_size=int(self.beam_size), top_k=top_k))
+                rows.append(model.predict(pairs, beam_size=beam_size, top_k=top_k))
         return _scores_from_pairs(rows, self.n_labels_)
 
 
@@ -435,7 +439,9 @@ class OmikujiParabel(_OmikujiTrees):
     ----------
     n_trees : int, default 3
     linear_c : float, default 1.0
-    beam_size : int, default 10
+    beam_size : int or None, default None
+        Beam width of the tree search. None: wide enough to reach every label when
+        ``predict_top_k`` is None (so AUC ranks all labels), else omikuji's default 10.
     standardize : {"auto", True, False}, default "auto"
         Centre and scale dense real features first (as :class:`KNNBaseline`).
     predict_top_k : int or None, default None (every label)
@@ -445,7 +451,7 @@ class OmikujiParabel(_OmikujiTrees):
 
     _preset = "parabel"
 
-    def __init__(self, n_trees=3, linear_c=1.0, beam_size=10, standardize="auto", predict_top_k=None,
+    def __init__(self, n_trees=3, linear_c=1.0, beam_size=None, standardize="auto", predict_top_k=None,
                  n_threads=None, random_state=None, device="auto", verbose=False):
         self.n_trees = n_trees
         self.linear_c = linear_c
@@ -466,7 +472,7 @@ class OmikujiBonsai(_OmikujiTrees):
 
     _preset = "bonsai"
 
-    def __init__(self, n_trees=3, linear_c=1.0, beam_size=10, standardize="auto", predict_top_k=None,
+    def __init__(self, n_trees=3, linear_c=1.0, beam_size=None, standardize="auto", predict_top_k=None,
                  n_threads=None, random_state=None, device="auto", verbose=False):
         self.n_trees = n_trees
         self.linear_c = linear_c

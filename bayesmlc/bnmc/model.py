@@ -332,8 +332,9 @@ class BNMC(MultiLabelEstimator):
         mask, labelled = self._entry_mask(Y, label_mask)
         if not labelled.any():
             raise ValidationError("Y has no labelled row: BNMC needs at least one observed label vector")
+        self.observed_counts_ = mask.sum(axis=0).astype(np.int64)  # observed entries per label
         if label_mask is None and not labelled.all():  # empty rows are missing, not negative
-            self.label_prior_ = (self.label_frequencies_ + 0.5) / (mask.sum(axis=0) + 1.0)
+            self.label_prior_ = (self.label_frequencies_ + 0.5) / (self.observed_counts_ + 1.0)
         self.count_sums_ = np.zeros(3)
         self.label_count_mean_, self.label_count_std_ = 1.0, 0.0
         self._update_count_stats(Y, mask, labelled)
@@ -598,16 +599,16 @@ class BNMC(MultiLabelEstimator):
             Y = self._check_stream_labels(Y_batch, X.shape[0])
             if label_mask is not None:
                 _, Y, label_mask = check_fit_inputs(X, Y, _pad_columns(label_mask, self.n_labels_, "label_mask"))
-        rng = numpy_rng(self.random_state) if first else getattr(self, "_stream_rng", None) or numpy_rng(self.random_state)
+        if first or getattr(self, "_stream_rng", None) is None:
+            self._stream_rng = numpy_rng(self.random_state)
+            self._stream_start = time.perf_counter()
+        rng = self._stream_rng
         n = X.shape[0]
         mask, labelled = self._entry_mask(Y, label_mask)
         if first:
-            start = time.perf_counter()
             self.n_features_in_ = X.shape[1]
             self.n_labels_ = Y.shape[1]
             self.history_ = {"wall_time": [], "objective": []}
-            self._stream_start = start
-            self._stream_rng = rng
             self._setup_preprocessing(X)
             self.count_sums_ = np.zeros(3)
             self.label_count_mean_, self.label_count_std_ = 1.0, 0.0
@@ -620,8 +621,6 @@ class BNMC(MultiLabelEstimator):
             self.count_rule_ = "expected" if self.count_rule == "auto" else self.count_rule
             self.classifier_samples_ = self.classifier_variances_ = None
             self.classifier_trace_ = np.zeros(0)
-        elif not hasattr(self, "observed_counts_"):  # batch-fitted model: rebuild the running totals
-            self.observed_counts_ = np.full(self.n_labels_, self.n_seen_, dtype=np.int64)
         self.label_frequencies_ = self.label_frequencies_ + np.bincount(Y.indices, minlength=self.n_labels_)
         self.observed_counts_ = self.observed_counts_ + mask.sum(axis=0).astype(np.int64)
         self.label_prior_ = (self.label_frequencies_ + 0.5) / (self.observed_counts_ + 1.0)
@@ -647,7 +646,7 @@ class BNMC(MultiLabelEstimator):
                          np.flatnonzero(labelled), rng, None, passes=1)
         self._finish_mixture()
         elbo = self._mixture.local_elbo(X_mix, Y_mix) * (self.n_seen_ / n) - self._mixture.global_kl()
-        self.history_["wall_time"].append(time.perf_counter() - getattr(self, "_stream_start", time.perf_counter()))
+        self.history_["wall_time"].append(time.perf_counter() - self._stream_start)
         self.history_["objective"].append(float(elbo))
         self.history_.setdefault("pass", []).append(len(self.history_["objective"]))
         self.history_.setdefault("n_patterns", []).append(int(self.n_patterns_))
