@@ -104,8 +104,12 @@ class BNMC(MultiLabelEstimator):
         match on the validation split (``count_rule_``).
     validation_fraction : float, default 0.2
         Share of the labelled training rows held out to calibrate the combination of classifier and
-        pattern evidence and to tune the threshold; the classifiers are then refitted on all rows.
-        0 disables calibration (the plain product of eq. 8) and "threshold" falls back to 0.5.
+        pattern evidence and to tune the threshold (and the count rule). 0 disables calibration
+        (the plain product of eq. 8; "threshold" then uses 0.5 and "auto" means "expected").
+    refit : bool, default True
+        After calibration, refit the batch classifiers on all labelled rows (warm-started from the
+        first fit: one mode step and max(2, n_sweeps // 2) sweeps). Online mode instead streams the
+        held-out rows into the SGD classifiers.
     sgd_alpha : float or None, default None
         lambda of the online SGD (eq. 7). None: 1 / n_train in ``fit`` (the paper's 32 / n_train
         underfits here, see docs/bnmc.md) and 1e-3 when ``partial_fit`` starts a model.
@@ -238,6 +242,8 @@ class BNMC(MultiLabelEstimator):
             raise ValidationError(f"n_mode_steps must be a non-negative integer, got {self.n_mode_steps!r}")
         if not isinstance(self.online, (bool, np.bool_)):
             raise ValidationError(f"online must be True or False, got {self.online!r}")
+        if not isinstance(self.refit, (bool, np.bool_)):
+            raise ValidationError(f"refit must be True or False, got {self.refit!r}")
         if not 0.0 <= float(self.validation_fraction) < 1.0:
             raise ValidationError(f"validation_fraction must be in [0, 1), got {self.validation_fraction!r}")
         if self.sgd_alpha is not None and not float(self.sgd_alpha) > 0:
