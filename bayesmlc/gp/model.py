@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from ..base import MultiLabelEstimator
+from ..distributed import SingleProcess
 from ..exceptions import ModelFormatError, ValidationError
 from ..utils import numpy_rng, resolve_device
 from .inducing import (
@@ -27,7 +28,7 @@ from .inducing import (
 )
 from .kernels import KERNEL_NAMES, make_kernel
 from .likelihoods import BernoulliLogit
-from .objective import data_term_full, data_term_sampled, sample_label_entries, utility_moments
+from .objective import LabelEntries, data_term_full, data_term_sampled, sample_label_entries, utility_moments
 from .training import (
     TrainingDivergedError,
     all_finite,
@@ -105,7 +106,8 @@ def minibatch_elbo(module, likelihood, batch, targets, n_total, kl_weight, jitte
     kl = module.variational.kl(prep).sum()
     clock.lap("kl")
     n_batch = batch.sq_norm.shape[0]
-    return (n_total / n_batch) * data - kl_weight * kl, kl, mean_h, prep.jitter
+    scale = n_total / n_batch if n_batch else 0.0  # a data-parallel rank may get no rows of a short batch
+    return scale * data - kl_weight * kl, kl, mean_h, prep.jitter
 
 
 def _logit(p):
@@ -174,7 +176,7 @@ class MLGPF(MultiLabelEstimator):
 
     def __init__(
         self,
-        n_latent=30,
+        n_latent=100,
         n_inducing=200,
         kernel="linear",
         ard=False,
@@ -415,25 +417,42 @@ class MLGPF(MultiLabelEstimator):
         projected = None if (projection is None or rows is None) else projection[rows]
         return module.inducing.make_batch(X_rows, projected)
 
-    def _targets(self, Y, mask, rows, rng, device, dtype):
+    def _targets(self, Y, mask, rows, rng, device, dtype, local=slice(None)):
+        """Targets of ``rows[local]`` (this process's share of the batch ``rows``)."""
         Y_rows = Y[rows]
         mask_rows = None if mask is None else mask[rows]
+        start, stop, _ = local.indices(len(rows))
         if self.negative_samples is None:
+            Y_rows = Y_rows[start:stop]
+            mask_rows = None if mask_rows is None else mask_rows[start:stop]
             Y_dense = torch.as_tensor(Y_rows.toarray(), device=device, dtype=dtype)
             mask_dense = None if mask_rows is None else torch.as_tensor(mask_rows.toarray(), device=device, dtype=dtype)
             return ("full", Y_dense, mask_dense), Y_rows
-        return ("sampled", sample_label_entries(Y_rows, mask_rows, self.negative_samples, rng)), Y_rows
+        # negatives are drawn for the whole batch: every data-parallel process consumes the same random stream
+        entries = sample_label_entries(Y_rows, mask_rows, self.negative_samples, rng)
+        keep = (entries.rows >= start) & (entries.rows < stop)
+        entries = LabelEntries(entries.rows[keep] - start, entries.labels[keep], entries.signs[keep], entries.weights[keep])
+        return ("sampled", entries), Y_rows[start:stop]
 
     # ---- fit ----------------------------------------------------------------------------------
-    def _fit(self, X, Y, label_mask, resume=False):
+    def _fit(self, X, Y, label_mask, resume=False, parallel=None):
+        """``parallel``: a :mod:`bayesmlc.distributed` strategy; None = one process. Under
+        ``DataParallel`` every rank passes the same data and settings and computes its share of
+        each batch."""
         self._check_params(X.shape[0])
         self._device = resolve_device(self.device)
         self._torch_dtype = _DTYPES[self.dtype]
+        parallel = SingleProcess() if parallel is None else parallel
         with self._threads():
-            self._train(self._prepare_features(X), Y, label_mask, resume)
+            try:
+                self._train(self._prepare_features(X), Y, label_mask, resume, parallel)
+            except Exception as exc:
+                parallel.sync_failure(exc)  # the other processes raise RankFailedError naming this one
+                raise
+            parallel.sync_failure(None)  # all finished: none is left waiting for a failed one
         return self
 
-    def _train(self, X, Y, label_mask, resume):
+    def _train(self, X, Y, label_mask, resume, parallel):
         device, dtype = self._device, self._torch_dtype
         start_clock = time.perf_counter()
         rng = numpy_rng(self.random_state)
@@ -501,12 +520,15 @@ class MLGPF(MultiLabelEstimator):
                 )
                 epoch_elbo, epoch_kl, hits, seen, max_jitter = 0.0, 0.0, 0, 0, 0.0
                 batches = epoch_batches(n_train, batch_size, rng)
-                for rows in batches:
+                for batch_rows in batches:
+                    local = parallel.local_rows(len(batch_rows))  # this process's share of the batch
+                    rows = batch_rows[local]
                     batch = self._feature_batch(module, X_tr, rows, projection)
-                    targets, Y_rows = self._targets(Y_tr, mask_tr, rows, rng, device, dtype)
+                    targets, Y_rows = self._targets(Y_tr, mask_tr, batch_rows, rng, device, dtype, local)
                     optimizer.zero_grad(set_to_none=True)
+                    n_scale, kl_weight = parallel.bound_weights(n_train, self.kl_weight, len(rows), len(batch_rows))
                     elbo, kl, mean_h, used = minibatch_elbo(
-                        module, likelihood, batch, targets, n_train, self.kl_weight, jitter
+                        module, likelihood, batch, targets, n_scale, kl_weight, jitter
                     )
                     loss = -elbo / n_train
                     loss.backward()
@@ -517,11 +539,11 @@ class MLGPF(MultiLabelEstimator):
                             f"{step_count + 1}; training stopped and the parameters before that step were kept. "
                             "Try a smaller learning_rate, a larger jitter or dtype='float64'."
                         )
+                    value = parallel.reduce_gradients(params, elbo.detach())  # sums over processes
                     optimizer.step()
                     jitter = max(jitter, used)  # a jitter that was needed once stays
                     max_jitter = max(max_jitter, used)
                     step_count += 1
-                    value = float(elbo.detach())
                     steps["step"].append(step_count)
                     steps["wall_time"].append(elapsed_before + time.perf_counter() - start_clock)
                     steps["elbo"].append(value)
@@ -529,8 +551,9 @@ class MLGPF(MultiLabelEstimator):
                     epoch_kl += float(kl.detach()) / len(batches)
                     with torch.no_grad():
                         top = (mean_h.detach() @ module.Phi.T + module.bias).argmax(1).cpu().numpy().copy()
-                    hits += int(np.asarray(Y_rows[np.arange(len(rows)), top]).sum())
+                    hits += int(Y_rows[np.arange(len(rows)), top].sum())  # sparse result when rows is empty
                     seen += len(rows)
+                hits, seen = parallel.sum_counts(hits, seen)
                 history["epoch"].append(epoch + 1)
                 history["wall_time"].append(elapsed_before + time.perf_counter() - start_clock)
                 history["objective"].append(epoch_elbo)
@@ -557,7 +580,7 @@ class MLGPF(MultiLabelEstimator):
                     history["val_P@1"], self.early_stopping_patience
                 )
                 last = epoch + 1 == self.epochs or stop
-                if self.checkpoint_every and ((epoch + 1) % self.checkpoint_every == 0 or last):
+                if self.checkpoint_every and parallel.is_main and ((epoch + 1) % self.checkpoint_every == 0 or last):
                     save_checkpoint(
                         self.checkpoint_path,
                         {
