@@ -170,21 +170,48 @@ def _emit(args, record: dict, table: str) -> None:
 
 # ---- commands --------------------------------------------------------------------------------
 def cmd_train(args) -> int:
+    parallel = None
+    if args.distributed:
+        if args.model != "mlgpf":
+            raise CLIError(f"--distributed: only --model mlgpf trains data-parallel, not {args.model}")
+        from .distributed import DataParallel
+
+        parallel = DataParallel.from_env()  # under torchrun: RANK, WORLD_SIZE, MASTER_ADDR, ...
+    if args.resume and args.model != "mlgpf":
+        raise CLIError(f"--resume: only --model mlgpf writes checkpoints, not {args.model}")
+    try:
+        return _train(args, parallel)
+    finally:
+        if parallel is not None:
+            parallel.close()
+
+
+def _train(args, parallel) -> int:
     from .data.io import read_dataset, read_train_test
     from .metrics import inverse_propensity
 
+    is_main = parallel is None or parallel.is_main
+    quiet = args.quiet or not is_main
     if args.test:
         train, test = read_train_test(args.train, args.test, format=args.format)
     else:
         train, test = read_dataset(args.train, format=args.format), None
-    model = build_model(args.model, args.set, args.seed, args.device, args.quiet)
+    device = args.device if args.device is not None or parallel is None else str(parallel.device)
+    model = build_model(args.model, args.set, args.seed, device, quiet)
     name = dataset_name(args.train)
     a, b = propensity_constants(name)
     inv_prop = inverse_propensity(train.Y, A=a, B=b)
-    _progress(f"training {args.model} on {name}: {train.n_samples} rows, {train.n_features} features, {train.n_labels} labels", args.quiet)
+    _progress(f"training {args.model} on {name}: {train.n_samples} rows, {train.n_features} features, {train.n_labels} labels", quiet)
+    fit_params = {}
+    if parallel is not None:
+        fit_params["parallel"] = parallel
+    if args.resume:
+        fit_params["resume"] = True
     start = time.perf_counter()
-    model.fit(train.X, train.Y, label_mask=train.label_mask)
+    model.fit(train.X, train.Y, label_mask=train.label_mask, **fit_params)
     train_seconds = time.perf_counter() - start
+    if not is_main:  # rank 0 alone evaluates, writes and prints
+        return EXIT_OK
     out = Path(args.out) if args.out else None
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)
@@ -339,6 +366,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--train", required=True, help="training data file")
     p.add_argument("--test", help="test data file (metrics are printed)")
     p.add_argument("--out", help="folder for the model, history and metrics")
+    p.add_argument("--distributed", action="store_true",
+                   help="data-parallel training under torchrun (mlgpf; see docs/scaling.md)")
+    p.add_argument("--resume", action="store_true",
+                   help="continue from the model's checkpoint (mlgpf: --set checkpoint_path=...)")
     common(p)
     p.set_defaults(func=cmd_train)
 

@@ -87,6 +87,10 @@ def test_errors_exit_with_code_two(tiny_files, capsys):
     assert "bad.txt" in err and ":3" in err
     assert main(["evaluate", "--model-dir", str(tiny_files / "nothing"), "--test", train]) == 2
     assert "no model.npz" in capsys.readouterr().err
+    assert main(["train", "--model", "logistic", "--train", train, "--distributed", "--quiet"]) == 2
+    assert "only --model mlgpf trains data-parallel" in capsys.readouterr().err
+    assert main(["train", "--model", "logistic", "--train", train, "--resume", "--quiet"]) == 2
+    assert "only --model mlgpf writes checkpoints" in capsys.readouterr().err
 
 
 def test_parse_set_values():
