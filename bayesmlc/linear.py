@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+import sys
 import time
 
 import numpy as np
 import scipy.optimize
 import scipy.sparse as sp
 import torch
+from tqdm.auto import tqdm
 
 from .base import MultiLabelEstimator
 from .exceptions import ValidationError
-from .utils import csr_to_torch, iter_batches, numpy_rng, resolve_device, torch_generator
+from .utils import csr_to_torch, iter_batches, numpy_rng, resolve_device
 
 __all__ = ["LogisticRegression"]
 
@@ -45,6 +47,7 @@ class LogisticRegression(MultiLabelEstimator):
         Unused by the deterministic solver; kept for the common contract.
     device : {"auto", "cpu", "cuda"}
     verbose : bool
+        Show a progress bar of the L-BFGS iterations on stderr.
 
     Examples
     --------
@@ -122,10 +125,12 @@ class LogisticRegression(MultiLabelEstimator):
 
         prior = np.clip(self.label_prior_, 1e-6, 1 - 1e-6)
         theta0 = np.concatenate([np.zeros(n_weights), np.log(prior / (1 - prior))])
-        result = scipy.optimize.minimize(
-            value_and_gradient, theta0, jac=True, method="L-BFGS-B",
-            options={"maxiter": self.max_iter, "gtol": self.tol, "maxcor": 20},
-        )
+        with tqdm(total=self.max_iter, desc="L-BFGS", unit="it", disable=not self.verbose, file=sys.stderr) as bar:
+            result = scipy.optimize.minimize(
+                value_and_gradient, theta0, jac=True, method="L-BFGS-B",
+                options={"maxiter": self.max_iter, "gtol": self.tol, "maxcor": 20},
+                callback=lambda _: bar.update(1),
+            )
         self.coef_ = result.x[:n_weights].reshape(d, n_labels).astype(np.float32)
         self.intercept_ = result.x[n_weights:].astype(np.float32)
         self.n_iter_ = int(result.nit)

@@ -112,7 +112,7 @@ def cmd_speed(args, params):
 def cmd_missing(args, params):
     train, test = load(args.dataset)
     n, L = train.Y.shape
-    summary, notes = {}, {}
+    summary = {}
     for fraction in [float(f) for f in args.fractions.split(",")]:
         both, labelled_only = [], []
         for seed in range(args.seeds):

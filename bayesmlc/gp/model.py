@@ -327,7 +327,7 @@ class MLGPF(MultiLabelEstimator):
 
     def _initial_arrays(self, X, Y, rng) -> dict:
         """Data-driven initial values: inducing inputs, Phi, b."""
-        M, P = self.n_inducing, self.n_latent
+        M = self.n_inducing
         n, D = X.shape
         seed = int(rng.integers(2**31 - 1))
         arrays = {}
