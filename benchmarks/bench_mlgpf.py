@@ -7,7 +7,7 @@ Usage (from the repository root; ``../shared/datasets`` beside it)::
                                               [--eval-every 10] [--set key=value ...]
     python benchmarks/bench_mlgpf.py scale    [--threads 2] [--scale 0.02] [--steps 20] [--set ...]
 
-Each prints a Markdown table (and the machine's load average) to paste into docs/benchmarks-mlgpf.md.
+Each prints a Markdown table (and the machine's load average) to paste into docs/benchmarks.md.
 """
 
 from __future__ import annotations
