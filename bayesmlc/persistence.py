@@ -28,7 +28,7 @@ from .exceptions import ModelFormatError
 FORMAT_NAME = "bayesmlc-model"
 FORMAT_VERSION = 1
 
-__all__ = ["FORMAT_VERSION", "save_model", "load_model", "encode", "decode"]
+__all__ = ["FORMAT_VERSION", "save_model", "load_model", "encode", "decode", "write_npz_atomically", "read_npz"]
 
 
 def encode(value, arrays: dict, prefix: str):
@@ -90,7 +90,13 @@ def save_model(path, class_path: str, params: dict, state: dict, library_version
         "params": encode(params, arrays, "params"),
         "state": encode(state, arrays, "state"),
     }
-    arrays["__meta__"] = np.frombuffer(json.dumps(meta).encode("utf-8"), dtype=np.uint8)
+    write_npz_atomically(path, meta, arrays)
+
+
+def write_npz_atomically(path, meta: dict, arrays: dict) -> None:
+    """Write ``arrays`` plus ``meta`` (JSON, as entry ``__meta__``) to ``path``: a temporary file in
+    the same folder, then a rename, so a reader never sees a half-written file."""
+    arrays = dict(arrays, __meta__=np.frombuffer(json.dumps(meta).encode("utf-8"), dtype=np.uint8))
     path = os.fspath(path)
     folder = os.path.dirname(os.path.abspath(path))
     os.makedirs(folder, exist_ok=True)
@@ -105,23 +111,30 @@ def save_model(path, class_path: str, params: dict, state: dict, library_version
         raise
 
 
+def read_npz(path) -> tuple[dict, dict]:
+    """Read a file written by :func:`write_npz_atomically`: ``(meta, arrays)``, never unpickling.
+
+    Raises ``OSError``, ``ValueError``, ``KeyError``, ``UnicodeDecodeError`` or ``zipfile.BadZipFile``
+    for a file that is not such an archive; callers turn them into their own message.
+    """
+    with open(path, "rb") as handle:
+        data = np.load(io.BytesIO(handle.read()), allow_pickle=False)
+        arrays = {key: data[key] for key in data.files}
+    meta = json.loads(arrays.pop("__meta__").tobytes().decode("utf-8"))
+    return meta, arrays
+
+
 def load_model(path):
     """Read a model file; returns ``(cls, params, state)``. Refuses newer format versions."""
     path = os.fspath(path)
     if not os.path.exists(path):
         raise ModelFormatError(f"{path}: no such model file")
     try:
-        with open(path, "rb") as handle:
-            data = np.load(io.BytesIO(handle.read()), allow_pickle=False)
-            arrays = {key: data[key] for key in data.files}
-    except (OSError, ValueError, zipfile.BadZipFile) as exc:
+        meta, arrays = read_npz(path)
+    except KeyError:
+        raise ModelFormatError(f"{path}: not a bayesmlc model file (no __meta__ entry)") from None
+    except (OSError, ValueError, UnicodeDecodeError, zipfile.BadZipFile) as exc:
         raise ModelFormatError(f"{path}: not a bayesmlc model file ({exc})") from None
-    if "__meta__" not in arrays:
-        raise ModelFormatError(f"{path}: not a bayesmlc model file (no __meta__ entry)")
-    try:
-        meta = json.loads(arrays.pop("__meta__").tobytes().decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ModelFormatError(f"{path}: corrupt metadata ({exc})") from None
     if meta.get("format") != FORMAT_NAME:
         raise ModelFormatError(f"{path}: not a bayesmlc model file (format {meta.get('format')!r})")
     version = meta.get("format_version")

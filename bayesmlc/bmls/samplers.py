@@ -94,6 +94,21 @@ def dirichlet_columns(alpha: np.ndarray, rng: np.random.Generator) -> np.ndarray
 
 
 @numba.njit(cache=True, nogil=True)
+def _first_above(cumulative, target):
+    """First index k with cumulative[k] > target (binary search over non-decreasing sums); never a
+    zero-weight category, since its cumulative sum equals the previous one."""
+    lo = 0
+    hi = cumulative.shape[0] - 1
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if cumulative[mid] > target:
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo
+
+
+@numba.njit(cache=True, nogil=True)
 def allocate_label_tokens(rows, cols, counts, phi, theta, uniforms, n_rows):
     """Multinomial allocation of latent label counts to topics (paper eq. (16)).
 
@@ -120,15 +135,7 @@ def allocate_label_tokens(rows, cols, counts, phi, theta, uniforms, n_rows):
         for _ in range(counts[e]):
             target = uniforms[pos] * acc
             pos += 1
-            # first k with cumulative[k] > target: never picks a zero-weight topic
-            lo = 0
-            hi = n_topics - 1
-            while lo < hi:
-                mid = (lo + hi) // 2
-                if cumulative[mid] > target:
-                    hi = mid
-                else:
-                    lo = mid + 1
+            lo = _first_above(cumulative, target)
             a_counts[n, lo] += 1
             b_counts[l, lo] += 1
     return a_counts, b_counts
@@ -156,14 +163,7 @@ def allocate_pair_tokens(first, second, counts, phi, weights, uniforms):
         for _ in range(counts[e]):
             target = uniforms[pos] * acc
             pos += 1
-            lo = 0
-            hi = n_topics - 1
-            while lo < hi:
-                mid = (lo + hi) // 2
-                if cumulative[mid] > target:
-                    hi = mid
-                else:
-                    lo = mid + 1
+            lo = _first_above(cumulative, target)
             endpoint[i, lo] += 1
             endpoint[j, lo] += 1
     return endpoint

@@ -2,18 +2,15 @@
 
 from __future__ import annotations
 
-import io
-import json
 import math
 import os
-import tempfile
 import zipfile
 
 import numpy as np
 import torch
 
 from ..exceptions import ModelFormatError
-from ..persistence import decode, encode
+from ..persistence import decode, encode, read_npz, write_npz_atomically
 
 __all__ = [
     "TrainingDivergedError",
@@ -89,30 +86,15 @@ def save_checkpoint(path, payload: dict) -> None:
     """Write ``payload`` (tensors, arrays, dicts, numbers) atomically: temporary file, then rename."""
     arrays: dict = {}
     meta = {"format": CHECKPOINT_FORMAT, "version": CHECKPOINT_VERSION, "payload": encode(payload, arrays, "c")}
-    arrays["__meta__"] = np.frombuffer(json.dumps(meta).encode("utf-8"), dtype=np.uint8)
-    path = os.fspath(path)
-    folder = os.path.dirname(os.path.abspath(path))
-    os.makedirs(folder, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp-ckpt-", suffix=".npz")
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            np.savez(handle, **arrays)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    write_npz_atomically(path, meta, arrays)
 
 
 def load_checkpoint(path) -> dict:
     """Read a checkpoint written by :func:`save_checkpoint`."""
     path = os.fspath(path)
     try:
-        with open(path, "rb") as handle:
-            data = np.load(io.BytesIO(handle.read()), allow_pickle=False)
-            arrays = {key: data[key] for key in data.files}
-        meta = json.loads(arrays.pop("__meta__").tobytes().decode("utf-8"))
-    except (OSError, ValueError, KeyError, zipfile.BadZipFile) as exc:
+        meta, arrays = read_npz(path)
+    except (OSError, ValueError, KeyError, UnicodeDecodeError, zipfile.BadZipFile) as exc:
         raise ModelFormatError(f"{path}: not a readable MLGPF checkpoint ({exc})") from None
     if meta.get("format") != CHECKPOINT_FORMAT or meta.get("version", 0) > CHECKPOINT_VERSION:
         raise ModelFormatError(f"{path}: not an MLGPF checkpoint this version can read")
