@@ -138,10 +138,11 @@ class VariationalFamily(nn.Module):
         raise NotImplementedError  # pragma: no cover
 
 
-class Whitened(VariationalFamily):
-    """q(v_p) = N(m_p, S_p S_p^T) with u_p = L_K v_p. ``init_scale`` sets diag S at the start."""
+class _MeanAndLowerScale(VariationalFamily):
+    """Shared parameters of the free-form Gaussian families: a mean (P, M) and a lower-triangular
+    scale S (P, M, M) with a softplus-positive diagonal; ``init_scale`` sets diag S at the start."""
 
-    def __init__(self, n_latent: int, n_inducing: int, init_scale: float = 1.0):
+    def __init__(self, n_latent: int, n_inducing: int, init_scale: float):
         super().__init__(n_latent, n_inducing)
         self.mean = nn.Parameter(torch.zeros(n_latent, n_inducing))
         self.scale_offdiag = nn.Parameter(torch.zeros(n_latent, n_inducing, n_inducing))
@@ -149,6 +150,13 @@ class Whitened(VariationalFamily):
 
     def scale(self) -> torch.Tensor:
         return _lower_scale(self.scale_offdiag, self.raw_scale_diag)
+
+
+class Whitened(_MeanAndLowerScale):
+    """q(v_p) = N(m_p, S_p S_p^T) with u_p = L_K v_p. ``init_scale`` sets diag S at the start."""
+
+    def __init__(self, n_latent: int, n_inducing: int, init_scale: float = 1.0):
+        super().__init__(n_latent, n_inducing, init_scale)
 
     def marginals(self, prep, K_xz, k_xx):
         A = _solve_lower(prep.chol, K_xz.T)  # (M, B) = L_K^{-1} K_ZX
@@ -177,17 +185,11 @@ class Whitened(VariationalFamily):
         return mean, LS @ LS.transpose(-1, -2)
 
 
-class Cholesky(VariationalFamily):
+class Cholesky(_MeanAndLowerScale):
     """q(u_p) = N(m_p, S_p S_p^T), not whitened (journal paper; the authors' code)."""
 
     def __init__(self, n_latent: int, n_inducing: int, init_scale: float = 0.2):
-        super().__init__(n_latent, n_inducing)
-        self.mean = nn.Parameter(torch.zeros(n_latent, n_inducing))
-        self.scale_offdiag = nn.Parameter(torch.zeros(n_latent, n_inducing, n_inducing))
-        self.raw_scale_diag = nn.Parameter(torch.full((n_latent, n_inducing), inverse_softplus(init_scale)))
-
-    def scale(self) -> torch.Tensor:
-        return _lower_scale(self.scale_offdiag, self.raw_scale_diag)
+        super().__init__(n_latent, n_inducing, init_scale)
 
     def marginals(self, prep, K_xz, k_xx):
         L_K = prep.chol
