@@ -295,7 +295,8 @@ def cmd_info(args) -> int:
 def cmd_demo(args) -> int:
     from .data.synthetic import make_multilabel
 
-    data = make_multilabel(args.n_samples, 500, 40, random_state=args.seed)
+    # binary bag-of-words features, so that every model (BMLS needs binary input) runs on it
+    data = make_multilabel(args.n_samples, 500, 40, feature_kind="binary", random_state=args.seed)
     n_test = args.n_samples // 4
     train, test = data.subset(np.arange(n_test, data.n_samples)), data.subset(np.arange(n_test))
     model = build_model(args.model, args.set, args.seed, args.device, args.quiet)
@@ -394,7 +395,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_info)
 
     p = sub.add_parser("demo", help="train on built-in synthetic data and print a metrics table")
-    p.add_argument("--model", default="logistic", choices=sorted(MODEL_CLASSES))
+    p.add_argument("--model", default="mlgpf", choices=sorted(MODEL_CLASSES),
+                   help="model to train (default mlgpf; logistic is the baseline)")
     p.add_argument("--n-samples", type=int, default=2000)
     common(p)
     p.set_defaults(func=cmd_demo)
