@@ -324,7 +324,8 @@ def test_torchrun_launch_equals_one_process(tmp_path):
     command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
                "--master-port", str(_free_port()), str(script), str(out)]
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    subprocess.run(command, check=True, timeout=JOIN_TIMEOUT_S, env=env, capture_output=True)
+    launched = subprocess.run(command, timeout=JOIN_TIMEOUT_S, env=env, capture_output=True, text=True)
+    assert launched.returncode == 0, f"torchrun exited {launched.returncode}:\n{launched.stderr[-4000:]}"
     X, Y = _data()
     single = MLGPF(epochs=2, dtype="float64", **MLGPF_SETTINGS).fit(X, Y)
     np.testing.assert_allclose(np.load(out), single.parameters_["Phi"].numpy(), rtol=1e-7, atol=1e-9)
