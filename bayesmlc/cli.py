@@ -430,6 +430,10 @@ def main(argv=None) -> int:
     except (CLIError, BayesMLCError, FileNotFoundError, IsADirectoryError) as exc:
         print(f"bayesmlc: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    except BrokenPipeError:
+        # the reader closed the pipe (``bayesmlc predict ... | head``): stop quietly, as Unix tools do
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_OK
 
 
 if __name__ == "__main__":  # pragma: no cover
