@@ -131,3 +131,18 @@ def test_logistic_on_bibtex_xc_metrics_match_scikit_learn(capsys, tmp_path):
     assert m["exact_match"] == pytest.approx(skm.accuracy_score(Y, predicted), abs=1e-12)
     assert m["hamming_loss"] == pytest.approx(skm.hamming_loss(Y, predicted), abs=1e-12)
     assert m["F1_example"] == pytest.approx(skm.f1_score(Y, predicted, average="samples", zero_division=1.0), abs=1e-9)
+
+
+def test_predict_into_a_closed_pipe_stops_quietly(tiny_files):
+    import subprocess
+    import sys
+
+    out = tiny_files / "run"
+    assert main(["train", "--model", "logistic", "--train", str(tiny_files / "train.txt"), "--out", str(out), "--quiet"]) == 0
+    many = tiny_files / "many.txt"
+    rows = (tiny_files / "test.txt").read_text().splitlines()
+    many.write_text("\n".join([f"{40 * 500} 20 5"] + rows[1:] * 500) + "\n")
+    shell = f"{sys.executable} -m bayesmlc predict --model-dir {out} --input {many} --top-k 2 | head -1"
+    result = subprocess.run(["bash", "-o", "pipefail", "-c", shell], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert "Traceback" not in result.stderr and len(result.stdout.splitlines()) == 1
