@@ -385,6 +385,18 @@ class _OmikujiTrees(_FileBackedModel):
     fits can differ slightly whatever ``random_state`` says.
     """
 
+    def __init__(self, n_trees=3, linear_c=1.0, beam_size=None, standardize="auto", predict_top_k=None,
+                 n_threads=None, random_state=None, device="auto", verbose=False):
+        self.n_trees = n_trees
+        self.linear_c = linear_c
+        self.beam_size = beam_size
+        self.standardize = standardize
+        self.predict_top_k = predict_top_k
+        self.n_threads = n_threads
+        self.random_state = random_state
+        self.device = device
+        self.verbose = verbose
+
     _PRESETS = {
         "parabel": {"cluster_balanced": True, "cluster_k": 2, "max_depth": 20},
         "bonsai": {"cluster_balanced": False, "cluster_k": 100, "max_depth": 3},
@@ -451,18 +463,6 @@ class OmikujiParabel(_OmikujiTrees):
 
     _preset = "parabel"
 
-    def __init__(self, n_trees=3, linear_c=1.0, beam_size=None, standardize="auto", predict_top_k=None,
-                 n_threads=None, random_state=None, device="auto", verbose=False):
-        self.n_trees = n_trees
-        self.linear_c = linear_c
-        self.beam_size = beam_size
-        self.standardize = standardize
-        self.predict_top_k = predict_top_k
-        self.n_threads = n_threads
-        self.random_state = random_state
-        self.device = device
-        self.verbose = verbose
-
 
 class OmikujiBonsai(_OmikujiTrees):
     """omikuji with the Bonsai preset: unbalanced 100-means label clustering, trees of depth 3.
@@ -471,15 +471,3 @@ class OmikujiBonsai(_OmikujiTrees):
     """
 
     _preset = "bonsai"
-
-    def __init__(self, n_trees=3, linear_c=1.0, beam_size=None, standardize="auto", predict_top_k=None,
-                 n_threads=None, random_state=None, device="auto", verbose=False):
-        self.n_trees = n_trees
-        self.linear_c = linear_c
-        self.beam_size = beam_size
-        self.standardize = standardize
-        self.predict_top_k = predict_top_k
-        self.n_threads = n_threads
-        self.random_state = random_state
-        self.device = device
-        self.verbose = verbose
