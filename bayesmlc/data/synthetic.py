@@ -203,6 +203,20 @@ class _SparseRows:
         return self.cols[slot]
 
 
+def _draw_items(rng: np.random.Generator, owners: np.ndarray, items: "_TopicItems", row_topics: "_SparseRows",
+                background_fraction: float) -> np.ndarray:
+    """One item (word or label) per entry of ``owners``: from the background distribution with
+    probability ``background_fraction``, else from a topic drawn from the owner row's topic weights."""
+    u_source, u_topic, u_item = rng.random((3, owners.size))
+    out = np.empty(owners.size, dtype=np.int64)
+    background = u_source < background_fraction
+    out[background] = items.from_background(u_item[background])
+    topical = ~background
+    topics = row_topics.sample(owners[topical], u_topic[topical])
+    out[topical] = items.from_topics(topics, u_item[topical])
+    return out
+
+
 def _first_distinct(targets: np.ndarray, draw, width: int, oversample: float):
     """Draw items per row until each row i has ``targets[i]`` distinct ones; keep the first ones drawn.
 
@@ -474,14 +488,7 @@ class _TopicModel:
         mixture = _SparseRows(keys // n_topics, keys % n_topics, weights, n_rows)
 
         def draw_word(owners):
-            u_source, u_topic, u_item = rng.random((3, owners.size))
-            out = np.empty(owners.size, dtype=np.int64)
-            background = u_source < self.background_fraction
-            out[background] = words.from_background(u_item[background])
-            topical = ~background
-            row_topics = mixture.sample(owners[topical], u_topic[topical])
-            out[topical] = words.from_topics(row_topics, u_item[topical])
-            return out
+            return _draw_items(rng, owners, words, mixture, self.background_fraction)
 
         feature_targets = _counts_at_least_one(rng, self.features_per_row, n_rows, words.n_items, dispersion=0.5)
         x_rows, x_cols, x_counts = _first_distinct(feature_targets, draw_word, words.n_items, oversample=2.0)
@@ -512,15 +519,8 @@ class _TopicModel:
             theta_rows, theta_topics, theta_weights = theta_rows[order], theta_topics[order], theta_weights[order]
         theta = _SparseRows(theta_rows, theta_topics, theta_weights, n_rows)
 
-        def draw_label(owners):
-            u_source, u_topic, u_item = rng.random((3, owners.size))
-            out = np.empty(owners.size, dtype=np.int64)
-            noise = u_source < self.label_noise
-            out[noise] = labels.from_background(u_item[noise])
-            topical = ~noise
-            row_topics = theta.sample(owners[topical], u_topic[topical])
-            out[topical] = labels.from_topics(row_topics, u_item[topical])
-            return out
+        def draw_label(owners):  # label noise: a label drawn from the background distribution
+            return _draw_items(rng, owners, labels, theta, self.label_noise)
 
         label_targets = _counts_at_least_one(rng, self.labels_per_row, n_rows, labels.n_items, dispersion=0.0)
         y_rows, y_cols, _ = _first_distinct(label_targets, draw_label, labels.n_items, oversample=1.5)
