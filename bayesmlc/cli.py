@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .exceptions import BayesMLCError
+from .exceptions import BayesMLCError, ValidationError
 
 MODEL_FILE = "model.npz"
 META_FILE = "meta.json"
@@ -82,13 +82,13 @@ def dataset_name(path) -> str:
 
 def propensity_constants(name: str):
     """(A, B) of Jain et al.'s propensity model for a known dataset, else the defaults (0.55, 1.5)."""
-    try:
-        from .data.registry import get_info
+    from .data.registry import get_info
 
+    try:
         info = get_info(name)
-        return float(info.propensity_a), float(info.propensity_b)
-    except Exception:  # unknown name, or registry entry without constants
+    except ValidationError:  # not a registered dataset
         return 0.55, 1.5
+    return float(info.propensity_a), float(info.propensity_b)
 
 
 def build_model(name: str, settings, seed, device, quiet: bool):
