@@ -12,7 +12,7 @@ from bayesmlc.bench import baselines
 from bayesmlc.bench.baselines import KNNBaseline, missing_dependency
 from bayesmlc.bench.cli import main as bench_main
 from bayesmlc.bench.plots import make_plots
-from bayesmlc.bench.report import format_cell, render_report
+from bayesmlc.bench.report import format_cell, render_report, splice_into_document
 from bayesmlc.bench.runner import (
     CLIRunner, RunFailure, RunSpec, epoch_timing, plan_runs, read_results, run_suite,
 )
@@ -177,6 +177,41 @@ def test_plots_are_written_and_embedded(tiny_records):
             assert (out / path).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     text = render_report(records, suite="tiny", plots=plots)
     assert "![alpha: reliability diagrams](plots/alpha-reliability.png)" in text
+
+
+def test_report_spliced_into_a_document_keeps_hand_text_and_replaces_only_its_own_region(tiny_records):
+    out, records = tiny_records
+    report = render_report(records, suite="tiny", plots={"alpha": [("alpha: a plot", "plots/alpha-objective.png")]})
+    document = "# Benchmarks\n\nHand-written text.\n"
+    first = splice_into_document(document, "tiny", report, plots_folder="benchmarks-tiny")
+    assert first.startswith(document)
+    assert "## Benchmarks from the harness: the `tiny` suite" in first
+    assert "\n### alpha\n" in first and "\n## alpha\n" not in first  # dataset headings demoted below the section
+    assert "# bayesmlc benchmark" not in first  # the report's own title is dropped
+    assert "](benchmarks-tiny/alpha-objective.png)" in first and "](plots/" not in first
+    # a second suite's region and edits outside the markers survive a rerun; the old region is replaced
+    edited = first.replace("Hand-written text.", "Edited text.") + "\n## Afterword\n"
+    edited = splice_into_document(edited, "other", "# t\n\nother suite\n", plots_folder="benchmarks-other")
+    again = splice_into_document(edited, "tiny", report.replace("alpha", "gamma"), plots_folder="benchmarks-tiny")
+    assert "Edited text." in again and "## Afterword" in again and "other suite" in again
+    assert "### gamma" in again and "### alpha" not in again
+    assert again.count("the `tiny` suite") == 1
+
+
+def test_doc_option_copies_the_plots_beside_the_document(tmp_path, tiny_records):
+    from bayesmlc.bench.cli import _write_into_document
+
+    out, records = tiny_records
+    (out / "plots").mkdir()
+    (out / "plots" / "alpha-objective.png").write_bytes(b"png")
+    (out / "report.md").write_text(render_report(records, suite="tiny"))
+    document = tmp_path / "docs" / "benchmarks.md"
+    document.parent.mkdir()
+    (document.parent / "benchmarks-tiny").mkdir()
+    (document.parent / "benchmarks-tiny" / "stale.png").write_bytes(b"old")
+    _write_into_document(document, "tiny", out / "report.md", out / "plots")
+    assert sorted(p.name for p in (document.parent / "benchmarks-tiny").iterdir()) == ["alpha-objective.png"]
+    assert "### alpha" in document.read_text()
 
 
 def test_scale_plot_and_table(tmp_path):

@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import argparse
 import shlex
+import shutil
 import sys
 import time
 from pathlib import Path
 
 from ..exceptions import BayesMLCError
+from .report import splice_into_document
 from .runner import RESULTS_FILE, read_results, run_suite
 from .suites import SUITES, get_suite
 
@@ -34,6 +36,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--resume", action="store_true", help="keep finished runs of OUT/results.jsonl, rerun the rest")
     parser.add_argument("--report-only", action="store_true", help="rebuild report and plots from OUT/results.jsonl")
     parser.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+    parser.add_argument("--doc", metavar="MARKDOWN",
+                        help="also write the report into this markdown file, between the suite's markers "
+                             "(e.g. docs/benchmarks.md), with the plots copied to benchmarks-SUITE/ beside it")
     parser.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
 
 
@@ -54,7 +59,7 @@ def _command_line(args) -> str:
 
 def run(args) -> int:
     """Run ``bayesmlc bench`` with parsed ``args``; returns the exit status."""
-    from .plots import make_plots
+    from .plots import PLOTS_DIR, make_plots
     from .report import write_report
 
     suite = get_suite(args.suite)
@@ -80,12 +85,27 @@ def run(args) -> int:
     plots = {} if args.no_plots else make_plots(records, out, quality=suite.quality)
     report = write_report(records, out, suite=suite.name, quality=suite.quality, plots=plots,
                           command=_command_line(args))
+    if args.doc:
+        _write_into_document(Path(args.doc), suite.name, report, out / PLOTS_DIR)
     counts = {}
     for record in records:
         counts[record.get("status")] = counts.get(record.get("status"), 0) + 1
     log(f"{len(records)} runs ({', '.join(f'{n} {status}' for status, n in sorted(counts.items()))}) "
         f"in {time.perf_counter() - start:.0f} s; report: {report}")
     return 1 if counts.get("failed") or counts.get("timeout") else 0
+
+
+def _write_into_document(document: Path, suite: str, report: Path, plots: Path) -> None:
+    """Splice ``report`` into ``document`` and replace ``benchmarks-SUITE/`` beside it with ``plots``."""
+    folder_name = f"benchmarks-{suite}"
+    folder = document.parent / folder_name
+    if folder.exists():
+        shutil.rmtree(folder)
+    if plots.is_dir():
+        shutil.copytree(plots, folder)
+    text = document.read_text(encoding="utf-8") if document.exists() else "# Benchmarks\n"
+    text = splice_into_document(text, suite, report.read_text(encoding="utf-8"), plots_folder=folder_name)
+    document.write_text(text, encoding="utf-8")
 
 
 def main(argv=None) -> int:
