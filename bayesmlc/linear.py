@@ -18,6 +18,8 @@ from .utils import csr_to_torch, iter_batches, numpy_rng, resolve_device
 __all__ = ["LogisticRegression"]
 
 _CHUNK_ROWS = 8192
+#: labels per L-BFGS-B problem (the objective separates over labels)
+_LABEL_BLOCK = 256
 
 
 class LogisticRegression(MultiLabelEstimator):
@@ -29,7 +31,8 @@ class LogisticRegression(MultiLabelEstimator):
 
     with s_il = +1 for a positive and -1 otherwise, and m_il = 1 where the label entry is observed
     (0 where ``label_mask`` hides it). This is scikit-learn's ``LogisticRegression(C=C)`` objective
-    per label, solved by SciPy's L-BFGS-B over the (D + 1) x L parameters. The objective and its
+    per label, solved by SciPy's L-BFGS-B over the (D + 1) x 256 parameters of each block of 256 labels
+    in turn (the objective separates over labels; blocks bound the solver's memory). The objective and its
     closed-form gradient are computed with torch on ``device`` from sparse ``X`` (never densified).
 
     Parameters
@@ -99,41 +102,73 @@ class LogisticRegression(MultiLabelEstimator):
                 torch.from_numpy(Y[rows].toarray()).to(device),
                 None if label_mask is None else torch.from_numpy(label_mask[rows].toarray()).to(device),
             ))
-        n_weights = d * n_labels
+        prior = np.clip(self.label_prior_, 1e-6, 1 - 1e-6)
+        initial_bias = np.log(prior / (1 - prior))
+        # the objective is a sum over labels, so blocks of labels are independent problems: solving them
+        # one after another bounds L-BFGS-B's memory (2 x maxcor x D x block doubles), which for all
+        # labels at once is 6.4 GB at D = 5000, L = 4000
+        blocks = [np.arange(begin, min(begin + _LABEL_BLOCK, n_labels)) for begin in range(0, n_labels, _LABEL_BLOCK)]
+        # objective / n of every block at its starting point (w = 0, b = logit(prior)) in closed form:
+        # sum_i m_il softplus(b_l) - y_il b_l
+        observed = (np.full(n_labels, n, dtype=np.float64) if label_mask is None
+                    else np.asarray(label_mask.sum(axis=0), dtype=np.float64).ravel())
+        positives = np.asarray((Y if label_mask is None else Y.multiply(label_mask)).sum(axis=0), dtype=np.float64).ravel()
+        initial_per_label = (observed * np.logaddexp(0.0, initial_bias) - positives * initial_bias) / n
+        block_values = [float(initial_per_label[labels].sum()) for labels in blocks]
+        self.coef_ = np.zeros((d, n_labels), dtype=np.float32)
+        self.intercept_ = np.zeros(n_labels, dtype=np.float32)
+        self.n_iter_ = 0
+        bar = tqdm(total=self.max_iter * len(blocks), desc="L-BFGS", unit="it", disable=not self.verbose, file=sys.stderr)
+        with bar:
+            for index, labels in enumerate(blocks):
+                def record(value, index=index):
+                    """History: the whole objective, other blocks at their current values."""
+                    block_values[index] = value
+                    self.history_["objective"].append(-sum(block_values) * n)  # log posterior up to a constant
+                    self.history_["wall_time"].append(time.perf_counter() - start)
+
+                weights, bias, n_iter = self._solve_block(chunks, labels, initial_bias[labels], n, d, device, record, bar)
+                self.coef_[:, labels] = weights
+                self.intercept_[labels] = bias
+                self.n_iter_ = max(self.n_iter_, n_iter)
+
+    def _solve_block(self, chunks, labels, initial_bias, n, d, device, record, bar):
+        """L-BFGS-B on the labels ``labels``; returns their weights (D, |labels|), biases and iterations."""
+        n_block = labels.size
+        n_weights = d * n_block
+        columns = torch.from_numpy(labels).to(device)
 
         def value_and_gradient(theta: np.ndarray):
             """Objective / (C n) and its gradient; the gradient of the log-loss is X^T (sigmoid - y)."""
             params = torch.from_numpy(theta.astype(np.float32)).to(device)
-            weights, bias = params[:n_weights].view(d, n_labels), params[n_weights:]
+            weights, bias = params[:n_weights].view(d, n_block), params[n_weights:]
             value = 0.5 * float((weights * weights).sum()) / (self.C * n)
             grad_weights = weights / (self.C * n)
             grad_bias = torch.zeros_like(bias)
-            for x, x_t, y, m in chunks:
+            for x, x_t, y_all, m_all in chunks:
+                y = y_all.index_select(1, columns)
                 logits = torch.sparse.mm(x, weights) + bias
                 # log(1 + exp(-s f)) summed, in the stable softplus form
                 losses = torch.nn.functional.softplus(logits) - y * logits
                 residual = torch.sigmoid(logits) - y
-                if m is not None:
+                if m_all is not None:
+                    m = m_all.index_select(1, columns)
                     losses, residual = losses * m, residual * m
                 value += float(losses.sum()) / n
                 grad_weights = grad_weights + torch.sparse.mm(x_t, residual) / n
                 grad_bias = grad_bias + residual.sum(0) / n
-            self.history_["objective"].append(-value * n)  # log posterior up to a constant
-            self.history_["wall_time"].append(time.perf_counter() - start)
+            record(value)
             gradient = torch.cat([grad_weights.reshape(-1), grad_bias]).cpu().numpy().astype(np.float64)
             return value, gradient
 
-        prior = np.clip(self.label_prior_, 1e-6, 1 - 1e-6)
-        theta0 = np.concatenate([np.zeros(n_weights), np.log(prior / (1 - prior))])
-        with tqdm(total=self.max_iter, desc="L-BFGS", unit="it", disable=not self.verbose, file=sys.stderr) as bar:
-            result = scipy.optimize.minimize(
-                value_and_gradient, theta0, jac=True, method="L-BFGS-B",
-                options={"maxiter": self.max_iter, "gtol": self.tol, "maxcor": 20},
-                callback=lambda _: bar.update(1),
-            )
-        self.coef_ = result.x[:n_weights].reshape(d, n_labels).astype(np.float32)
-        self.intercept_ = result.x[n_weights:].astype(np.float32)
-        self.n_iter_ = int(result.nit)
+        theta0 = np.concatenate([np.zeros(n_weights), initial_bias])
+        result = scipy.optimize.minimize(
+            value_and_gradient, theta0, jac=True, method="L-BFGS-B",
+            options={"maxiter": self.max_iter, "gtol": self.tol, "maxcor": 20},
+            callback=lambda _: bar.update(1),
+        )
+        weights = result.x[:n_weights].reshape(d, n_block).astype(np.float32)
+        return weights, result.x[n_weights:].astype(np.float32), int(result.nit)
 
     def _decision_function(self, X):
         if self.feature_scale_ is not None:

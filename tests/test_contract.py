@@ -45,6 +45,28 @@ def test_logistic_matches_scikit_learn_per_label(fitted):
         np.testing.assert_allclose(proba[:, label], reference.predict_proba(X)[:, 1], atol=2e-3)
 
 
+def test_logistic_label_blocks_match_scikit_learn_and_history_is_the_whole_objective(monkeypatch):
+    """Labels solved in blocks of 4 (then 2): each label still matches scikit-learn, and the history
+    holds the objective of all labels (the others at their current values), first and last."""
+    import bayesmlc.linear
+
+    monkeypatch.setattr(bayesmlc.linear, "_LABEL_BLOCK", 4)
+    X, Y = _problem(n_labels=6, seed=3)
+    model = LogisticRegression(C=1.0, max_iter=300, tol=1e-9, device="cpu").fit(X, Y)
+
+    def log_posterior(coef, intercept):
+        logits = np.asarray(X @ coef) + intercept
+        loss = np.logaddexp(0.0, logits) - Y * logits  # per entry, -log p(y | logit)
+        return -(loss.sum() + 0.5 * (coef.astype(np.float64) ** 2).sum())  # C = 1
+
+    for label in range(Y.shape[1]):
+        reference = SkLogisticRegression(C=1.0, tol=1e-10, max_iter=2000).fit(X, Y[:, label])
+        np.testing.assert_allclose(model.coef_[:, label], reference.coef_.ravel(), atol=5e-3)
+    start = log_posterior(np.zeros_like(model.coef_), np.log(model.label_prior_ / (1 - model.label_prior_)))
+    assert model.history_["objective"][0] == pytest.approx(start, rel=1e-5)
+    assert model.history_["objective"][-1] == pytest.approx(log_posterior(model.coef_, model.intercept_), rel=1e-5)
+
+
 def test_predict_threshold_and_topk_agree_with_brute_force(fitted):
     model, X, _ = fitted
     proba = model.predict_proba(X)
