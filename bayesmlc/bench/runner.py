@@ -432,6 +432,8 @@ def run_suite(suite: Suite, out_dir, *, datasets=None, models=None, repeats: int
             "suite": suite.name, "run_id": spec.run_id, "dataset": spec.dataset, "model": spec.model,
             "config": spec.config, "baseline": spec.baseline, "repeat": spec.repeat, "seed": spec.seed,
             "settings": spec.params, **environment,
+            # per run, not per suite: a tree edited while a long suite runs must show up in its records
+            "git": _git_info(),
             "load_avg_1m": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
             "started_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         }
