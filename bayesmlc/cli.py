@@ -190,21 +190,31 @@ def cmd_train(args) -> int:
 
 
 def _train(args, parallel) -> int:
-    from .data.io import read_dataset, read_train_test
-    from .metrics import inverse_propensity
+    from .data.io import infer_format, read_dataset, read_train_test
+    from .exceptions import DataFormatError
+    from .metrics import inverse_propensity, inverse_propensity_from_counts
 
     is_main = parallel is None or parallel.is_main
     quiet = args.quiet or not is_main
-    if args.test:
+    sharded = parallel is not None and (args.format or infer_format(args.train)) in ("npz", "xc")
+    if sharded:  # each rank reads only its rows; rank 0 alone reads the test file
+        from .distributed import read_shard
+
+        train = read_shard(args.train, parallel, format=args.format)
+        test = read_dataset(args.test, format=args.format) if args.test and is_main else None
+        if test is not None and (test.n_features, test.n_labels) != (train.n_features, train.n_labels):
+            raise DataFormatError(f"train/test width mismatch: {args.train} has D={train.n_features}, "
+                                  f"L={train.n_labels} but {args.test} has D={test.n_features}, L={test.n_labels}")
+    elif args.test:
         train, test = read_train_test(args.train, args.test, format=args.format)
     else:
         train, test = read_dataset(args.train, format=args.format), None
+    n_rows = train.source["shard"]["n_rows"] if sharded else train.n_samples
     device = args.device if args.device is not None or parallel is None else str(parallel.device)
     model = build_model(args.model, args.set, args.seed, device, quiet)
     name = dataset_name(args.train)
     a, b = propensity_constants(name)
-    inv_prop = inverse_propensity(train.Y, A=a, B=b)
-    _progress(f"training {args.model} on {name}: {train.n_samples} rows, {train.n_features} features, {train.n_labels} labels", quiet)
+    _progress(f"training {args.model} on {name}: {n_rows} rows, {train.n_features} features, {train.n_labels} labels", quiet)
     fit_params = {}
     if parallel is not None:
         fit_params["parallel"] = parallel
@@ -213,6 +223,9 @@ def _train(args, parallel) -> int:
     start = time.perf_counter()
     model.fit(train.X, train.Y, label_mask=train.label_mask, **fit_params)
     train_seconds = time.perf_counter() - start
+    # a shard sees only its rows: the propensities come from the label counts fit summed over ranks
+    inv_prop = (inverse_propensity_from_counts(model.label_frequencies_, n_rows, A=a, B=b) if sharded
+                else inverse_propensity(train.Y, A=a, B=b))
     if not is_main:  # rank 0 alone evaluates, writes and prints
         return EXIT_OK
     out = Path(args.out) if args.out else None

@@ -4,8 +4,12 @@ A training loop written against this module runs unchanged in one process (:clas
 every method a no-op) or in ``W`` processes started by ``torchrun`` (:class:`DataParallel`). The
 scheme is synchronous and exact:
 
-* every rank draws the same global minibatch (the same seed drives the same permutation on every
-  rank) and computes the bound on its contiguous share of it, :meth:`DataParallel.local_rows`;
+* each rank holds only its shard of the training rows, a contiguous range of the global row order
+  (:func:`read_shard` reads just those rows of a file; :class:`RowShard`); the initialisation
+  (randomized subspace iteration, k-means, warm starts) is computed from statistics summed over ranks
+  (:meth:`DataParallel.reduce_sum`), so it equals the single-process one;
+* every rank draws the same global minibatch (the same seed drives the same permutation of global
+  row ids on every rank) and computes the bound on the rows of it that its shard holds;
 * the data term on rank r is scaled by N / B (B the global batch size, not r's share) and the
   KL term enters on rank 0 only (:meth:`DataParallel.bound_weights`), so the per-rank bounds sum to
   the single-process bound and their gradients sum to its gradient;
@@ -21,10 +25,11 @@ scheme is synchronous and exact:
 
 Usage under ``torchrun --nproc-per-node 2 script.py``::
 
-    from bayesmlc.distributed import DataParallel
+    from bayesmlc.distributed import DataParallel, read_shard
     parallel = DataParallel.from_env()          # gloo on CPUs, nccl on GPUs (cuda:LOCAL_RANK)
-    model = MLGPF(device=parallel.device, ...)
-    model.fit(X, Y, parallel=parallel)          # every rank reads the same data and seed
+    train = read_shard("train.npz", parallel)   # this rank's rows only
+    model = MLGPF(device=parallel.device, ...)  # the same settings and seed on every rank
+    model.fit(train.X, train.Y, label_mask=train.label_mask, parallel=parallel)
     if parallel.is_main:
         model.save("model.npz")                 # rank 0 alone writes
     parallel.close()
@@ -38,14 +43,19 @@ import datetime
 import math
 import os
 import traceback
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
+import scipy.sparse as sp
 import torch
 
-from .exceptions import BayesMLCError, ValidationError
+from .exceptions import BayesMLCError, DataFormatError, ValidationError
 
 __all__ = [
-    "SingleProcess", "DataParallel", "RankFailedError", "RanksOutOfStepError", "shard_bounds", "DEFAULT_TIMEOUT_S",
+    "SingleProcess", "DataParallel", "RankFailedError", "RanksOutOfStepError", "RowShard", "shard_bounds",
+    "read_shard", "DEFAULT_TIMEOUT_S",
 ]
 
 #: Seconds a collective may wait for the other ranks before the process group gives up (backstop).
@@ -79,6 +89,53 @@ def shard_bounds(n_rows: int, rank: int, world_size: int) -> tuple:
     return start, start + base + (1 if rank < extra else 0)
 
 
+@dataclass(frozen=True)
+class RowShard:
+    """The rows ``[start, stop)`` of an ordered set of ``n_total`` rows that this process holds.
+
+    The shards of the ranks 0..W-1 tile ``range(n_total)`` in order, so global row ``g`` is local
+    row ``g - start`` of the rank whose shard contains it. One process holds ``RowShard.whole(n)``.
+    """
+
+    start: int
+    stop: int
+    n_total: int
+
+    @classmethod
+    def whole(cls, n_total: int) -> "RowShard":
+        return cls(0, int(n_total), int(n_total))
+
+    @property
+    def n_local(self) -> int:
+        return self.stop - self.start
+
+    def positions_in(self, sorted_ids: np.ndarray) -> slice:
+        """The positions in ``sorted_ids`` (increasing global row ids) of the rows this shard holds:
+        a contiguous range, since the shard is a contiguous range of ids."""
+        low, high = np.searchsorted(sorted_ids, [self.start, self.stop])
+        return slice(int(low), int(high))
+
+    def select(self, sorted_ids: np.ndarray):
+        """(local row indices, RowShard) for the subset ``sorted_ids`` of the global rows: this
+        shard's members of the subset as local indices, and its shard of the subset (positions in
+        ``sorted_ids``), which again tile the subset in rank order."""
+        held = self.positions_in(sorted_ids)
+        local = np.asarray(sorted_ids[held], dtype=np.int64) - self.start
+        return local, RowShard(held.start, held.stop, len(sorted_ids))
+
+    def gather(self, rows, global_ids: np.ndarray, reduce) -> np.ndarray:
+        """Dense float64 ``(len(global_ids), C)`` copy of the global rows ``global_ids`` (any order)
+        of a row-sharded matrix whose local part is ``rows`` (dense or sparse, ``n_local`` rows):
+        each process fills the rows it holds, zeros elsewhere, and ``reduce`` sums over processes."""
+        global_ids = np.asarray(global_ids, dtype=np.int64)
+        out = np.zeros((global_ids.size, rows.shape[1]), dtype=np.float64)
+        held = (global_ids >= self.start) & (global_ids < self.stop)
+        if held.any():
+            part = rows[global_ids[held] - self.start]
+            out[held] = part.toarray() if sp.issparse(part) else part
+        return reduce(out)
+
+
 class SingleProcess:
     """The trivial strategy: one process computes everything; every hook leaves its input alone."""
 
@@ -87,15 +144,19 @@ class SingleProcess:
     is_main = True
     device = None
 
-    def local_rows(self, n_rows: int) -> slice:
-        """The part of a global batch of ``n_rows`` this process computes: all of it."""
-        return slice(0, n_rows)
+    def local_data(self, X, Y, label_mask=None):
+        """``(X, Y, label_mask, RowShard)``: one process holds every row."""
+        return X, Y, label_mask, RowShard.whole(X.shape[0])
+
+    def reduce_sum(self, array) -> np.ndarray:
+        """The sum over processes of ``array``: the array itself (see :meth:`DataParallel.reduce_sum`)."""
+        return _reducible(array)
 
     def bound_weights(self, n_total, kl_weight, n_local: int, n_global: int):
         """(data-term scale, KL weight) for this process's bound: unchanged."""
         return n_total, kl_weight
 
-    def sync_failure(self, exc: BaseException | None = None, parameters=None) -> None:
+    def sync_failure(self, exc: BaseException | None = None, parameters=None, collective: float = 0.0) -> None:
         """Nothing to agree on in one process; the caller re-raises ``exc`` itself."""
 
     def reduce_gradients(self, parameters, value: torch.Tensor) -> float:
@@ -185,11 +246,51 @@ class DataParallel:
         strategy._owns_group = owns
         return strategy
 
-    # ---- the global batch ---------------------------------------------------------------------
-    def local_rows(self, n_rows: int) -> slice:
-        """This rank's contiguous share of a global batch of ``n_rows`` rows (see :func:`shard_bounds`)."""
-        start, stop = shard_bounds(n_rows, self.rank, self.world_size)
-        return slice(start, stop)
+    # ---- the data ------------------------------------------------------------------------------
+    def local_data(self, X, Y, label_mask=None):
+        """This rank's rows and their place in the global row order: ``(X, Y, label_mask, RowShard)``.
+
+        Either every rank passes the same full data set (detected: same shapes, non-zeros and sums
+        on every rank), of which each rank keeps its :func:`shard_bounds` share; or each rank passes
+        its own shard (from :func:`read_shard`), and the global rows are the shards in rank order.
+        One ``all_gather`` of seven numbers per rank. Ranks whose widths (D, L) differ stop with
+        :class:`RanksOutOfStepError`.
+        """
+        self.sync_failure(None, collective=_collective_id(_LOCAL_DATA, 8 * 7))
+        mine = torch.tensor([
+            X.shape[0], X.shape[1], Y.shape[1], X.nnz, float(np.sum(X.data, dtype=np.float64)), Y.nnz,
+            float(np.sum(Y.indices, dtype=np.float64)),
+        ], dtype=torch.float64, device=self.device)
+        table = [torch.empty_like(mine) for _ in range(self.world_size)]
+        try:
+            self._dist.all_gather(table, mine)
+        except BaseException:
+            self._broken = True
+            raise
+        table = torch.stack(table).cpu().numpy()
+        if (table[:, 1:3] != table[0, 1:3]).any():
+            raise RanksOutOfStepError(
+                "the ranks were given data of different widths (features, labels per rank: "
+                f"{', '.join(f'{int(d)}, {int(l)}' for d, l in table[:, 1:3])}): every rank's rows must come from "
+                "the same data set"
+            )
+        if self.world_size > 1 and (table == table[0]).all():  # the full data set on every rank
+            start, stop = shard_bounds(X.shape[0], self.rank, self.world_size)
+            shard = RowShard(start, stop, X.shape[0])
+            mask = None if label_mask is None else label_mask[start:stop]
+            return X[start:stop], Y[start:stop], mask, shard
+        counts = table[:, 0].astype(np.int64)
+        start = int(counts[: self.rank].sum())
+        return X, Y, label_mask, RowShard(start, start + X.shape[0], int(counts.sum()))
+
+    def reduce_sum(self, array) -> np.ndarray:
+        """Element-wise sum over ranks of ``array`` (one ``all_reduce``), in its dtype when that is
+        float32 or float64, in float64 otherwise (integers, lists)."""
+        array = _reducible(array)
+        self.sync_failure(None, collective=_collective_id(_REDUCE_SUM, array.nbytes))
+        buffer = torch.from_numpy(np.array(array)).to(self.device)  # a copy: the caller's array stays
+        self._all_reduce(buffer)
+        return buffer.cpu().numpy()
 
     def bound_weights(self, n_total, kl_weight, n_local: int, n_global: int):
         """(data-term scale, KL weight) that make the per-rank bounds sum to the global one.
@@ -202,18 +303,19 @@ class DataParallel:
         return n_total * n_local / n_global, kl_weight if self.is_main else 0.0
 
     # ---- failures -----------------------------------------------------------------------------
-    def sync_failure(self, exc: BaseException | None = None, parameters=None) -> None:
+    def sync_failure(self, exc: BaseException | None = None, parameters=None, collective: float = 0.0) -> None:
         """Agree with the other ranks whether any of them failed since the last collective.
 
         Every rank calls this at the same points: the strategy before each of its own collectives,
         the caller with the exception it caught (or None when training ended). One small
-        ``all_gather`` carries, per rank, a failure flag, the number of this call and, when
-        ``parameters`` are given, their sum of squares. If some rank failed, the failure messages
+        ``all_gather`` carries, per rank, a failure flag, the number of this call, when
+        ``parameters`` are given their sum of squares, and ``collective``, a number that identifies
+        the collective that follows (its kind and size in bytes). If some rank failed, the failure messages
         are gathered: a rank that passed its own ``exc`` returns (its caller re-raises the
         original), every other rank raises :class:`RankFailedError` naming the failing ranks.
-        Otherwise, if the ranks are at different calls or hold different parameters, every rank
-        raises :class:`RanksOutOfStepError` (instead of pairing unrelated collectives or training
-        diverged replicas).
+        Otherwise, if the ranks are at different calls or collectives or hold different
+        parameters, every rank raises :class:`RanksOutOfStepError` (instead of pairing unrelated
+        collectives, which gloo answers by aborting the process, or training diverged replicas).
         """
         if self._broken or isinstance(exc, (RankFailedError, RanksOutOfStepError)):
             return  # the other ranks already know, or can no longer be reached
@@ -221,12 +323,12 @@ class DataParallel:
         checksum = math.nan
         if parameters is not None:
             checksum = torch.stack([p.detach().double().pow(2).sum() for p in parameters]).sum().item()
-        mine = torch.tensor([0.0 if exc is None else 1.0, float(self._syncs), checksum],
+        mine = torch.tensor([0.0 if exc is None else 1.0, float(self._syncs), checksum, float(collective)],
                             dtype=torch.float64, device=self.device)
         table = [torch.empty_like(mine) for _ in range(self.world_size)]
         try:
             self._dist.all_gather(table, mine)
-            flags, syncs, checksums = torch.stack(table).cpu().numpy().T
+            flags, syncs, checksums, collectives = torch.stack(table).cpu().numpy().T
             messages = [None] * self.world_size
             if flags.any():
                 self._dist.all_gather_object(messages, None if exc is None else _describe(exc))
@@ -241,6 +343,11 @@ class DataParallel:
             raise RanksOutOfStepError(
                 f"the ranks are out of step (at synchronisation {', '.join(str(int(v)) for v in syncs)} on ranks "
                 f"0..{self.world_size - 1}): give every rank the same data, settings and seed"
+            )
+        if (collectives != collectives[0]).any():
+            raise RanksOutOfStepError(
+                "the ranks are out of step (they reached different collectives): they did not start from the same "
+                "data, settings, seed or checkpoint (with resume=True every rank must read the same checkpoint file)"
             )
         if not np.isnan(checksums).any() and not np.allclose(checksums, checksums[0], rtol=1e-6, atol=0.0):
             raise RanksOutOfStepError(
@@ -259,10 +366,12 @@ class DataParallel:
         on some ranks counts as zero there.
         """
         parameters = list(parameters)
-        self.sync_failure(None, parameters)
+        size = 1 + sum(p.numel() + 1 for p in parameters)
         dtype = parameters[0].dtype if parameters else torch.float64
+        element_bytes = torch.empty((), dtype=dtype).element_size()
+        self.sync_failure(None, parameters, collective=_collective_id(_REDUCE_GRADIENTS, size * element_bytes))
         # layout: [value, grad_0 (flat), has_grad_0, grad_1 (flat), has_grad_1, ...], filled in place
-        buffer = torch.zeros(1 + sum(p.numel() + 1 for p in parameters), dtype=dtype, device=self.device)
+        buffer = torch.zeros(size, dtype=dtype, device=self.device)
         buffer[0] = torch.as_tensor(value).detach().to(device=self.device, dtype=dtype).reshape(())
         spans, start = [], 1
         for param in parameters:
@@ -285,7 +394,7 @@ class DataParallel:
 
     def sum_counts(self, *counts):
         """Totals over ranks of per-rank counts (ints or floats), in the same order and types."""
-        self.sync_failure(None)
+        self.sync_failure(None, collective=_collective_id(_SUM_COUNTS, 8 * len(counts)))
         buffer = torch.tensor([float(c) for c in counts], dtype=torch.float64, device=self.device)
         self._all_reduce(buffer)
         return tuple(type(c)(v) for c, v in zip(counts, buffer.tolist()))
@@ -304,8 +413,189 @@ class DataParallel:
         self._owns_group = False
 
 
+def _reducible(array) -> np.ndarray:
+    """``array`` as float32 or float64 (its own dtype when it is one of them)."""
+    array = np.asarray(array)
+    return array if array.dtype in (np.float32, np.float64) else array.astype(np.float64)
+
+
+# kinds of collective, for the check that all ranks reach the same one (see DataParallel.sync_failure)
+_LOCAL_DATA, _REDUCE_SUM, _REDUCE_GRADIENTS, _SUM_COUNTS = 1, 2, 3, 4
+
+
+def _collective_id(kind: int, n_bytes: int) -> float:
+    """One number naming a collective's kind and message size in bytes (exact in float64 below 2^50)."""
+    return float(n_bytes * 8 + kind)
+
+
 def _describe(exc: BaseException) -> str:
     """One line naming the exception and where it was raised."""
     frames = traceback.extract_tb(exc.__traceback__)
     where = f" (at {os.path.basename(frames[-1].filename)}:{frames[-1].lineno})" if frames else ""
     return f"{type(exc).__name__}: {exc}{where}"
+
+
+# ---- reading one rank's rows --------------------------------------------------------------------
+_SCAN_BYTES = 1 << 24
+
+
+def read_shard(path, parallel, format: str | None = None):
+    """Read only this rank's rows of a data file: a :class:`~bayesmlc.data.dataset.Dataset` of the
+    rows ``shard_bounds(N, parallel.rank, parallel.world_size)``.
+
+    ``parallel`` is any object with ``rank`` and ``world_size`` (a :class:`DataParallel`; a
+    :class:`SingleProcess` reads every row). Formats:
+
+    * ``npz`` (a bayesmlc dataset file or the ``read_dataset(..., cache=True)`` cache): the row
+      pointers of the rank's rows are read, then only the slices of the column-index and value
+      arrays they point to (the archive's members are read at an offset, never whole);
+    * ``xc`` text: the file is scanned for the byte offsets of the rank's first and last lines (a
+      chunked newline count, constant memory) and only those lines are parsed.
+
+    Memory: the rank's rows plus O(N) row pointers (8 bytes per row) for ``npz``; names (``L`` label
+    and ``D`` feature names, when the file has them) are read whole. ``source["shard"]`` records
+    ``start``, ``stop`` and ``n_rows`` (N). Whole-file checks that need every row (more rows than
+    the header declares after the last one) are left to :func:`bayesmlc.data.io.read_dataset`.
+    """
+    from .data.io import infer_format
+
+    path = Path(path)
+    fmt = infer_format(path) if format is None else format
+    if not path.is_file():
+        raise DataFormatError("no such file" if not path.exists() else "not a regular file", path=path)
+    if fmt == "npz":
+        dataset = _read_npz_shard(path, parallel.rank, parallel.world_size)
+    elif fmt == "xc":
+        dataset = _read_xc_shard(path, parallel.rank, parallel.world_size)
+    else:
+        raise ValidationError(
+            f"read_shard reads the npz and xc formats, not {fmt!r}: convert the file once with "
+            "bayesmlc.data.io.write_dataset(read_dataset(path), 'train.npz')"
+        )
+    return dataset
+
+
+def _npz_slice(archive: zipfile.ZipFile, name: str, start: int, stop: int, path) -> np.ndarray:
+    """Elements ``[start, stop)`` of the 1-D array member ``name`` of an ``.npz``, read at an offset.
+
+    A stored (uncompressed, as ``numpy.savez`` writes) member is read straight from the file at
+    its offset; a compressed one through the zip stream, whose forward seek decompresses and
+    discards (in bounded chunks)."""
+    try:
+        info = archive.getinfo(f"{name}.npy")
+    except KeyError:
+        raise DataFormatError(f"not a bayesmlc dataset .npz: missing {name}", path=path) from None
+    if info.compress_type == zipfile.ZIP_STORED:
+        stream = open(path, "rb")
+        stream.seek(info.header_offset)
+        local_header = stream.read(30)  # the member's local header: fixed 30 bytes, then name and extra field
+        if len(local_header) != 30 or local_header[:4] != b"PK\x03\x04":
+            stream.close()
+            raise DataFormatError(f"member {name}: corrupt zip header", path=path)
+        name_length = int.from_bytes(local_header[26:28], "little")
+        extra_length = int.from_bytes(local_header[28:30], "little")
+        stream.seek(info.header_offset + 30 + name_length + extra_length)
+    else:
+        stream = archive.open(info)
+    with stream:
+        version = np.lib.format.read_magic(stream)
+        readers = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.read_array_header_2_0}
+        if version not in readers:
+            raise DataFormatError(f"member {name}: unsupported .npy version {version}", path=path)
+        shape, fortran_order, dtype = readers[version](stream)
+        if len(shape) != 1 or not 0 <= start <= stop <= shape[0]:
+            raise DataFormatError(f"member {name}: shape {shape} does not hold elements [{start}, {stop})", path=path)
+        stream.seek(stream.tell() + start * dtype.itemsize)
+        out = np.empty(stop - start, dtype=dtype)
+        n_read = stream.readinto(memoryview(out).cast("B")) if out.nbytes else 0
+    if n_read != out.nbytes:
+        raise DataFormatError(f"member {name} is truncated", path=path)
+    return out
+
+
+def _read_npz_shard(path: Path, rank: int, world_size: int):
+    import json
+
+    from .data.dataset import Dataset
+
+    try:
+        archive_npz = np.load(path, allow_pickle=False)
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as exc:
+        raise DataFormatError(f"not a readable dataset .npz file: {exc}", path=path) from None
+    with archive_npz, zipfile.ZipFile(path) as archive:
+        members = set(archive_npz.files)
+        missing = sorted({"meta", "X_shape", "Y_shape", "X_indptr", "Y_indptr"} - members)
+        if missing:
+            raise DataFormatError(f"not a bayesmlc dataset .npz: missing {missing}", path=path)
+        n_rows = int(archive_npz["X_shape"][0])
+        start, stop = shard_bounds(n_rows, rank, world_size)
+
+        def rows_of(prefix: str, with_data: bool) -> sp.csr_matrix:
+            shape = tuple(int(v) for v in archive_npz[f"{prefix}_shape"])
+            indptr = _npz_slice(archive, f"{prefix}_indptr", start, stop + 1, path).astype(np.int64)
+            indices = _npz_slice(archive, f"{prefix}_indices", int(indptr[0]), int(indptr[-1]), path)
+            data = (_npz_slice(archive, f"{prefix}_data", int(indptr[0]), int(indptr[-1]), path) if with_data
+                    else np.ones(indices.size, dtype=np.float32))
+            try:
+                return sp.csr_matrix((data.astype(np.float32, copy=False), indices, indptr - indptr[0]),
+                                     shape=(stop - start, shape[1]))
+            except (ValueError, TypeError) as exc:
+                raise DataFormatError(f"corrupt {prefix} matrix: {exc}", path=path) from None
+
+        X, Y = rows_of("X", True), rows_of("Y", False)
+        mask = rows_of("mask", False) if "mask_indptr" in members else None
+        names = {key: archive_npz[key].tolist() if key in members else None for key in ("feature_names", "label_names")}
+        source = dict(json.loads(str(archive_npz["meta"])).get("source", {}))
+    source["shard"] = {"start": start, "stop": stop, "n_rows": n_rows, "loaded_from": str(path.resolve())}
+    return Dataset(X=X, Y=Y, label_mask=mask, source=source, **names)
+
+
+def _line_offsets(stream, lines: tuple) -> list:
+    """Byte offsets (from the file's start) where the 0-based ``lines`` (increasing, counted from the
+    stream's position) begin; the end of the file for lines past it. Constant memory."""
+    offsets, position, line = [], stream.tell(), 0
+    wanted = list(lines)
+    while wanted and wanted[0] == 0:
+        offsets.append(position)
+        wanted.pop(0)
+    while wanted:
+        chunk = stream.read(_SCAN_BYTES)
+        if not chunk:
+            break
+        newlines = chunk.count(b"\n")
+        at = 0
+        while wanted and line + newlines >= wanted[0]:
+            for _ in range(wanted[0] - line):  # step to the newline ending line wanted[0] - 1
+                at = chunk.index(b"\n", at) + 1
+            newlines -= wanted[0] - line
+            line = wanted.pop(0)
+            offsets.append(position + at)
+        line += newlines
+        position += len(chunk)
+    return offsets + [position] * len(wanted)
+
+
+def _read_xc_shard(path: Path, rank: int, world_size: int):
+    import io
+
+    from .data.dataset import Dataset
+    from .data.formats.sparse_text import Grammar, parse_stream
+    from .data.formats.xc import read_xc_header, rows_to_csr
+
+    with open(path, "rb") as stream:
+        n_rows, n_features, n_labels = read_xc_header(stream, path)
+        start, stop = shard_bounds(n_rows, rank, world_size)
+        begin, end = _line_offsets(stream, (start, stop))
+        stream.seek(begin)
+        text = stream.read(end - begin)
+    grammar = Grammar(n_features=n_features, n_labels=n_labels, width_origin="the header (line 1)")
+    rows = parse_stream(io.BytesIO(text), grammar, path=path, first_line_no=start + 2, max_rows=stop - start)
+    if rows.n_rows != stop - start:
+        raise DataFormatError(
+            f"the header (line 1) declares N={n_rows} rows but the file ends at line {rows.last_line}",
+            path=path, line=rows.last_line,
+        )
+    X, Y = rows_to_csr(rows, n_features, n_labels)
+    source = {"path": str(path.resolve()), "format": "xc", "size_bytes": path.stat().st_size,
+              "shard": {"start": start, "stop": stop, "n_rows": n_rows}}
+    return Dataset(X=X, Y=Y, source=source)

@@ -2,11 +2,13 @@
 
     python benchmarks/bench_distributed.py --procs 1 2 --threads 1 [--device cpu|cuda] [--json out.json]
 
-Every configuration trains the same model on the same synthetic data with the same global batch
-size. "1" is a plain single-process fit (no process group); W > 1 starts W processes on 127.0.0.1
-(gloo on CPUs, nccl with --device cuda, one GPU per process) with ``DataParallel``. Throughput is
-measured over the epochs after the first (initialisation, SVD and warm-up excluded):
-rows / (wall time of the last epoch end - wall time of the first epoch end).
+Every configuration trains the same model on the same synthetic data (written once to an ``.npz``
+dataset file) with the same global batch size. "1" is a plain single-process fit (no process
+group) of the whole file; W > 1 starts W processes on 127.0.0.1 (gloo on CPUs, nccl with --device
+cuda, one GPU per process) with ``DataParallel``, each reading only its shard (``read_shard``).
+Throughput is measured over the epochs after the first (initialisation, SVD and warm-up excluded):
+rows / (wall time of the last epoch end - wall time of the first epoch end). The initialisation
+time (fit start to the first step) and each process's peak resident memory are reported too.
 
 The machine load (``uptime``) is printed beside the numbers: timings on a shared machine are noisy.
 """
@@ -16,12 +18,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import socket
 import subprocess
 import sys
 import tempfile
 import time
+import warnings
 
+import numpy as np
 import torch
 import torch.multiprocessing as mp
 
@@ -35,11 +40,13 @@ def _settings(args) -> dict:
     )
 
 
-def _data(args):
+def _write_data(args, path: str) -> None:
+    from bayesmlc.data.dataset import Dataset
+    from bayesmlc.data.io import write_dataset
     from bayesmlc.data.synthetic import make_multilabel
 
     data = make_multilabel(args.n_samples, args.n_features, args.n_labels, random_state=0)
-    return data.X, data.Y
+    write_dataset(Dataset(X=data.X, Y=data.Y), path)
 
 
 def _throughput(model, n_rows: int) -> float:
@@ -47,17 +54,28 @@ def _throughput(model, n_rows: int) -> float:
     return n_rows * (len(times) - 1) / (times[-1] - times[0])
 
 
-def _single(args) -> dict:
+def _measures(model, n_rows: int) -> dict:
+    steps = model.step_history_["wall_time"]
+    first_step = steps[1] - steps[0] if len(steps) > 1 else 0.0
+    return {"rows_per_s": _throughput(model, n_rows), "objective": model.history_["objective"][-1],
+            "init_s": steps[0] - first_step,
+            "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+
+
+def _single_worker(_, args, data_path, out):
+    """A plain fit of the whole file, in a fresh process (so its peak memory is comparable)."""
+    from bayesmlc.data.io import read_dataset
     from bayesmlc.gp import MLGPF
 
     torch.set_num_threads(args.threads)
-    X, Y = _data(args)
-    model = MLGPF(device=args.device, **_settings(args)).fit(X, Y)
-    return {"rows_per_s": _throughput(model, X.shape[0]), "objective": model.history_["objective"][-1]}
+    train = read_dataset(data_path)
+    model = MLGPF(device=args.device, **_settings(args)).fit(train.X, train.Y)
+    with open(out, "w") as handle:
+        json.dump(_measures(model, train.n_samples), handle)
 
 
-def _worker(rank, world_size, port, args, out):
-    from bayesmlc.distributed import DataParallel
+def _worker(rank, world_size, port, args, data_path, out):
+    from bayesmlc.distributed import DataParallel, read_shard
     from bayesmlc.gp import MLGPF
 
     os.environ.update(
@@ -65,8 +83,12 @@ def _worker(rank, world_size, port, args, out):
     )
     torch.set_num_threads(args.threads)
     parallel = DataParallel.from_env(backend="nccl" if args.device == "cuda" else "gloo")
-    X, Y = _data(args)
-    model = MLGPF(device=parallel.device, **_settings(args)).fit(X, Y, parallel=parallel)
+    train = read_shard(data_path, parallel)  # this rank's rows only
+    with warnings.catch_warnings():  # fit's check of empty label columns sees only this rank's rows
+        warnings.filterwarnings("ignore", message=".*label column.*have no positive training example")
+        model = MLGPF(device=parallel.device, **_settings(args)).fit(train.X, train.Y, parallel=parallel)
+    measures = _measures(model, train.source["shard"]["n_rows"])
+    peak_rss = parallel.reduce_sum(np.eye(world_size)[rank] * measures["peak_rss_mb"])  # every rank's
     # the cost of one step's collectives alone: failure/consistency check + flattened gradient all-reduce
     params = [p for p in model._module.parameters() if p.requires_grad]
     for param in params:
@@ -77,18 +99,22 @@ def _worker(rank, world_size, port, args, out):
     comm_ms = 1000 * (time.perf_counter() - started) / COMM_REPEATS
     if parallel.is_main:
         with open(out, "w") as handle:
-            json.dump({"rows_per_s": _throughput(model, X.shape[0]), "objective": model.history_["objective"][-1],
-                       "comm_ms_per_step": comm_ms, "gradient_floats": sum(p.numel() for p in params)}, handle)
+            json.dump({**measures, "peak_rss_mb": peak_rss.tolist(), "comm_ms_per_step": comm_ms,
+                       "gradient_floats": sum(p.numel() for p in params)}, handle)
     parallel.close()
 
 
-def _distributed(args, world_size: int) -> dict:
+def _run(args, world_size: int, data_path: str) -> dict:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     with tempfile.TemporaryDirectory() as folder:
         out = os.path.join(folder, "result.json")
-        mp.start_processes(_worker, args=(world_size, port, args, out), nprocs=world_size, start_method="spawn")
+        if world_size == 1:
+            mp.start_processes(_single_worker, args=(args, data_path, out), nprocs=1, start_method="spawn")
+        else:
+            mp.start_processes(_worker, args=(world_size, port, args, data_path, out), nprocs=world_size,
+                               start_method="spawn")
         with open(out) as handle:
             return json.load(handle)
 
@@ -120,17 +146,22 @@ def main(argv=None) -> int:
         parser.error(f"--procs {max(args.procs)} needs that many GPUs; this machine has {torch.cuda.device_count()}")
 
     results = []
+    folder = tempfile.TemporaryDirectory()
+    data_path = os.path.join(folder.name, "train.npz")
+    _write_data(args, data_path)
     for procs in args.procs:
         load_before = _uptime()
         started = time.perf_counter()
-        result = _single(args) if procs == 1 else _distributed(args, procs)
+        result = _run(args, procs, data_path)
         result.update(procs=procs, threads_per_proc=args.threads, device=args.device, uptime_before=load_before,
                       uptime_after=_uptime(), wall_s=time.perf_counter() - started)
         results.append(result)
         comm = f", collectives {result['comm_ms_per_step']:.1f} ms/step" if "comm_ms_per_step" in result else ""
-        print(f"procs={procs} threads/proc={args.threads} device={args.device}: {result['rows_per_s']:.0f} rows/s "
-              f"(final objective {result['objective']:.8g}{comm}); load: {load_before.split('load average:')[-1].strip()}",
-              flush=True)
+        rss = "/".join(f"{v:.0f}" for v in np.atleast_1d(result["peak_rss_mb"]))
+        print(f"procs={procs} threads/proc={args.threads} device={args.device}: {result['rows_per_s']:.0f} rows/s, "
+              f"init {result['init_s']:.2f} s, peak RSS {rss} MB per process (final objective "
+              f"{result['objective']:.8g}{comm}); load: {load_before.split('load average:')[-1].strip()}", flush=True)
+    folder.cleanup()
     base = results[0]["rows_per_s"]
     for result in results:
         result["speedup"] = result["rows_per_s"] / base

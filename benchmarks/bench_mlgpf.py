@@ -128,6 +128,11 @@ def cmd_accuracy(args):
     params = dict(CONFIGS[args.config], **parse_sets(args.set))
     params.setdefault("random_state", 0)
     params["epochs"] = args.epochs
+    if params.get("lr_decay", 0) > 0 and args.eval_every < args.epochs:
+        # the decay schedule depends on the total epochs: a run cut into resumed pieces would decay in
+        # every piece, so a decayed run is scored once, at its end
+        print(f"lr_decay > 0: scoring only after all {args.epochs} epochs (--eval-every ignored)")
+        args.eval_every = args.epochs
     weights = inverse_propensity(train.Y)
     path = Path(args.workdir) / f"bench-{os.getpid()}.ckpt.npz"
     print(f"\nMLGPF accuracy on bibtex_xc (train.txt -> test.txt), threads={torch.get_num_threads()}, {load_avg()}")
@@ -154,6 +159,9 @@ def cmd_accuracy(args):
     print("\n| " + " | ".join(keys) + " |")
     print("|" + "---|" * len(keys))
     print("| " + " | ".join(f"{100 * full[k]:.2f}" if "AUC" not in k and k != "ECE" else f"{full[k]:.4f}" for k in keys) + " |")
+    by_proba = evaluate(test.Y, scores=proba)
+    print("\nranked by predict_proba (E[sigmoid(f)], uses the predictive variance) instead of E[f]: P@1/3/5 = "
+          + " / ".join(f"{100 * by_proba[f'P@{k}']:.2f}" for k in (1, 3, 5)))
 
 
 def cmd_scale(args):

@@ -1,9 +1,12 @@
 """Data-parallel training (bayesmlc.distributed): 2 CPU processes on the gloo backend, 127.0.0.1.
 
 The distributed runs are compared with single-process runs of the same global batch size, which
-is what the scheme promises: the per-rank bounds sum to the single-process bound, so after the
-gradient all-reduce every rank takes the single-process step. A stand-in model (logistic
+is what the scheme promises: each rank holds only its shard of the rows, the initialisation is
+built from statistics summed over ranks, the per-rank bounds sum to the single-process bound, so
+after the gradient all-reduce every rank takes the single-process step. A stand-in model (logistic
 regression with a Gaussian prior) also checks the reduced gradient against its closed form.
+The sharded reader and the reduce-based SVD / k-means are also checked in one process (shards
+read one by one; "ranks" as threads that sum through a barrier).
 """
 
 from __future__ import annotations
@@ -14,17 +17,23 @@ import socket
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 
 import numpy as np
 import pytest
+import scipy.sparse as sp
 import torch
 import torch.multiprocessing as mp
 
+import bayesmlc.distributed as distributed
+from bayesmlc.data.dataset import Dataset
+from bayesmlc.data.io import read_dataset, write_dataset
 from bayesmlc.data.synthetic import make_multilabel
-from bayesmlc.distributed import DataParallel, RankFailedError, SingleProcess, shard_bounds
-from bayesmlc.exceptions import ValidationError
+from bayesmlc.distributed import DataParallel, RankFailedError, RowShard, SingleProcess, read_shard, shard_bounds
+from bayesmlc.exceptions import DataFormatError, ValidationError
 from bayesmlc.gp import MLGPF
+from bayesmlc.gp.inducing import kmeans_centres, top_singular_vectors, truncated_svd
 
 WORLD_SIZE = 2
 JOIN_TIMEOUT_S = 240.0  # the whole spawned run; a hang fails the test instead of blocking the suite
@@ -36,6 +45,13 @@ MLGPF_SETTINGS = dict(
     n_latent=3, n_inducing=8, subspace_rank=6, batch_size=40, learning_rate=0.05, random_state=3, device="cpu",
 )
 STANDIN_STEPS, STANDIN_BATCH = 6, 25
+# initialisations compared with one process: the SVD on a row sample split across the ranks (and a
+# validation split, evaluated after one epoch), k-means in input space, a subset of rows
+INIT_VARIANTS = {
+    "subsampled": dict(epochs=1, svd_max_rows=50, validation_fraction=0.2),
+    "free": dict(epochs=0, inducing="free"),
+    "fixed": dict(epochs=0, inducing="fixed"),
+}
 
 
 # ---- pure pieces --------------------------------------------------------------------------------
@@ -51,13 +67,196 @@ def test_shard_bounds_tile_every_batch_in_order(world_size):
 
 def test_single_process_strategy_changes_nothing():
     single = SingleProcess()
-    assert single.local_rows(7) == slice(0, 7)
+    X, Y = sp.csr_matrix(np.eye(7, 3)), sp.csr_matrix(np.eye(7, 2))
+    local_X, local_Y, mask, shard = single.local_data(X, Y)
+    assert local_X is X and local_Y is Y and mask is None and shard == RowShard(0, 7, 7)
+    assert single.reduce_sum([1.5, 2.0]).tolist() == [1.5, 2.0]
     assert single.bound_weights(100, 0.5, 7, 7) == (100, 0.5)
     param = torch.nn.Parameter(torch.tensor([1.0, 2.0]))
     param.grad = torch.tensor([0.25, -1.0])
     assert single.reduce_gradients([param], torch.tensor(-3.5)) == -3.5
     assert param.grad.tolist() == [0.25, -1.0]
     assert single.sum_counts(3, 4.5) == (3, 4.5)
+
+
+# ---- shards in one process ------------------------------------------------------------------------
+class _Rank:
+    def __init__(self, rank, world_size):
+        self.rank, self.world_size = rank, world_size
+
+
+@pytest.mark.parametrize("kind", ["npz", "compressed-npz", "txt"])
+def test_read_shard_reads_each_ranks_rows_and_the_shards_tile_the_file(tmp_path, monkeypatch, kind):
+    import zipfile
+
+    monkeypatch.setattr(distributed, "_SCAN_BYTES", 13)  # many chunk boundaries while looking for the lines
+    X, Y = _data()
+    Y = Y.tolil()
+    Y[0, :] = 0  # a row without labels (an XC line that starts with a space)
+    extension = "txt" if kind == "txt" else "npz"
+    mask = None if kind == "txt" else _mask()  # XC text cannot store a mask
+    path = tmp_path / f"train.{extension}"
+    write_dataset(Dataset(X=X, Y=Y.tocsr(), label_mask=mask), path)
+    whole = read_dataset(path)
+    if kind == "compressed-npz":  # as numpy.savez_compressed writes: the members are deflated
+        stored = tmp_path / "stored.npz"
+        path.rename(stored)
+        with zipfile.ZipFile(stored) as source, zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as target:
+            for member in source.infolist():
+                target.writestr(member.filename, source.read(member.filename))
+    for world_size in (1, 2, 3, 5):
+        shards = [read_shard(path, _Rank(rank, world_size)) for rank in range(world_size)]
+        for rank, shard in enumerate(shards):
+            start, stop = shard_bounds(N_ROWS, rank, world_size)
+            assert shard.source["shard"] == {**shard.source["shard"], "start": start, "stop": stop, "n_rows": N_ROWS}
+            assert shard.n_samples == stop - start
+        for name in ("X", "Y", "label_mask"):
+            if getattr(whole, name) is None:
+                assert all(getattr(shard, name) is None for shard in shards)
+                continue
+            stacked = sp.vstack([getattr(shard, name) for shard in shards]).tocsr()
+            assert stacked.shape == getattr(whole, name).shape
+            assert (stacked != getattr(whole, name)).nnz == 0, (name, world_size)
+
+
+def test_read_shard_allocates_about_its_share_of_an_npz_file(tmp_path):
+    import tracemalloc
+
+    X = sp.random(16000, 400, density=0.1, random_state=0, format="csr", dtype=np.float32)  # 5 MB of X
+    Y = sp.random(16000, 30, density=0.1, random_state=1, format="csr", dtype=np.float32)
+    Y.data[:] = 1.0
+    path = tmp_path / "big.npz"
+    write_dataset(Dataset(X=X, Y=Y), path)
+    whole_bytes = X.data.nbytes + X.indices.nbytes + Y.indices.nbytes
+    tracemalloc.start()
+    try:
+        shard = read_shard(path, _Rank(3, 8))
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert shard.n_samples == 2000
+    # one eighth of the rows, read at their offsets: the allocations peak at about the shard's size
+    # (0.145 x the whole file when written), not at the file's
+    assert peak < 0.2 * whole_bytes, (peak, whole_bytes)
+
+
+def test_read_shard_names_the_file_and_problem(tmp_path):
+    short = tmp_path / "short.txt"
+    short.write_text("5 3 2\n0 0:1\n1 2:0.5\n")
+    with pytest.raises(DataFormatError, match="declares N=5 rows"):
+        read_shard(short, _Rank(1, 2))
+    X, Y = _data()
+    svm = tmp_path / "train.svm"
+    write_dataset(Dataset(X=X, Y=Y), svm)
+    with pytest.raises(ValidationError, match="npz and xc formats, not 'svmlight'"):
+        read_shard(svm, _Rank(0, 2))
+    with pytest.raises(DataFormatError, match="no such file"):
+        read_shard(tmp_path / "missing.npz", _Rank(0, 2))
+
+
+def _run_as_ranks(world_size, compute):
+    """``compute(rank, reduce)`` on ``world_size`` threads whose ``reduce`` sums (in rank order) over
+    the threads through a barrier: the collectives of ``world_size`` processes, in one process."""
+    barrier, parts, results = threading.Barrier(world_size), [None] * world_size, [None] * world_size
+
+    def reducer(rank):
+        def reduce(array):
+            parts[rank] = np.array(array, dtype=np.float64)
+            barrier.wait()
+            total = sum(parts[1:], parts[0].copy())
+            barrier.wait()  # nobody overwrites its part before every thread has read them all
+            return total
+        return reduce
+
+    def run(rank):
+        results[rank] = compute(rank, reducer(rank))
+
+    threads = [threading.Thread(target=run, args=(rank,)) for rank in range(world_size)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert all(result is not None for result in results), "a simulated rank failed"
+    return results
+
+
+def _uneven_shards(n_rows):
+    """Three shards of different sizes, one of them small."""
+    cuts = [0, n_rows // 2, n_rows // 2 + 3, n_rows]
+    return [RowShard(cuts[r], cuts[r + 1], n_rows) for r in range(3)]
+
+
+def test_row_shard_gather_collects_rows_from_every_shard():
+    rows = sp.random(40, 6, density=0.4, random_state=1, format="csr")
+    shards = _uneven_shards(40)
+    ids = np.array([39, 0, 21, 20, 22, 5])
+    gathered = _run_as_ranks(3, lambda r, reduce: shards[r].gather(rows[shards[r].start : shards[r].stop], ids, reduce))
+    for result in gathered:
+        np.testing.assert_array_equal(result, rows[ids].toarray())
+
+
+def test_top_singular_vectors_over_row_shards_equal_one_process_and_the_dense_svd():
+    rng = np.random.default_rng(3)
+    scales = np.array([9.0, 7.0, 5.0, 3.0, 2.0])
+    low_rank = rng.standard_normal((90, 5)) * scales @ np.linalg.qr(rng.standard_normal((20, 5)))[0].T
+    X = sp.csr_matrix(np.where(rng.random((90, 20)) < 0.6, low_rank + 0.01 * rng.standard_normal((90, 20)), 0.0))
+    Vt, s = top_singular_vectors(X, 4, seed=0)
+    _, s_dense, Vt_dense = np.linalg.svd(X.toarray(), full_matrices=False)
+    np.testing.assert_allclose(s, s_dense[:4], rtol=1e-8)
+    np.testing.assert_allclose(np.abs(Vt @ Vt_dense[:4].T), np.eye(4), atol=1e-6)  # same vectors up to sign
+    shards = _uneven_shards(90)
+    results = _run_as_ranks(
+        3, lambda r, reduce: top_singular_vectors(X[shards[r].start : shards[r].stop], 4, 0, reduce)
+    )
+    for Vt_r, s_r in results:
+        np.testing.assert_allclose(Vt_r, Vt, atol=1e-10)
+        np.testing.assert_allclose(s_r, s, rtol=1e-10)
+
+
+def test_truncated_svd_of_a_row_sample_over_shards_equals_one_process():
+    X = sp.random(120, 15, density=0.3, random_state=4, format="csr", dtype=np.float32)
+    basis, US, used = truncated_svd(X, 5, seed=2, max_rows=70)
+    shards = _uneven_shards(120)
+    results = _run_as_ranks(
+        3, lambda r, reduce: truncated_svd(X[shards[r].start : shards[r].stop], 5, 2, 70, shards[r], reduce)
+    )
+    assert used.n_total == 70 and [res[2].n_total for res in results] == [70] * 3
+    assert [(res[2].start, res[2].stop) for res in results] == [(0, results[0][2].stop), (results[0][2].stop,
+            results[1][2].stop), (results[1][2].stop, 70)]
+    for basis_r, _, _ in results:
+        np.testing.assert_allclose(basis_r, basis, atol=1e-6)
+    np.testing.assert_allclose(np.vstack([res[1] for res in results]), US, atol=1e-5)
+
+
+def test_kmeans_over_shards_equals_one_process_and_lloyds_algorithm():
+    from sklearn.cluster import KMeans
+
+    rng = np.random.default_rng(5)
+    centres = rng.standard_normal((6, 4)) * 5
+    points = centres[rng.integers(0, 6, 300)] + rng.standard_normal((300, 4))
+    found = kmeans_centres(points, 6, seed=7, max_rows=200)
+    # the same sample and initial rows, then 5 Lloyd iterations by scikit-learn
+    draw = np.random.default_rng(7)
+    sample = points[np.sort(draw.choice(300, 200, replace=False))]
+    initial = sample[draw.choice(200, 6, replace=False)]
+    lloyd = KMeans(6, init=initial, n_init=1, max_iter=5, tol=0.0, algorithm="lloyd").fit(sample)
+    np.testing.assert_allclose(found, lloyd.cluster_centers_, rtol=1e-5, atol=1e-5)
+    shards = _uneven_shards(300)
+    results = _run_as_ranks(
+        3, lambda r, reduce: kmeans_centres(points[shards[r].start : shards[r].stop], 6, 7, 200, shards[r], reduce)
+    )
+    for result in results:
+        np.testing.assert_allclose(result, found, atol=1e-5)
+    # sparse points (free inducing inputs in input space)
+    sparse_points = sp.random(80, 30, density=0.2, random_state=6, format="csr")
+    found = kmeans_centres(sparse_points, 5, seed=1)
+    shards = _uneven_shards(80)
+    results = _run_as_ranks(
+        3, lambda r, reduce: kmeans_centres(sparse_points[shards[r].start : shards[r].stop], 5, 1, shard=shards[r],
+                                            reduce=reduce)
+    )
+    for result in results:
+        np.testing.assert_allclose(result, found, atol=1e-6)
 
 
 def test_data_parallel_needs_a_process_group_and_torchrun_environment(monkeypatch):
@@ -104,6 +303,11 @@ def _data():
     return data.X, data.Y
 
 
+def _mask():
+    """About 70% of the label entries observed."""
+    return sp.csr_matrix(np.random.default_rng(12).random((N_ROWS, N_LABELS)) < 0.7, dtype=np.float32)
+
+
 def _standin_data():
     rng = np.random.default_rng(5)
     X = rng.standard_normal((60, 4))
@@ -117,13 +321,15 @@ def _standin_fit(parallel):
     Returns (weights after STANDIN_STEPS steps, the reduced gradient of the first step)."""
     X, y = _standin_data()
     n = len(y)
+    shard = RowShard(*shard_bounds(n, parallel.rank, parallel.world_size), n)
+    X, y = X[shard.start : shard.stop], y[shard.start : shard.stop]  # this rank's rows only
     weights = torch.nn.Parameter(torch.zeros(4, dtype=torch.float64))
     optimizer = torch.optim.Adam([weights], lr=0.1)
     order = np.random.default_rng(0).permutation(n)
     first_gradient = None
     for step in range(STANDIN_STEPS):
-        batch_rows = order[(step * STANDIN_BATCH) % n :][:STANDIN_BATCH]
-        rows = batch_rows[parallel.local_rows(len(batch_rows))]
+        batch_rows = np.sort(order[(step * STANDIN_BATCH) % n :][:STANDIN_BATCH])  # global row ids
+        rows = batch_rows[shard.positions_in(batch_rows)] - shard.start
         n_scale, prior_weight = parallel.bound_weights(n, 1.0, len(rows), len(batch_rows))
         logits = torch.as_tensor(X[rows]) @ weights
         log_lik = -torch.nn.functional.binary_cross_entropy_with_logits(
@@ -147,10 +353,20 @@ def _mlgpf_arrays(model) -> dict:
 
 def _training_worker(rank, world_size, port, out):
     parallel = _join_group(rank, world_size, port)
-    X, Y = _data()
     weights, first_gradient = _standin_fit(parallel)
     if parallel.is_main:
         np.savez(os.path.join(out, "standin.npz"), weights=weights, first_gradient=first_gradient)
+
+    train = read_shard(os.path.join(out, "train.npz"), parallel)  # this rank's rows, nothing else
+    X, Y = train.X, train.Y
+    held = parallel.local_data(X, Y)[3]
+    np.savez(os.path.join(out, f"shard-rank{rank}.npz"), X=X.toarray(), Y=Y.toarray(),
+             read=[train.source["shard"][k] for k in ("start", "stop", "n_rows")],
+             held=[held.start, held.stop, held.n_total])
+    for name, settings in INIT_VARIANTS.items():
+        model = MLGPF(dtype="float64", **{**MLGPF_SETTINGS, **settings}).fit(X, Y, parallel=parallel)
+        if parallel.is_main:
+            np.savez(os.path.join(out, f"init-{name}.npz"), **_mlgpf_arrays(model))
 
     checkpoint = os.path.join(out, "checkpoint.npz")
     full = MLGPF(epochs=2, dtype="float64", checkpoint_every=1, checkpoint_path=checkpoint, **MLGPF_SETTINGS)
@@ -164,8 +380,10 @@ def _training_worker(rank, world_size, port, out):
     if parallel.is_main:
         np.savez(os.path.join(out, "resumed.npz"), **_mlgpf_arrays(resumed))
 
+    # the whole data set on every rank (each rank keeps its shard), with a label mask
+    X_all, Y_all = _data()
     sampled = MLGPF(epochs=2, negative_samples=3, dtype="float64", **MLGPF_SETTINGS)
-    sampled.fit(X, Y, parallel=parallel)
+    sampled.fit(X_all, Y_all, label_mask=_mask(), parallel=parallel)
     if parallel.is_main:
         np.savez(os.path.join(out, "sampled.npz"), **_mlgpf_arrays(sampled))
     _run_out_of_step(parallel, X, Y, out)
@@ -191,6 +409,11 @@ def _run_out_of_step(parallel, X, Y, out):
     path = os.path.join(out, "checkpoint.npz" if parallel.is_main else "not-on-this-host.npz")
     model = MLGPF(epochs=5, dtype="float64", checkpoint_path=path, **MLGPF_SETTINGS)
     _record_outcome(os.path.join(out, f"out-of-step-rank{parallel.rank}.txt"),
+                    lambda: model.fit(X, Y, parallel=parallel, resume=True))
+    # both resume, from checkpoints of different epochs: the same collectives, different parameters
+    path = os.path.join(out, "checkpoint-epoch2.npz" if parallel.is_main else "checkpoint.npz")
+    model = MLGPF(epochs=5, dtype="float64", checkpoint_path=path, **MLGPF_SETTINGS)
+    _record_outcome(os.path.join(out, f"different-checkpoints-rank{parallel.rank}.txt"),
                     lambda: model.fit(X, Y, parallel=parallel, resume=True))
 
 
@@ -230,8 +453,30 @@ def _assert_same_fit(distributed: dict, single, rtol, atol):
 @pytest.fixture(scope="module")
 def distributed_run(tmp_path_factory):
     out = str(tmp_path_factory.mktemp("distributed"))
+    X, Y = _data()
+    write_dataset(Dataset(X=X, Y=Y), os.path.join(out, "train.npz"))
     _spawn(_training_worker, out)
     return out
+
+
+def test_each_rank_read_and_trained_on_its_shard_only(distributed_run):
+    X, Y = _data()
+    for rank in range(WORLD_SIZE):
+        start, stop = shard_bounds(N_ROWS, rank, WORLD_SIZE)
+        shard = _load(os.path.join(distributed_run, f"shard-rank{rank}.npz"))
+        assert shard["read"].tolist() == [start, stop, N_ROWS]
+        assert shard["X"].shape == (stop - start, N_FEATURES)  # the rank never held another row
+        np.testing.assert_array_equal(shard["X"], X[start:stop].toarray())
+        np.testing.assert_array_equal(shard["Y"], Y[start:stop].toarray())
+        # the model placed the rank's rows at their global position
+        assert shard["held"].tolist() == [start, stop, N_ROWS]
+
+
+@pytest.mark.parametrize("name", sorted(INIT_VARIANTS))
+def test_initialisation_from_shards_equals_single_process(distributed_run, name):
+    X, Y = _data()
+    single = MLGPF(dtype="float64", **{**MLGPF_SETTINGS, **INIT_VARIANTS[name]}).fit(X, Y)
+    _assert_same_fit(_load(os.path.join(distributed_run, f"init-{name}.npz")), single, rtol=1e-7, atol=1e-9)
 
 
 def test_standin_gradient_equals_closed_form_and_training_equals_single_process(distributed_run):
@@ -255,9 +500,9 @@ def test_mlgpf_two_ranks_equal_one_process_with_the_same_global_batch(distribute
     assert np.abs(distributed["param/Phi"] - initial.parameters_["Phi"].numpy()).max() > 1e-2
 
 
-def test_mlgpf_sampled_negatives_two_ranks_equal_one_process(distributed_run):
+def test_mlgpf_sampled_negatives_with_a_mask_two_ranks_equal_one_process(distributed_run):
     X, Y = _data()
-    single = MLGPF(epochs=2, negative_samples=3, dtype="float64", **MLGPF_SETTINGS).fit(X, Y)
+    single = MLGPF(epochs=2, negative_samples=3, dtype="float64", **MLGPF_SETTINGS).fit(X, Y, label_mask=_mask())
     _assert_same_fit(_load(os.path.join(distributed_run, "sampled.npz")), single, rtol=1e-7, atol=1e-9)
 
 
@@ -284,7 +529,13 @@ def _outcomes(folder, name):
 def test_ranks_that_start_from_different_parameters_stop_instead_of_diverging(distributed_run):
     seconds, outcomes = _outcomes(distributed_run, "out-of-step")
     for rank in range(WORLD_SIZE):
+        # rank 1 initialises (collectives on the data) while rank 0 already trains
+        assert outcomes[rank].startswith("RanksOutOfStepError: the ranks are out of step"), outcomes[rank]
+        assert "same checkpoint file" in outcomes[rank]
+    seconds, outcomes = _outcomes(distributed_run, "different-checkpoints")
+    for rank in range(WORLD_SIZE):
         assert outcomes[rank].startswith("RanksOutOfStepError: the ranks hold different parameters"), outcomes[rank]
+        assert seconds[rank] < GROUP_TIMEOUT_S / 2
         assert seconds[rank] < GROUP_TIMEOUT_S / 2
 
 
@@ -329,3 +580,32 @@ def test_torchrun_launch_equals_one_process(tmp_path):
     X, Y = _data()
     single = MLGPF(epochs=2, dtype="float64", **MLGPF_SETTINGS).fit(X, Y)
     np.testing.assert_allclose(np.load(out), single.parameters_["Phi"].numpy(), rtol=1e-7, atol=1e-9)
+
+
+@pytest.mark.slow
+def test_torchrun_cli_reads_shards_and_equals_one_process(tmp_path):
+    """``torchrun -m bayesmlc train --distributed`` on an XC file: each rank reads its rows, rank 0
+    writes the model, and it scores the test file as the single-process CLI run does."""
+    from bayesmlc.base import MultiLabelEstimator
+
+    data = make_multilabel(n_samples=160, n_features=30, n_labels=7, random_state=4)
+    train_path, test_path = tmp_path / "train.txt", tmp_path / "test.txt"
+    write_dataset(data.subset(np.arange(120)), train_path)
+    write_dataset(data.subset(np.arange(120, 160)), test_path)
+    settings = ["--set", "epochs=2", "--set", "dtype=float64", "--set", "n_latent=3", "--set", "n_inducing=8",
+                "--set", "subspace_rank=6", "--set", "batch_size=40"]
+    common = ["train", "--model", "mlgpf", "--train", str(train_path), "--test", str(test_path), "--quiet",
+              "--seed", "3"] + settings
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    launched = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
+         "--master-port", str(_free_port()), "-m", "bayesmlc"] + common + ["--distributed", "--out", str(tmp_path / "two")],
+        timeout=JOIN_TIMEOUT_S, env=env, capture_output=True, text=True)
+    assert launched.returncode == 0, f"torchrun exited {launched.returncode}:\n{launched.stderr[-4000:]}"
+    single = subprocess.run([sys.executable, "-m", "bayesmlc"] + common + ["--out", str(tmp_path / "one")],
+                            timeout=JOIN_TIMEOUT_S, env=env, capture_output=True, text=True)
+    assert single.returncode == 0, single.stderr[-4000:]
+    test = read_dataset(test_path)
+    two = MultiLabelEstimator.load(tmp_path / "two" / "model.npz")
+    one = MultiLabelEstimator.load(tmp_path / "one" / "model.npz")
+    np.testing.assert_allclose(two.decision_function(test.X), one.decision_function(test.X), rtol=1e-6, atol=1e-8)

@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from ..base import MultiLabelEstimator
-from ..distributed import SingleProcess
+from ..distributed import RowShard, SingleProcess
 from ..exceptions import ModelFormatError, ValidationError
 from ..utils import numpy_rng, resolve_device
 from .inducing import (
@@ -24,6 +24,7 @@ from .inducing import (
     InputSpaceInducing,
     SubspaceInducing,
     kmeans_centres,
+    top_singular_vectors,
     truncated_svd,
 )
 from .kernels import KERNEL_NAMES, make_kernel
@@ -35,10 +36,12 @@ from .training import (
     batch_size_at,
     early_stop,
     epoch_batches,
+    learning_rate_factor,
     load_checkpoint,
     make_optimizer,
     optimizer_state_from_checkpoint,
     save_checkpoint,
+    step_progress,
 )
 from .variational import VARIATIONAL_NAMES, make_variational, robust_cholesky
 
@@ -110,6 +113,15 @@ def minibatch_elbo(module, likelihood, batch, targets, n_total, kl_weight, jitte
     return scale * data - kl_weight * kl, kl, mean_h, prep.jitter
 
 
+def _skip_negative_draws(n_negatives: np.ndarray, negative_samples: int, rng: np.random.Generator) -> None:
+    """Advance ``rng`` as :func:`sample_label_entries` does for rows with ``n_negatives`` negatives
+    (one draw of ``negative_samples`` of them without replacement per row that has more), without
+    their labels: the draws for rows another data-parallel process holds."""
+    for count in n_negatives:
+        if count > negative_samples:
+            rng.choice(int(count), negative_samples, replace=False)
+
+
 def _logit(p):
     return np.log(p) - np.log1p(-p)
 
@@ -143,6 +155,10 @@ class MLGPF(MultiLabelEstimator):
     epochs : int
     learning_rate : float, Adam step size for kernel, inducing inputs, Phi and b.
     variational_learning_rate : float or None, Adam step size for q(u) (None = ``learning_rate``).
+    lr_decay : float in [0, 1], fraction of training (counted in steps, over ``epochs``) at the end
+        over which both learning rates decay to zero along a half cosine (0 = constant rates; see
+        :func:`bayesmlc.gp.training.learning_rate_factor`). The schedule depends on ``epochs``, so
+        a resumed run must keep ``epochs`` when ``lr_decay > 0``.
     negative_samples : int or None, negatives sampled per row (None = all labels).
     quadrature_points : int, Gauss-Hermite nodes.
     kl_weight : float, weight of sum_p KL (1 = the paper's bound; 0.5 = the authors' code).
@@ -151,6 +167,10 @@ class MLGPF(MultiLabelEstimator):
     init_mean : {"ridge", "zero"}, start the mean of q(u) at a ridge-regression fit of the latent
         targets implied by Phi (see ``_warm_start_mean``), or at zero (the prior mean).
     normalize_features : bool, scale every feature row to unit L2 norm (as the authors' code does).
+    rank_by : {"mean", "proba"}, what ``decision_function`` (and so ``predict_topk`` and ranking
+        metrics) returns: the mean utilities E_q[f] (the papers' and authors' choice), or the
+        predictive probabilities E_q[sigmoid(f)] of ``predict_proba``, which use the predictive
+        variance (on Bibtex they ranked 0.6 points of P@1 better; docs/benchmarks.md).
     jitter : float, relative jitter added to K_ZZ before its Cholesky factorisation (grown x10 on
         failure, recorded in ``history_["jitter"]``).
     svd_max_rows : int or None, rows the subspace SVD and the k-means initialisation see at most.
@@ -190,12 +210,14 @@ class MLGPF(MultiLabelEstimator):
         epochs=50,
         learning_rate=0.03,
         variational_learning_rate=None,
+        lr_decay=0.0,
         negative_samples=None,
         quadrature_points=10,
         kl_weight=1.0,
         init_factors="svd",
         init_mean="ridge",
         normalize_features=True,
+        rank_by="mean",
         jitter=1e-5,
         svd_max_rows=100_000,
         validation_fraction=0.0,
@@ -223,12 +245,14 @@ class MLGPF(MultiLabelEstimator):
         self.epochs = epochs
         self.learning_rate = learning_rate
         self.variational_learning_rate = variational_learning_rate
+        self.lr_decay = lr_decay
         self.negative_samples = negative_samples
         self.quadrature_points = quadrature_points
         self.kl_weight = kl_weight
         self.init_factors = init_factors
         self.init_mean = init_mean
         self.normalize_features = normalize_features
+        self.rank_by = rank_by
         self.jitter = jitter
         self.svd_max_rows = svd_max_rows
         self.validation_fraction = validation_fraction
@@ -261,6 +285,7 @@ class MLGPF(MultiLabelEstimator):
             ("variational", VARIATIONAL_NAMES),
             ("init_factors", ("svd", "random")),
             ("init_mean", ("ridge", "zero")),
+            ("rank_by", ("mean", "proba")),
             ("dtype", tuple(_DTYPES)),
         ):
             if getattr(self, name) not in choices:
@@ -284,6 +309,9 @@ class MLGPF(MultiLabelEstimator):
         if self.variational_learning_rate is not None:
             positive_float("variational_learning_rate", self.variational_learning_rate)
         positive_float("kl_weight", self.kl_weight, allow_zero=True)
+        positive_float("lr_decay", self.lr_decay, allow_zero=True)
+        if self.lr_decay > 1:
+            raise ValidationError(f"lr_decay must be in [0, 1] (a fraction of training), got {self.lr_decay!r}")
         positive_float("jitter", self.jitter, allow_zero=True)
         if not (isinstance(self.validation_fraction, (int, float)) and 0 <= self.validation_fraction < 1):
             raise ValidationError(f"validation_fraction must be in [0, 1), got {self.validation_fraction!r}")
@@ -325,10 +353,17 @@ class MLGPF(MultiLabelEstimator):
         with torch.no_grad():
             return inducing.project(X).cpu().numpy()
 
-    def _initial_arrays(self, X, Y, rng) -> dict:
-        """Data-driven initial values: inducing inputs, Phi, b."""
+    def _initial_arrays(self, X, Y, rng, shard=None, reduce=None) -> dict:
+        """Data-driven initial values: inducing inputs, Phi, b.
+
+        ``X``, ``Y`` are this process's training rows, ``shard`` (a RowShard; None = all rows here)
+        their place among all training rows, ``reduce`` the sum over processes (None = one
+        process): every statistic below is a sum over rows, so all processes get the values one
+        process holding every row computes."""
+        shard = RowShard.whole(X.shape[0]) if shard is None else shard
+        reduce = SingleProcess().reduce_sum if reduce is None else reduce
         M = self.n_inducing
-        n, D = X.shape
+        n, D = shard.n_total, X.shape[1]
         seed = int(rng.integers(2**31 - 1))
         arrays = {}
         if self.inducing.startswith("subspace"):
@@ -339,35 +374,41 @@ class MLGPF(MultiLabelEstimator):
                     UserWarning,
                     stacklevel=4,
                 )
-            basis, US, _ = truncated_svd(X, rank, seed, self.svd_max_rows)
+            work_dtype = np.float32 if self.dtype == "float32" else np.float64  # of the (D, R) work arrays
+            basis, US, used = truncated_svd(X, rank, seed, self.svd_max_rows, shard, reduce, work_dtype)
             arrays["basis"] = basis
-            arrays["A"] = kmeans_centres(US, M, seed)  # A init: k-means on U S (sec. 2.2)
+            # A init: k-means on U S (sec. 2.2)
+            arrays["A"] = kmeans_centres(US, M, seed, shard=shard if used is None else used, reduce=reduce)
         elif self.inducing == "free":
-            arrays["Z"] = kmeans_centres(X, M, seed)
+            arrays["Z"] = kmeans_centres(X, M, seed, shard=shard, reduce=reduce)
         else:  # fixed: a random subset of training rows
-            arrays["Z"] = X[np.sort(rng.choice(n, M, replace=False))].toarray()
-        prior = np.clip((np.bincount(Y.indices, minlength=Y.shape[1]) + 0.5) / (n + 1.0), 1e-6, 1 - 1e-6)
+            arrays["Z"] = shard.gather(X, np.sort(rng.choice(n, M, replace=False)), reduce)
+        label_counts = reduce(np.bincount(Y.indices, minlength=Y.shape[1]))
+        prior = np.clip((label_counts + 0.5) / (n + 1.0), 1e-6, 1 - 1e-6)
         arrays["bias"] = _logit(prior).astype(np.float32)
-        arrays["Phi"] = self._initial_factors(Y, rng)
+        arrays["Phi"] = self._initial_factors(Y, rng, n, reduce)
         return arrays
 
-    def _initial_factors(self, Y, rng) -> np.ndarray:
+    def _initial_factors(self, Y, rng, n_rows=None, reduce=None) -> np.ndarray:
         """(L, P) loadings: N(0, 1/P) draws (the authors' code), or a warm start from the top-P right
         singular vectors of the label matrix scaled by sqrt(singular value / mean) and normalised to
         an average squared row norm of 1, plus 0.1 x the random draw (so the GPs only have to learn
-        the leading left singular directions of Y; notes: this speeds convergence)."""
-        from sklearn.utils.extmath import randomized_svd
-
+        the leading left singular directions of Y; notes: this speeds convergence). ``Y`` holds
+        this process's share of all ``n_rows`` training rows (None: every row is here); ``reduce``
+        sums over processes (see ``_initial_arrays``)."""
+        n_rows = Y.shape[0] if n_rows is None else n_rows
         L, P = Y.shape[1], self.n_latent
         noise = rng.standard_normal((L, P)) / math.sqrt(P)
-        if self.init_factors == "random" or P >= min(Y.shape):
+        if self.init_factors == "random" or P > min(n_rows, L):  # P = L: the full SVD basis
             return noise.astype(np.float32)
-        _, s, Vt = randomized_svd(Y, P, n_iter=4, random_state=int(rng.integers(2**31 - 1)))
+        reduce = SingleProcess().reduce_sum if reduce is None else reduce
+        Vt, s = top_singular_vectors(Y, P, int(rng.integers(2**31 - 1)), reduce)
         Phi = Vt.T * np.sqrt(s / s.mean())
         Phi *= math.sqrt(L) / np.linalg.norm(Phi)
         return (Phi + 0.1 * noise).astype(np.float32)
 
-    def _warm_start_mean(self, module, X, Y, projection, rng, max_rows=5000, max_entries=4_000_000):
+    def _warm_start_mean(self, module, X, Y, projection, rng, shard=None, reduce=None, max_rows=5000,
+                         max_entries=4_000_000):
         """Start E_q[u] at a ridge fit of latent targets (a reduced-rank-regression warm start).
 
         With a(x) = L_K^{-1} k_Z(x), the whitened mean v gives E[h(x)] = a(x)^T v with prior
@@ -375,10 +416,15 @@ class MLGPF(MultiLabelEstimator):
         through Phi, H0 = (Y - ybar) Phi (Phi^T Phi)^{-1} (computed sparsely), scaled by c; then
         v = (A A^T + I)^{-1} A c H0 on at most ``max_rows`` random rows, and c in {0.5, 1, ..., 16}
         is chosen by the expected log-likelihood (under the current variances) on rows x labels up
-        to ``max_entries`` entries.
+        to ``max_entries`` entries. ``shard`` and ``reduce`` as in ``_initial_arrays``: ybar Phi, the
+        normal equations (A A^T, A H0) and the log-likelihoods are sums over rows, added over
+        processes.
         """
-        n = X.shape[0]
-        rows = np.sort(rng.choice(n, min(n, max_rows), replace=False))
+        shard = RowShard.whole(X.shape[0]) if shard is None else shard
+        reduce = SingleProcess().reduce_sum if reduce is None else reduce
+        n = shard.n_total
+        chosen = np.sort(rng.choice(n, min(n, max_rows), replace=False))
+        rows, chosen_here = shard.select(chosen)  # this process's chosen rows, and their positions in chosen
         with torch.no_grad():
             batch = self._feature_batch(module, X, rows, projection)
             mean_h, var_h, prep = module.latent(batch, self.jitter)
@@ -388,18 +434,24 @@ class MLGPF(MultiLabelEstimator):
             Phi = module.Phi
             Y_rows = Y[rows]
             Phi_np = Phi.double().cpu().numpy()
-            centred = Y_rows @ Phi_np - np.asarray(Y.mean(axis=0)).ravel() @ Phi_np  # (n, P)
+            mean_loading = reduce(np.asarray(Y.sum(axis=0), dtype=np.float64).ravel() @ Phi_np) / n  # ybar Phi
+            centred = Y_rows @ Phi_np - mean_loading  # (n, P)
             H0 = torch.as_tensor(np.linalg.solve(Phi_np.T @ Phi_np, centred.T).T, dtype=A.dtype, device=A.device)
+            normal = reduce(torch.cat([A @ A.T, A @ H0], dim=1).cpu().numpy())  # [A A^T, A H0], summed
+            normal = torch.as_tensor(normal, dtype=A.dtype, device=A.device)
             eye = torch.eye(A.shape[0], dtype=A.dtype, device=A.device)
-            V = torch.linalg.solve(A @ A.T + eye, A @ H0)  # (M, P), ridge in whitened coordinates
+            V = torch.linalg.solve(normal[:, : A.shape[0]] + eye, normal[:, A.shape[0] :])  # (M, P), whitened ridge
             h_fit = A.T @ V  # (n, P)
-            n_eval = max(1, min(len(rows), max_entries // (Y.shape[1] * self.quadrature_points)))
+            n_eval = max(1, min(len(chosen), max_entries // (Y.shape[1] * self.quadrature_points)))
+            n_eval = min(max(n_eval - chosen_here.start, 0), len(rows))  # this process's share of them
             likelihood = BernoulliLogit(self.quadrature_points)
             Y_eval = torch.as_tensor(Y_rows[:n_eval].toarray(), dtype=A.dtype, device=A.device)
-            best = (-math.inf, 0.0)
-            for c in (0.0, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0):
-                value = float(data_term_full(likelihood, c * h_fit[:n_eval], var_h[:n_eval], Phi, module.bias, Y_eval, None))
-                best = max(best, (value, c))
+            scales = (0.0, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0)
+            values = reduce([
+                float(data_term_full(likelihood, c * h_fit[:n_eval], var_h[:n_eval], Phi, module.bias, Y_eval, None))
+                for c in scales
+            ])
+            best = max(zip(values, scales))
             module.variational.set_mean((best[1] * (L_K @ V)).T, L_K)
 
     def _build_module(self, arrays: dict, n_labels: int) -> MLGPFModule:
@@ -417,46 +469,71 @@ class MLGPF(MultiLabelEstimator):
         projected = None if (projection is None or rows is None) else projection[rows]
         return module.inducing.make_batch(X_rows, projected)
 
-    def _targets(self, Y, mask, rows, rng, device, dtype, local=slice(None)):
-        """Targets of ``rows[local]`` (this process's share of the batch ``rows``)."""
+    def _targets(self, Y, mask, rows, rng, device, dtype, share=None, n_batch=None, parallel=None):
+        """Targets of the rows ``rows`` of ``Y``: this process's rows of a global batch of ``n_batch``
+        rows (None: ``len(rows)``), at the positions ``share`` of it (None: all of them)."""
         Y_rows = Y[rows]
         mask_rows = None if mask is None else mask[rows]
-        start, stop, _ = local.indices(len(rows))
         if self.negative_samples is None:
-            Y_rows = Y_rows[start:stop]
-            mask_rows = None if mask_rows is None else mask_rows[start:stop]
             Y_dense = torch.as_tensor(Y_rows.toarray(), device=device, dtype=dtype)
             mask_dense = None if mask_rows is None else torch.as_tensor(mask_rows.toarray(), device=device, dtype=dtype)
             return ("full", Y_dense, mask_dense), Y_rows
-        # negatives are drawn for the whole batch: every data-parallel process consumes the same random stream
-        entries = sample_label_entries(Y_rows, mask_rows, self.negative_samples, rng)
-        keep = (entries.rows >= start) & (entries.rows < stop)
-        entries = LabelEntries(entries.rows[keep] - start, entries.labels[keep], entries.signs[keep], entries.weights[keep])
-        return ("sampled", entries), Y_rows[start:stop]
+        share = slice(0, len(rows)) if share is None else share
+        # Negatives are drawn for the whole global batch in row order, so that every data-parallel
+        # process consumes the random stream of one process. The other processes' rows only advance
+        # it, which needs just their numbers of negatives (summed over processes).
+        n_negatives = np.zeros(len(rows) if n_batch is None else n_batch)
+        observed = np.full(len(rows), Y.shape[1]) if mask_rows is None else np.diff(mask_rows.indptr)
+        n_negatives[share] = observed - np.diff(Y_rows.indptr)  # Y is zero where the mask is
+        n_negatives = (parallel or SingleProcess()).reduce_sum(n_negatives)
+        _skip_negative_draws(n_negatives[: share.start], self.negative_samples, rng)
+        if len(rows):
+            entries = sample_label_entries(Y_rows, mask_rows, self.negative_samples, rng)
+        else:  # a process may hold no row of a batch
+            entries = LabelEntries(np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0), np.zeros(0))
+        _skip_negative_draws(n_negatives[share.stop :], self.negative_samples, rng)
+        return ("sampled", entries), Y_rows
 
     # ---- fit ----------------------------------------------------------------------------------
     def _fit(self, X, Y, label_mask, resume=False, parallel=None):
         """``parallel``: a :mod:`bayesmlc.distributed` strategy; None = one process. Under
-        ``DataParallel`` every rank passes the same data and settings and computes its share of
-        each batch."""
-        self._check_params(X.shape[0])
+        ``DataParallel`` every rank passes the same settings and either its shard of the rows
+        (:func:`bayesmlc.distributed.read_shard`) or the whole data set (it then keeps its shard),
+        and computes the bound on its rows of each global batch."""
         self._device = resolve_device(self.device)
         self._torch_dtype = _DTYPES[self.dtype]
         parallel = SingleProcess() if parallel is None else parallel
         with self._threads():
             try:
-                self._train(self._prepare_features(X), Y, label_mask, resume, parallel)
+                X, Y, label_mask, shard = parallel.local_data(X, Y, label_mask)
+                self._check_params(shard.n_total)
+                if parallel.world_size > 1:
+                    self._global_label_statistics(Y, label_mask, parallel)
+                self._train(self._prepare_features(X), Y, label_mask, resume, parallel, shard)
             except Exception as exc:
                 parallel.sync_failure(exc)  # the other processes raise RankFailedError naming this one
                 raise
             parallel.sync_failure(None)  # all finished: none is left waiting for a failed one
         return self
 
-    def _train(self, X, Y, label_mask, resume, parallel):
+    def _global_label_statistics(self, Y, label_mask, parallel):
+        """The base class's ``label_frequencies_``, ``label_prior_`` and ``empty_labels_`` over all
+        processes' rows (``fit`` computed them from this process's rows)."""
+        n_labels = Y.shape[1]
+        observed = (np.full(n_labels, Y.shape[0]) if label_mask is None
+                    else np.bincount(label_mask.indices, minlength=n_labels))
+        totals = parallel.reduce_sum(np.concatenate([np.bincount(Y.indices, minlength=n_labels), observed]))
+        self.label_frequencies_ = totals[:n_labels].astype(np.int64)
+        self.label_prior_ = (self.label_frequencies_ + 0.5) / (totals[n_labels:] + 1.0)
+        self.empty_labels_ = np.flatnonzero(self.label_frequencies_ == 0)
+
+    def _train(self, X, Y, label_mask, resume, parallel, shard):
+        """``X``, ``Y``, ``label_mask``: this process's rows, ``shard`` (a RowShard) their place
+        among all rows. Row ids below (validation split, batches) are global."""
         device, dtype = self._device, self._torch_dtype
         start_clock = time.perf_counter()
         rng = numpy_rng(self.random_state)
-        n_all = X.shape[0]
+        n_all = shard.n_total
         n_val = int(round(self.validation_fraction * n_all))
         order = rng.permutation(n_all)
         val_rows, train_rows = np.sort(order[:n_val]), np.sort(order[n_val:])
@@ -466,26 +543,30 @@ class MLGPF(MultiLabelEstimator):
                 raise ValidationError("resume=True needs checkpoint_path (the checkpoint to continue from)")
             if os.path.exists(self.checkpoint_path):
                 checkpoint = load_checkpoint(self.checkpoint_path)
-                self._check_checkpoint(checkpoint, X, Y)
+                self._check_checkpoint(checkpoint, n_all, X, Y)
                 val_rows = np.asarray(checkpoint["val_rows"], dtype=np.int64)
                 train_rows = np.setdiff1d(np.arange(n_all), val_rows)
             else:
                 warnings.warn(f"{self.checkpoint_path}: no checkpoint yet; starting from scratch", UserWarning, stacklevel=4)
-        X_tr, Y_tr = X[train_rows], Y[train_rows]
-        mask_tr = None if label_mask is None else label_mask[train_rows]
-        n_train = X_tr.shape[0]
+        local_train, train_shard = shard.select(train_rows)  # positions in train_rows = training row ids
+        local_val, _ = shard.select(val_rows)
+        X_tr, Y_tr = X[local_train], Y[local_train]
+        mask_tr = None if label_mask is None else label_mask[local_train]
+        n_train = train_shard.n_total
 
         if checkpoint is None:
-            module = self._build_module(self._initial_arrays(X_tr, Y_tr, rng), Y.shape[1]).to(device=device, dtype=dtype)
+            arrays = self._initial_arrays(X_tr, Y_tr, rng, train_shard, parallel.reduce_sum)
+            module = self._build_module(arrays, Y.shape[1]).to(device=device, dtype=dtype)
         else:
             module = self._build_module(_structural_arrays(checkpoint["parameters"]), Y.shape[1])
             module.load_state_dict(checkpoint["parameters"])
             module = module.to(device=device, dtype=dtype)
         projection = self._training_projection(module, X_tr)
         if checkpoint is None and self.init_mean == "ridge":
-            self._warm_start_mean(module, X_tr, Y_tr, projection, rng)
+            self._warm_start_mean(module, X_tr, Y_tr, projection, rng, train_shard, parallel.reduce_sum)
         likelihood = BernoulliLogit(self.quadrature_points)
         optimizer = make_optimizer(module, self.learning_rate, self.variational_learning_rate)
+        base_rates = [group["lr"] for group in optimizer.param_groups]  # before a checkpoint's decayed ones
         history = {
             "epoch": [], "wall_time": [], "objective": [], "kl": [], "batch_size": [], "jitter": [],
             "train_P@1": [], "val_P@1": [], "val_P@3": [], "val_P@5": [],
@@ -520,11 +601,18 @@ class MLGPF(MultiLabelEstimator):
                 )
                 epoch_elbo, epoch_kl, hits, seen, max_jitter = 0.0, 0.0, 0, 0, 0.0
                 batches = epoch_batches(n_train, batch_size, rng)
-                for batch_rows in batches:
-                    local = parallel.local_rows(len(batch_rows))  # this process's share of the batch
-                    rows = batch_rows[local]
+                for batch_index, batch_rows in enumerate(batches):
+                    factor = learning_rate_factor(
+                        step_progress(epoch, batch_index, len(batches), self.epochs), self.lr_decay
+                    )
+                    for group, base in zip(optimizer.param_groups, base_rates):
+                        group["lr"] = base * factor
+                    share = train_shard.positions_in(batch_rows)  # the batch's rows this process holds
+                    rows = batch_rows[share] - train_shard.start
                     batch = self._feature_batch(module, X_tr, rows, projection)
-                    targets, Y_rows = self._targets(Y_tr, mask_tr, batch_rows, rng, device, dtype, local)
+                    targets, Y_rows = self._targets(
+                        Y_tr, mask_tr, rows, rng, device, dtype, share, len(batch_rows), parallel
+                    )
                     optimizer.zero_grad(set_to_none=True)
                     n_scale, kl_weight = parallel.bound_weights(n_train, self.kl_weight, len(rows), len(batch_rows))
                     elbo, kl, mean_h, used = minibatch_elbo(
@@ -563,7 +651,7 @@ class MLGPF(MultiLabelEstimator):
                 history["train_P@1"].append(hits / max(seen, 1))
                 val = [math.nan] * 3
                 if n_val and ((epoch + 1) % self.validation_every == 0 or epoch + 1 == self.epochs):
-                    val = self._validation_scores(module, X[val_rows], Y[val_rows], jitter)
+                    val = self._validation_scores(module, X[local_val], Y[local_val], jitter, n_val, parallel)
                 for k, value in zip((1, 3, 5), val):
                     history[f"val_P@{k}"].append(value)
                 if n_val and not math.isnan(val[0]):
@@ -609,31 +697,37 @@ class MLGPF(MultiLabelEstimator):
             module.load_state_dict(best_state)
         self._keep_parameters(module, jitter)
 
-    def _check_checkpoint(self, checkpoint, X, Y):
+    def _check_checkpoint(self, checkpoint, n_rows, X, Y):
         mine = {k: v for k, v in self.get_params().items() if _json_plain(v)}
         ignored = {"epochs", "verbose", "checkpoint_every", "checkpoint_path", "n_threads", "device",
-                   "early_stopping_patience", "validation_every"}
+                   "early_stopping_patience", "validation_every", "rank_by"}
         different = sorted(k for k in mine if k not in ignored and checkpoint["params"].get(k) != mine[k])
+        if self.lr_decay > 0 and checkpoint["params"].get("epochs") != self.epochs:
+            different.append("epochs (the learning-rate decay depends on it)")
         if different:
             raise ValidationError(
                 f"{self.checkpoint_path}: checkpoint was written with different parameters ({', '.join(different)}); "
                 "resume needs the same model settings"
             )
-        if (checkpoint["n_rows"], checkpoint["n_features"], checkpoint["n_labels"]) != (X.shape[0], X.shape[1], Y.shape[1]):
+        if (checkpoint["n_rows"], checkpoint["n_features"], checkpoint["n_labels"]) != (n_rows, X.shape[1], Y.shape[1]):
             raise ValidationError(
                 f"{self.checkpoint_path}: checkpoint is for data of shape rows={checkpoint['n_rows']}, "
                 f"features={checkpoint['n_features']}, labels={checkpoint['n_labels']}, not "
-                f"{X.shape[0]}, {X.shape[1]}, {Y.shape[1]}"
+                f"{n_rows}, {X.shape[1]}, {Y.shape[1]}"
             )
 
-    def _validation_scores(self, module, X_val, Y_val, jitter):
+    def _validation_scores(self, module, X_val, Y_val, jitter, n_val, parallel):
+        """P@1, P@3, P@5 over all ``n_val`` validation rows, of which this process holds ``X_val``."""
         from ..metrics import precision_at_k
 
         self._keep_parameters(module, jitter)
-        scores = np.vstack([
-            self._mean_utilities(X_val[start : start + 2048]) for start in range(0, X_val.shape[0], 2048)
-        ])
-        return [precision_at_k(Y_val, scores, k) for k in (1, 3, 5)]
+        sums = np.zeros(3)
+        if X_val.shape[0]:
+            scores = np.vstack([
+                self._mean_utilities(X_val[start : start + 2048]) for start in range(0, X_val.shape[0], 2048)
+            ])
+            sums = np.array([precision_at_k(Y_val, scores, k) * X_val.shape[0] for k in (1, 3, 5)])
+        return [float(v) for v in parallel.reduce_sum(sums) / n_val]
 
     def _keep_parameters(self, module, jitter):
         self._module = module
@@ -663,6 +757,8 @@ class MLGPF(MultiLabelEstimator):
         return scores.float().cpu().numpy()
 
     def _decision_function(self, X) -> np.ndarray:
+        if self.rank_by == "proba":
+            return self._predict_proba(X)
         with self._threads():
             return self._mean_utilities(self._prepare_features(X))
 

@@ -17,6 +17,8 @@ __all__ = [
     "epoch_batches",
     "batch_size_at",
     "make_optimizer",
+    "learning_rate_factor",
+    "step_progress",
     "all_finite",
     "early_stop",
     "save_checkpoint",
@@ -63,6 +65,29 @@ def make_optimizer(module: torch.nn.Module, learning_rate: float, variational_le
     return torch.optim.Adam(
         [{"params": others, "lr": learning_rate}, {"params": variational, "lr": rate}]
     )
+
+
+def step_progress(epoch: int, step: int, steps_in_epoch: int, epochs: int) -> float:
+    """Fraction of training done before 0-based ``step`` of 0-based ``epoch``:
+    ``(epoch + step / steps_in_epoch) / epochs``, in [0, 1)."""
+    return (epoch + step / steps_in_epoch) / epochs
+
+
+def learning_rate_factor(progress: float, decay_fraction: float) -> float:
+    """Multiplier of the base learning rate at training ``progress`` in [0, 1]: a constant rate, then
+    a cosine decay to zero over the last ``decay_fraction`` of training.
+
+    factor = 1                               for progress <= 1 - decay_fraction,
+    factor = (1 + cos(pi t)) / 2,  t = (progress - (1 - decay_fraction)) / decay_fraction, otherwise.
+
+    ``decay_fraction = 0`` keeps the rate constant. Stochastic-gradient Adam keeps the iterate
+    bouncing around the optimum at a constant rate (test P@1 moved by about 1 point between
+    evaluations on Bibtex); shrinking the step at the end settles it.
+    """
+    if decay_fraction <= 0.0 or progress <= 1.0 - decay_fraction:
+        return 1.0
+    t = min(1.0, (progress - (1.0 - decay_fraction)) / decay_fraction)
+    return 0.5 * (1.0 + math.cos(math.pi * t))
 
 
 def all_finite(loss: torch.Tensor, parameters) -> bool:

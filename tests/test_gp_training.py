@@ -1,0 +1,117 @@
+"""MLGPF training schedule and warm starts: the learning-rate decay against its closed form, as a pure
+function and as applied to Adam's rates during fit; resume with a decay keeps the uninterrupted
+result; the factor warm start with P = L is the label matrix's full SVD basis."""
+
+import math
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+import torch
+
+from bayesmlc.exceptions import ValidationError
+import bayesmlc.gp.model as model_module
+from bayesmlc.gp import MLGPF
+from bayesmlc.gp.training import learning_rate_factor, step_progress
+
+SMALL = dict(n_latent=2, n_inducing=10, subspace_rank=8, batch_size=50, learning_rate=0.05, random_state=0,
+             n_threads=1, device="cpu")
+
+
+def _data(seed=0, n=150, D=12, L=6):
+    rng = np.random.default_rng(seed)
+    X = sp.csr_matrix(rng.standard_normal((n, D)) * (rng.random((n, D)) < 0.4), dtype=np.float32)
+    Y = sp.csr_matrix((rng.random((n, L)) < 0.3).astype(np.float32))
+    return X, Y
+
+
+def test_learning_rate_factor_is_constant_then_a_half_cosine():
+    # hand-worked values: decay over the last half, so the cosine starts at progress 0.5
+    assert learning_rate_factor(0.0, 0.5) == 1.0
+    assert learning_rate_factor(0.5, 0.5) == 1.0
+    assert learning_rate_factor(0.75, 0.5) == pytest.approx(0.5, abs=1e-15)  # cos(pi/2) = 0
+    assert learning_rate_factor(0.625, 0.5) == pytest.approx((1 + math.sqrt(0.5)) / 2, abs=1e-15)
+    assert learning_rate_factor(1.0, 0.5) == pytest.approx(0.0, abs=1e-15)
+    # whole-run cosine; no decay keeps the rate; past the end it stays at zero
+    for p in np.linspace(0, 1, 11):
+        assert learning_rate_factor(p, 1.0) == pytest.approx(0.5 * (1 + math.cos(math.pi * p)), abs=1e-15)
+        assert learning_rate_factor(p, 0.0) == 1.0
+    assert learning_rate_factor(1.2, 0.3) == pytest.approx(0.0, abs=1e-15)
+    assert step_progress(2, 1, 4, 10) == pytest.approx(0.225)
+
+
+def test_fit_applies_the_decayed_rate_at_every_step(monkeypatch):
+    X, Y = _data()
+    seen = []
+    original = torch.optim.Adam.step
+
+    def recording_step(self, *args, **kwargs):
+        seen.append([group["lr"] for group in self.param_groups])
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(torch.optim.Adam, "step", recording_step)
+    epochs, steps_per_epoch = 4, 3  # 150 rows, batch 50
+    MLGPF(epochs=epochs, lr_decay=0.5, variational_learning_rate=0.2, **SMALL).fit(X, Y)
+    assert len(seen) == epochs * steps_per_epoch
+    for step, rates in enumerate(seen):
+        progress = step / (epochs * steps_per_epoch)  # equal-size batches: progress is step / total
+        t = max(0.0, (progress - 0.5) / 0.5)
+        expected = 0.5 * (1 + math.cos(math.pi * t))
+        assert rates == pytest.approx([0.05 * expected, 0.2 * expected], rel=1e-12), step
+
+
+def test_resume_with_decay_gives_the_uninterrupted_result_and_needs_the_same_epochs(tmp_path, monkeypatch):
+    X, Y = _data(seed=1)
+    params = dict(SMALL, lr_decay=0.6)
+    straight = MLGPF(epochs=4, **params).fit(X, Y)
+    path = tmp_path / "run.ckpt.npz"
+    # interrupt a 4-epoch run after its second checkpoint (epoch 2)
+    writes = {"n": 0}
+    real_save = model_module.save_checkpoint
+
+    def interrupting_save(*args, **kwargs):
+        real_save(*args, **kwargs)
+        writes["n"] += 1
+        if writes["n"] == 2:
+            raise KeyboardInterrupt
+
+    with monkeypatch.context() as patch:
+        patch.setattr(model_module, "save_checkpoint", interrupting_save)
+        with pytest.raises(KeyboardInterrupt):
+            MLGPF(epochs=4, checkpoint_every=1, checkpoint_path=str(path), **params).fit(X, Y)
+    resumed = MLGPF(epochs=4, checkpoint_every=1, checkpoint_path=str(path), **params).fit(X, Y, resume=True)
+    assert resumed.history_["epoch"] == [1, 2, 3, 4]
+    for name, value in straight.parameters_.items():
+        assert torch.equal(value, resumed.parameters_[name]), name
+    with pytest.raises(ValidationError, match="epochs"):
+        MLGPF(epochs=6, checkpoint_path=str(path), **params).fit(X, Y, resume=True)
+    with pytest.raises(ValidationError, match="lr_decay must be"):
+        MLGPF(epochs=2, **dict(SMALL, lr_decay=1.5)).fit(X, Y)
+
+
+def test_factor_warm_start_uses_the_full_svd_basis_when_p_equals_the_label_count():
+    # P = L used to fall back to random loadings; it must give the scaled right singular vectors of Y
+    rng = np.random.default_rng(3)
+    Y = sp.csr_matrix((rng.random((300, 6)) < [0.5, 0.4, 0.3, 0.2, 0.1, 0.05]).astype(np.float32))
+    P = L = Y.shape[1]
+    Phi = MLGPF(n_latent=P, random_state=0)._initial_factors(Y, np.random.default_rng(0))
+    _, s, Vt = np.linalg.svd(Y.toarray().astype(np.float64), full_matrices=False)
+    expected = Vt.T * np.sqrt(s / s.mean())
+    expected *= math.sqrt(L) / np.linalg.norm(expected)
+    # singular vectors are defined up to sign: align each column, then only the 0.1 x N(0, 1/P) draw remains
+    signs = np.sign((expected * Phi).sum(0))
+    residual = Phi - expected * signs
+    noise = np.random.default_rng(0).standard_normal((L, P)) / math.sqrt(P)  # the method's first draw
+    np.testing.assert_allclose(residual, 0.1 * noise, atol=1e-5)
+
+
+def test_rank_by_proba_ranks_by_the_predictive_probability():
+    X, Y = _data(seed=2)
+    mean_model = MLGPF(epochs=2, **SMALL).fit(X, Y)
+    proba_model = MLGPF(epochs=2, rank_by="proba", **SMALL).fit(X, Y)
+    np.testing.assert_array_equal(proba_model.decision_function(X), mean_model.predict_proba(X))
+    np.testing.assert_array_equal(mean_model.decision_function(X), proba_model._mean_utilities(proba_model._prepare_features(X)))
+    order = np.argsort(-mean_model.predict_proba(X), axis=1, kind="stable")[:, :2]
+    assert np.array_equal(np.sort(proba_model.predict_topk(X, 2)[0], axis=1), np.sort(order, axis=1))
+    with pytest.raises(ValidationError, match="rank_by must be one of"):
+        MLGPF(epochs=1, rank_by="median", **SMALL).fit(X, Y)
