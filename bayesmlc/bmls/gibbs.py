@@ -23,8 +23,11 @@ likelihood term. With the Bernoulli-Poisson link the zeros enter only through th
   depends on phi. The augmented counts are discarded after the phi draw (a data-augmentation step
   for p(phi | rest), which leaves the target invariant); h is then drawn with them integrated out.
 
-Label co-occurrence (BMLS-co, eqs. (10)-(12), (17)-(18), (25)-(27)): c_ij for i < j only (the
-authors' code), c_ij ~ Poisson(sum_k phi_ik lambda_k phi_jk).
+Label co-occurrence (BMLS-co, eqs. (10)-(12), (17)-(18), (25)-(27)): c_ij ~ Poisson(sum_k phi_ik
+lambda_k phi_jk) for the pairs i < j (the authors' code) or i <= j (``pair_diagonal``: the diagonal
+c_ii of C = Y^T Y, the number of instances carrying label i, is modelled too, as the paper's C = Y^T Y
+and the sum over all (l, m) in eq. (25) include it). The exposure of topic k per unit of lambda_k is
+E_k = sum_{i<j} phi_ik phi_jk = (1 - |phi_k|^2) / 2, or (1 + |phi_k|^2) / 2 with the diagonal.
 """
 
 from __future__ import annotations
@@ -70,7 +73,8 @@ class SweepData:
     x_csr : scipy CSR X' (float64) for theta = exp(X' log h).
     pos_rows, pos_cols : (E,) instance and label of each positive observed entry.
     mask_obs : None (all observed) or CSR (N, L) with ones at observed entries.
-    pair_first, pair_second, pair_counts : co-occurrence triples (i < j), or None.
+    pair_first, pair_second, pair_counts : co-occurrence triples (i < j, or i <= j), or None.
+    pair_diagonal : whether the triples may include the diagonal (i = i); sets the exposure E_k.
     """
 
     n_instances: int
@@ -87,11 +91,15 @@ class SweepData:
     pair_first: Optional[np.ndarray] = None
     pair_second: Optional[np.ndarray] = None
     pair_counts: Optional[np.ndarray] = None
+    pair_diagonal: bool = False
 
     @classmethod
-    def build(cls, X_bias: sp.csr_matrix, Y: sp.csr_matrix, mask: Optional[sp.csr_matrix], pairs=None):
+    def build(
+        cls, X_bias: sp.csr_matrix, Y: sp.csr_matrix, mask: Optional[sp.csr_matrix], pairs=None, pair_diagonal=False
+    ):
         """``X_bias`` binary CSR (N, D') with the bias column; ``Y`` CSR (N, L) of observed positives;
-        ``mask`` CSR of observed entries or None; ``pairs`` (first, second, counts) or None."""
+        ``mask`` CSR of observed entries or None; ``pairs`` (first, second, counts) or None, with
+        first <= second when ``pair_diagonal`` else first < second."""
         x_csr = sp.csr_matrix(X_bias, dtype=np.float64)
         x_csc = x_csr.tocsc()
         x_csc.sort_indices()
@@ -112,6 +120,10 @@ class SweepData:
         )
         if pairs is not None:
             data.pair_first, data.pair_second, data.pair_counts = (np.asarray(a, dtype=np.int64) for a in pairs)
+            data.pair_diagonal = bool(pair_diagonal)
+            on_diagonal = data.pair_first == data.pair_second
+            if np.any(data.pair_first > data.pair_second) or (not pair_diagonal and np.any(on_diagonal)):
+                raise ValueError("co-occurrence pairs must satisfy first < second (first <= second with the diagonal)")
         return data
 
     @property
@@ -132,6 +144,7 @@ class SamplerState:
     c0: float  # f0 of eq. (12)
     rates: np.ndarray = field(default=None)  # (E,)
     topic_tokens: np.ndarray = field(default=None)  # (K,) label tokens per topic in the last sweep
+    phi_acceptance: float = 1.0  # share of topics whose phi proposal was accepted in the last sweep
 
 
 @numba.njit(cache=True, nogil=True)
@@ -280,15 +293,43 @@ def sample_beta0(label_topic_counts: np.ndarray, beta0: float, rng) -> float:
     return float(rng.gamma(BETA0_PRIOR + tables) / rate)
 
 
-def sample_cooccurrence_hyper(state: SamplerState, endpoint: np.ndarray, rng) -> None:
+def cooccurrence_exposure(phi: np.ndarray, diagonal: bool) -> np.ndarray:
+    """The Poisson exposure of topic k per unit of lambda_k over the modelled pairs of C, (K,)
+    (eq. (25) restricted to i < j, or i <= j with the diagonal):
+    E_k = sum_{i<j} phi_ik phi_jk = (1 - |phi_k|^2) / 2, or sum_{i<=j} phi_ik phi_jk = (1 + |phi_k|^2) / 2."""
+    sign = 1.0 if diagonal else -1.0
+    return 0.5 * (1.0 + sign * np.sum(phi**2, axis=0))
+
+
+def sample_phi_metropolis(alpha: np.ndarray, phi: np.ndarray, weights: np.ndarray, diagonal: bool, rng):
+    """Exact update of phi given the token counts and lambda when C is co-factorised.
+
+    The full conditional of column k is p(phi_k | .) oc Dir(phi_k; alpha_k) exp(-lambda_k E_k(phi_k))
+    (eqs. (24)-(26) with the exposure of eq. (25) kept): E_k depends on phi_k, which eq. (26) and the
+    authors' code drop. Independence Metropolis-Hastings with the Dirichlet of eq. (26) as proposal:
+    the Dirichlet factors cancel and a proposal phi'_k is accepted with probability
+    min(1, exp(-lambda_k (E_k(phi'_k) - E_k(phi_k)))), E_k of :func:`cooccurrence_exposure`.
+
+    alpha (L, K) Dirichlet parameters; phi (L, K) current value; weights (K,) lambda; diagonal: the
+    pairs include i = j.
+    Returns (new phi (L, K), accepted (K,) bool).
+    """
+    proposal = dirichlet_columns(alpha, rng)
+    log_ratio = weights * (cooccurrence_exposure(phi, diagonal) - cooccurrence_exposure(proposal, diagonal))
+    accepted = np.log(rng.random(phi.shape[1])) < log_ratio
+    return np.where(accepted[None, :], proposal, phi), accepted
+
+
+def sample_cooccurrence_hyper(state: SamplerState, endpoint: np.ndarray, rng, diagonal: bool = False) -> None:
     """lambda (r), gamma0, f0 (c0) given the co-occurrence tokens (eqs. (12), (27)), in place.
 
-    Exposure of topic k over the strict upper triangle: E_k = sum_{i<j} phi_ik phi_jk = (1 - sum_i phi_ik^2)/2.
+    E_k: the exposure of :func:`cooccurrence_exposure` (pairs i < j, or i <= j with ``diagonal``), from
+    the current phi; ``endpoint`` (L, K) counts each token at both its labels (twice on the diagonal).
     Order: gamma0 with lambda integrated out (CRT augmentation), then lambda | gamma0, then f0 | lambda,
     gamma0, so that every draw conditions on current values (a valid partially collapsed Gibbs order).
     """
     n_topics = state.phi.shape[1]
-    exposure = 0.5 * (1.0 - np.sum(state.phi**2, axis=0))
+    exposure = cooccurrence_exposure(state.phi, diagonal)
     tokens = endpoint.sum(axis=0) // 2
     shape_k = state.gamma0 / n_topics
     tables = int(crt(tokens, shape_k, rng).sum())
@@ -306,6 +347,7 @@ def gibbs_sweep(
     nu0: float,
     sample_beta0_flag: bool,
     recompute_theta: bool,
+    phi_step: str = "dirichlet",
 ) -> float:
     """One full Gibbs sweep, in place. Returns the log-likelihood of the observed labels afterwards.
 
@@ -324,10 +366,17 @@ def gibbs_sweep(
         label_topic = label_topic + endpoint
     if sample_beta0_flag:
         state.beta0 = sample_beta0(label_topic, state.beta0, rng)
-    # eq. (24) / (26): phi_k ~ Dir(beta0 + z_{l.k} (+ c_{l.k}))
-    state.phi = dirichlet_columns(state.beta0 + label_topic, rng)
+    if endpoint is not None and phi_step == "metropolis":
+        # eq. (26) as a proposal, corrected for the exposure of eq. (25) (exact)
+        state.phi, accepted = sample_phi_metropolis(
+            state.beta0 + label_topic, state.phi, state.r, data.pair_diagonal, rng
+        )
+        state.phi_acceptance = float(accepted.mean())
+    else:
+        # eq. (24) / (26): phi_k ~ Dir(beta0 + z_{l.k} (+ c_{l.k})); with C this drops the exposure
+        state.phi = dirichlet_columns(state.beta0 + label_topic, rng)
     if endpoint is not None:
-        sample_cooccurrence_hyper(state, endpoint, rng)
+        sample_cooccurrence_hyper(state, endpoint, rng, data.pair_diagonal)
 
     exposure = exposure_matrix(data, state.phi)
     n_features = state.h.shape[0]
