@@ -3,7 +3,7 @@
 Usage (from the repository root; ``../shared/datasets`` beside it)::
 
     python benchmarks/bench_mlgpf.py speed    [--threads 2] [--epochs 2] [--set variational=cholesky ...]
-    python benchmarks/bench_mlgpf.py accuracy [--threads 2] [--config paper|default] [--epochs 100]
+    python benchmarks/bench_mlgpf.py accuracy [--threads 2] [--config paper|default|best] [--epochs 100]
                                               [--eval-every 10] [--set key=value ...]
     python benchmarks/bench_mlgpf.py scale    [--threads 2] [--scale 0.02] [--steps 20] [--set ...]
 
@@ -36,7 +36,10 @@ DATA = Path(os.environ.get("BAYESMLC_SHARED_DATASETS", Path(__file__).resolve().
 # batch 500, R=1000. Learning rate and optimiser are not stated there.
 PAPER = dict(n_latent=30, n_inducing=500, kernel="linear", inducing="subspace", subspace_rank=1000,
              batch_size=500, variational="whitened")
-CONFIGS = {"paper": PAPER, "default": {}}
+# The best configuration measured (docs/benchmarks.md, "Session 2 sweeps"): the defaults with a cosine
+# decay of the learning rates over the second half of training, ranking by the predictive probability.
+BEST = dict(lr_decay=0.5, rank_by="proba")
+CONFIGS = {"paper": PAPER, "default": {}, "best": BEST}
 
 
 def load_avg() -> str:
@@ -128,7 +131,7 @@ def cmd_accuracy(args):
     params = dict(CONFIGS[args.config], **parse_sets(args.set))
     params.setdefault("random_state", 0)
     params["epochs"] = args.epochs
-    if params.get("lr_decay", 0) > 0 and args.eval_every < args.epochs:
+    if MLGPF(**params).lr_decay > 0 and args.eval_every < args.epochs:
         # the decay schedule depends on the total epochs: a run cut into resumed pieces would decay in
         # every piece, so a decayed run is scored once, at its end
         print(f"lr_decay > 0: scoring only after all {args.epochs} epochs (--eval-every ignored)")

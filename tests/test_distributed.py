@@ -43,6 +43,7 @@ GROUP_TIMEOUT_S = 120.0  # backstop inside the process group
 N_ROWS, N_FEATURES, N_LABELS = 121, 40, 10
 MLGPF_SETTINGS = dict(
     n_latent=3, n_inducing=8, subspace_rank=6, batch_size=40, learning_rate=0.05, random_state=3, device="cpu",
+    lr_decay=0.0,  # constant rates: a 2-epoch checkpoint is the first half of a 4-epoch run
 )
 STANDIN_STEPS, STANDIN_BATCH = 6, 25
 # initialisations compared with one process: the SVD on a row sample split across the ranks (and a

@@ -92,7 +92,10 @@ def test_negative_sampling_and_label_mask_train(tmp_path):
 
 def test_checkpoint_resume_gives_the_uninterrupted_result(tmp_path):
     X, Y, _ = _planted(seed=4, n=300)
-    params = dict(SMALL, negative_samples=4, validation_fraction=0.2, batch_size_growth=20, batch_size_every=1)
+    # constant rates, so that a 2-epoch run is the first half of the 4-epoch one (a decayed run's
+    # resume is tested in test_gp_training.py)
+    params = dict(SMALL, negative_samples=4, validation_fraction=0.2, batch_size_growth=20, batch_size_every=1,
+                  lr_decay=0.0)
     straight = MLGPF(epochs=4, **params).fit(X, Y)
     path = tmp_path / "run.ckpt.npz"
     MLGPF(epochs=2, checkpoint_every=1, checkpoint_path=str(path), **params).fit(X, Y)  # "interrupted" after 2

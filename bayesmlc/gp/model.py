@@ -210,7 +210,7 @@ class MLGPF(MultiLabelEstimator):
         epochs=50,
         learning_rate=0.03,
         variational_learning_rate=None,
-        lr_decay=0.0,
+        lr_decay=0.5,
         negative_samples=None,
         quadrature_points=10,
         kl_weight=1.0,
