@@ -59,14 +59,15 @@ def _colours(labels) -> dict:
 
 def _plain_log_scale(ax, which: str, values) -> None:
     """Log-scale ``ax``'s ``which`` ("x" or "y") axis, with ticks reading 0.5, 2, 300 rather than 5x10^-1;
-    ticks at 1, 2 and 5 per decade when ``values`` span at most three decades, else at powers of ten."""
+    ticks at 1, 2 and 5 per decade when ``values`` span at most 1.6 decades, else at powers of ten (more
+    would crowd six-digit labels)."""
     from matplotlib.ticker import FuncFormatter, LogLocator
 
     (ax.set_xscale if which == "x" else ax.set_yscale)("log")
     axis = ax.xaxis if which == "x" else ax.yaxis
     positive = [v for v in values if v and v > 0]
     decades = math.log10(max(positive) / min(positive)) if positive else 0.0
-    axis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0) if decades <= 3 else (1.0,)))
+    axis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0) if decades <= 1.6 else (1.0,)))
     axis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:g}"))
     axis.set_minor_formatter(FuncFormatter(lambda value, _: ""))
 
