@@ -558,7 +558,7 @@ from bayesmlc.gp import MLGPF
 
 parallel = DataParallel.from_env(backend="gloo", timeout_s=120)
 data = make_multilabel(121, 40, 10, features_per_row=8, labels_per_row=2, random_state=11)
-model = MLGPF(epochs=2, dtype="float64", n_latent=3, n_inducing=8, subspace_rank=6, batch_size=40,
+model = MLGPF(epochs=2, dtype="float64", n_latent=3, n_inducing=8, subspace_rank=6, batch_size=40, lr_decay=0.0,
               learning_rate=0.05, random_state=3, device=parallel.device)
 model.fit(data.X, data.Y, parallel=parallel)
 if parallel.is_main:
