@@ -19,7 +19,6 @@ machine may be shared).
 from __future__ import annotations
 
 import argparse
-import ast
 import json
 import os
 import time
@@ -30,6 +29,7 @@ import scipy.sparse as sp
 import torch
 
 from bayesmlc.bnmc import BNMC
+from bayesmlc.cli import parse_set_values
 from bayesmlc.data.io import read_dataset
 from bayesmlc.metrics import evaluate
 
@@ -138,17 +138,6 @@ def _log(args, record: dict) -> None:
             handle.write(json.dumps(record) + "\n")
 
 
-def _parse_set(items) -> dict:
-    params = {}
-    for item in items or []:
-        key, _, value = item.partition("=")
-        try:
-            params[key] = ast.literal_eval(value)
-        except (ValueError, SyntaxError):
-            params[key] = value
-    return params
-
-
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("command", choices=["accuracy", "speed", "missing"])
@@ -163,7 +152,7 @@ def main(argv=None):
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
-    params = {"device": "cpu", **_parse_set(args.set)}
+    params = {"device": "cpu", **parse_set_values(args.set, BNMC._get_param_names())}
     {"accuracy": cmd_accuracy, "speed": cmd_speed, "missing": cmd_missing}[args.command](args, params)
 
 

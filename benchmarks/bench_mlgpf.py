@@ -13,7 +13,6 @@ Each prints a Markdown table (and the machine's load average) to paste into docs
 from __future__ import annotations
 
 import argparse
-import ast
 import os
 import resource
 import sys
@@ -23,6 +22,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from bayesmlc.cli import parse_set_values
 from bayesmlc.data.io import read_dataset
 from bayesmlc.gp import MLGPF
 from bayesmlc.gp.likelihoods import BernoulliLogit
@@ -47,14 +47,8 @@ def load_avg() -> str:
 
 
 def parse_sets(items) -> dict:
-    out = {}
-    for item in items or []:
-        key, _, value = item.partition("=")
-        try:
-            out[key] = ast.literal_eval(value)
-        except (ValueError, SyntaxError):
-            out[key] = value
-    return out
+    """``--set key=value`` pairs, parsed and checked as ``bayesmlc train --set`` does."""
+    return parse_set_values(items, MLGPF._get_param_names())
 
 
 def bibtex():
