@@ -35,6 +35,16 @@ __all__ = ["MultiLabelEstimator"]
 PREDICT_BATCH_ROWS = 2048
 
 
+def label_counts(Y, label_mask=None) -> tuple[np.ndarray, np.ndarray]:
+    """Per label, the positive entries of the CSR ``Y`` and the observed entries (every row when
+    ``label_mask`` is None, else the stored entries of the CSR mask): two (L,) int64 arrays."""
+    n, n_labels = Y.shape
+    positives = np.bincount(Y.indices, minlength=n_labels).astype(np.int64)
+    observed = (np.full(n_labels, n, dtype=np.int64) if label_mask is None
+                else np.bincount(label_mask.indices, minlength=n_labels).astype(np.int64))
+    return positives, observed
+
+
 def _sigmoid(scores: np.ndarray) -> np.ndarray:
     return 0.5 * (1.0 + np.tanh(0.5 * scores))
 
@@ -58,6 +68,14 @@ class MultiLabelEstimator(BaseEstimator):
     _estimator_type = "classifier"
 
     # ---- hooks ------------------------------------------------------------------------------
+    def _set_label_statistics(self, positives, observed) -> None:
+        """``label_frequencies_``, ``label_prior_`` and ``empty_labels_`` from per-label counts of
+        positive and of observed training entries (a data-parallel model passes counts summed over
+        its processes)."""
+        self.label_frequencies_ = np.asarray(positives, dtype=np.int64)
+        self.label_prior_ = (self.label_frequencies_ + 0.5) / (np.asarray(observed) + 1.0)
+        self.empty_labels_ = np.flatnonzero(self.label_frequencies_ == 0)
+
     def _fit(self, X, Y, label_mask, **fit_params):  # pragma: no cover - abstract
         raise NotImplementedError
 
@@ -95,16 +113,10 @@ class MultiLabelEstimator(BaseEstimator):
         self
         """
         X, Y, label_mask = check_fit_inputs(X, Y, label_mask)
-        n, n_labels = Y.shape
+        n_labels = Y.shape[1]
         self.n_features_in_ = X.shape[1]
         self.n_labels_ = n_labels
-        freq = np.bincount(Y.indices, minlength=n_labels).astype(np.int64)
-        observed = np.full(n_labels, n, dtype=np.int64) if label_mask is None else np.bincount(
-            label_mask.indices, minlength=n_labels
-        )
-        self.label_frequencies_ = freq
-        self.label_prior_ = (freq + 0.5) / (observed + 1.0)
-        self.empty_labels_ = np.flatnonzero(freq == 0)
+        self._set_label_statistics(*label_counts(Y, label_mask))
         if self.empty_labels_.size:
             shown = ", ".join(map(str, self.empty_labels_[:10])) + (" ..." if self.empty_labels_.size > 10 else "")
             warnings.warn(

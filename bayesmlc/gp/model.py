@@ -14,7 +14,7 @@ import scipy.sparse as sp
 import torch
 from torch import nn
 
-from ..base import MultiLabelEstimator
+from ..base import MultiLabelEstimator, label_counts
 from ..distributed import RowShard, SingleProcess
 from ..exceptions import ModelFormatError, ValidationError
 from ..utils import numpy_rng, resolve_device
@@ -383,8 +383,8 @@ class MLGPF(MultiLabelEstimator):
             arrays["Z"] = kmeans_centres(X, M, seed, shard=shard, reduce=reduce)
         else:  # fixed: a random subset of training rows
             arrays["Z"] = shard.gather(X, np.sort(rng.choice(n, M, replace=False)), reduce)
-        label_counts = reduce(np.bincount(Y.indices, minlength=Y.shape[1]))
-        prior = np.clip((label_counts + 0.5) / (n + 1.0), 1e-6, 1 - 1e-6)
+        positives = reduce(np.bincount(Y.indices, minlength=Y.shape[1]))
+        prior = np.clip((positives + 0.5) / (n + 1.0), 1e-6, 1 - 1e-6)
         arrays["bias"] = _logit(prior).astype(np.float32)
         arrays["Phi"] = self._initial_factors(Y, rng, n, reduce)
         return arrays
@@ -520,12 +520,8 @@ class MLGPF(MultiLabelEstimator):
         """The base class's ``label_frequencies_``, ``label_prior_`` and ``empty_labels_`` over all
         processes' rows (``fit`` computed them from this process's rows)."""
         n_labels = Y.shape[1]
-        observed = (np.full(n_labels, Y.shape[0]) if label_mask is None
-                    else np.bincount(label_mask.indices, minlength=n_labels))
-        totals = parallel.reduce_sum(np.concatenate([np.bincount(Y.indices, minlength=n_labels), observed]))
-        self.label_frequencies_ = totals[:n_labels].astype(np.int64)
-        self.label_prior_ = (self.label_frequencies_ + 0.5) / (totals[n_labels:] + 1.0)
-        self.empty_labels_ = np.flatnonzero(self.label_frequencies_ == 0)
+        totals = parallel.reduce_sum(np.concatenate(label_counts(Y, label_mask)))
+        self._set_label_statistics(totals[:n_labels], totals[n_labels:])
 
     def _train(self, X, Y, label_mask, resume, parallel, shard):
         """``X``, ``Y``, ``label_mask``: this process's rows, ``shard`` (a RowShard) their place
