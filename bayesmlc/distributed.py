@@ -517,6 +517,7 @@ def _read_npz_shard(path: Path, rank: int, world_size: int):
     import json
 
     from .data.dataset import Dataset
+    from .data.formats.cache import check_dataset_npz, csr_from_members
 
     try:
         archive_npz = np.load(path, allow_pickle=False)
@@ -524,23 +525,20 @@ def _read_npz_shard(path: Path, rank: int, world_size: int):
         raise DataFormatError(f"not a readable dataset .npz file: {exc}", path=path) from None
     with archive_npz, zipfile.ZipFile(path) as archive:
         members = set(archive_npz.files)
-        missing = sorted({"meta", "X_shape", "Y_shape", "X_indptr", "Y_indptr"} - members)
-        if missing:
-            raise DataFormatError(f"not a bayesmlc dataset .npz: missing {missing}", path=path)
+        check_dataset_npz(members, archive_npz.__getitem__, path)
         n_rows = int(archive_npz["X_shape"][0])
         start, stop = shard_bounds(n_rows, rank, world_size)
 
         def rows_of(prefix: str, with_data: bool) -> sp.csr_matrix:
-            shape = tuple(int(v) for v in archive_npz[f"{prefix}_shape"])
+            """Rows [start, stop) of the stored CSR matrix ``prefix``, from slices of its members."""
+            n_columns = int(archive_npz[f"{prefix}_shape"][1])
             indptr = _npz_slice(archive, f"{prefix}_indptr", start, stop + 1, path).astype(np.int64)
-            indices = _npz_slice(archive, f"{prefix}_indices", int(indptr[0]), int(indptr[-1]), path)
-            data = (_npz_slice(archive, f"{prefix}_data", int(indptr[0]), int(indptr[-1]), path) if with_data
-                    else np.ones(indices.size, dtype=np.float32))
-            try:
-                return sp.csr_matrix((data.astype(np.float32, copy=False), indices, indptr - indptr[0]),
-                                     shape=(stop - start, shape[1]))
-            except (ValueError, TypeError) as exc:
-                raise DataFormatError(f"corrupt {prefix} matrix: {exc}", path=path) from None
+            first, last = int(indptr[0]), int(indptr[-1])
+            part = {f"{prefix}_indptr": indptr - first, f"{prefix}_shape": (stop - start, n_columns),
+                    f"{prefix}_indices": _npz_slice(archive, f"{prefix}_indices", first, last, path)}
+            if with_data:
+                part[f"{prefix}_data"] = _npz_slice(archive, f"{prefix}_data", first, last, path)
+            return csr_from_members(part, prefix, path)
 
         X, Y = rows_of("X", True), rows_of("Y", False)
         mask = rows_of("mask", False) if "mask_indptr" in members else None

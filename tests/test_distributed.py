@@ -153,6 +153,15 @@ def test_read_shard_names_the_file_and_problem(tmp_path):
         read_shard(svm, _Rank(0, 2))
     with pytest.raises(DataFormatError, match="no such file"):
         read_shard(tmp_path / "missing.npz", _Rank(0, 2))
+    # a dataset file of a newer format is refused, as read_dataset refuses it
+    npz = tmp_path / "train.npz"
+    write_dataset(Dataset(X=X, Y=Y), npz)
+    with np.load(npz) as archive:
+        contents = dict(archive)
+    contents["format_version"] = np.asarray(99)
+    np.savez(tmp_path / "newer.npz", **contents)
+    with pytest.raises(DataFormatError, match="newer bayesmlc"):
+        read_shard(tmp_path / "newer.npz", _Rank(0, 2))
 
 
 def _run_as_ranks(world_size, compute):

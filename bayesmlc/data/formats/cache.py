@@ -70,15 +70,31 @@ def save_npz(dataset: Dataset, path, *, record: Optional[dict] = None) -> Path:
     return path
 
 
-def _csr(contents, prefix: str, path, data=None) -> sp.csr_matrix:
+def csr_from_members(contents, prefix: str, path) -> sp.csr_matrix:
+    """The CSR matrix stored as ``{prefix}_indices``, ``_indptr``, ``_shape`` and (optional: binary
+    when absent) ``_data`` in the mapping ``contents``; a :class:`DataFormatError` naming ``path``
+    when they do not form one."""
     indices, indptr = contents[f"{prefix}_indices"], contents[f"{prefix}_indptr"]
     shape = tuple(int(v) for v in contents[f"{prefix}_shape"])
-    if data is None:
-        data = contents[f"{prefix}_data"] if f"{prefix}_data" in contents else np.ones(indices.size, dtype=np.float32)
+    data = contents[f"{prefix}_data"] if f"{prefix}_data" in contents else np.ones(indices.size, dtype=np.float32)
     try:
         return sp.csr_matrix((data.astype(np.float32, copy=False), indices, indptr), shape=shape)
     except (ValueError, TypeError) as exc:
         raise DataFormatError(f"corrupt {prefix} matrix: {exc}", path=path) from None
+
+
+def check_dataset_npz(members, read, path) -> None:
+    """Refuse an ``.npz`` that is not a bayesmlc dataset file this version can read: ``members`` are
+    its member names, ``read(name)`` returns a member."""
+    required = {"format_version", "meta", "X_data", "X_indices", "X_indptr", "X_shape", "Y_indices", "Y_indptr",
+                "Y_shape"}
+    missing = sorted(required - set(members))
+    if missing:
+        raise DataFormatError(f"not a bayesmlc dataset .npz: missing {missing}", path=path)
+    version = int(read("format_version"))
+    if version > NPZ_FORMAT_VERSION:
+        raise DataFormatError(f"written by a newer bayesmlc (dataset format {version}; this version reads up to "
+                              f"{NPZ_FORMAT_VERSION})", path=path)
 
 
 def load_npz(path) -> Tuple[Dataset, dict]:
@@ -91,22 +107,14 @@ def load_npz(path) -> Tuple[Dataset, dict]:
         raise DataFormatError(f"not a readable dataset .npz file: {exc}", path=path) from None
     except Exception as exc:  # zipfile.BadZipFile and friends
         raise DataFormatError(f"not a readable dataset .npz file: {type(exc).__name__}: {exc}", path=path) from None
-    required = {"format_version", "meta", "X_data", "X_indices", "X_indptr", "X_shape", "Y_indices", "Y_indptr",
-                "Y_shape"}
-    missing = sorted(required - set(contents))
-    if missing:
-        raise DataFormatError(f"not a bayesmlc dataset .npz: missing {missing}", path=path)
-    version = int(contents["format_version"])
-    if version > NPZ_FORMAT_VERSION:
-        raise DataFormatError(f"written by a newer bayesmlc (dataset format {version}; this version reads up to "
-                              f"{NPZ_FORMAT_VERSION})", path=path)
+    check_dataset_npz(contents, contents.__getitem__, path)
     try:
         meta = json.loads(str(contents["meta"]))
     except ValueError as exc:
         raise DataFormatError(f"corrupt metadata record: {exc}", path=path) from None
-    X = _csr(contents, "X", path)
-    Y = _csr(contents, "Y", path)
-    mask = _csr(contents, "mask", path) if "mask_indices" in contents else None
+    X = csr_from_members(contents, "X", path)
+    Y = csr_from_members(contents, "Y", path)
+    mask = csr_from_members(contents, "mask", path) if "mask_indices" in contents else None
     names = {key: contents[key].tolist() if key in contents else None for key in ("feature_names", "label_names")}
     try:
         dataset = Dataset(X=X, Y=Y, label_mask=mask, source=dict(meta.get("source", {})), **names)
