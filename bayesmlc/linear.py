@@ -137,6 +137,9 @@ class LogisticRegression(MultiLabelEstimator):
         n_block = labels.size
         n_weights = d * n_block
         columns = torch.from_numpy(labels).to(device)
+        # this block's label columns, selected once for all the solver's evaluations
+        block_chunks = [(x, x_t, y.index_select(1, columns), None if m is None else m.index_select(1, columns))
+                        for x, x_t, y, m in chunks]
 
         def value_and_gradient(theta: np.ndarray):
             """Objective / (C n) and its gradient; the gradient of the log-loss is X^T (sigmoid - y)."""
@@ -145,14 +148,12 @@ class LogisticRegression(MultiLabelEstimator):
             value = 0.5 * float((weights * weights).sum()) / (self.C * n)
             grad_weights = weights / (self.C * n)
             grad_bias = torch.zeros_like(bias)
-            for x, x_t, y_all, m_all in chunks:
-                y = y_all.index_select(1, columns)
+            for x, x_t, y, m in block_chunks:
                 logits = torch.sparse.mm(x, weights) + bias
                 # log(1 + exp(-s f)) summed, in the stable softplus form
                 losses = torch.nn.functional.softplus(logits) - y * logits
                 residual = torch.sigmoid(logits) - y
-                if m_all is not None:
-                    m = m_all.index_select(1, columns)
+                if m is not None:
                     losses, residual = losses * m, residual * m
                 value += float(losses.sum()) / n
                 grad_weights = grad_weights + torch.sparse.mm(x_t, residual) / n
