@@ -146,7 +146,8 @@ def _gpu_name() -> str | None:
 
 
 def environment_info(threads: int, device: str | None) -> dict:
-    """Machine, library versions, git commit, threads and requested device, for every record."""
+    """Machine, library versions, threads and requested device, for every record (the git commit is
+    taken per run, see :func:`run_suite`)."""
     return {
         "machine": {
             "platform": platform.platform(),
@@ -156,7 +157,6 @@ def environment_info(threads: int, device: str | None) -> dict:
             "gpu": _gpu_name(),
         },
         "versions": _versions(),
-        "git": _git_info(),
         "threads": threads,
         "device_requested": device,
     }
