@@ -51,7 +51,7 @@ STANDIN_STEPS, STANDIN_BATCH = 6, 25
 INIT_VARIANTS = {
     "subsampled": dict(epochs=1, svd_max_rows=50, validation_fraction=0.2),
     "free": dict(epochs=0, inducing="free"),
-    "fixed": dict(epochs=0, inducing="fixed"),
+    "fixed": dict(epochs=0, inducing="fixed", idf_weighting=True),  # idf from document counts over ranks
 }
 
 

@@ -132,6 +132,13 @@ def _normalize_rows(X: sp.csr_matrix) -> sp.csr_matrix:
     return sp.csr_matrix(sp.diags((1.0 / norms).astype(np.float32)) @ X, dtype=np.float32)
 
 
+def inverse_document_frequency(document_counts: np.ndarray, n_rows: int) -> np.ndarray:
+    """Smoothed idf per feature, log((1 + N) / (1 + df)) + 1 (scikit-learn's ``TfidfTransformer``
+    form): ``document_counts`` (D,) rows in which each feature is non-zero, of ``n_rows`` rows."""
+    counts = np.asarray(document_counts, dtype=np.float64)
+    return (np.log((1.0 + n_rows) / (1.0 + counts)) + 1.0).astype(np.float32)
+
+
 class MLGPF(MultiLabelEstimator):
     """Multi-label Gaussian-process factor model (MLGPF).
 
@@ -166,6 +173,9 @@ class MLGPF(MultiLabelEstimator):
         N(0, 1/P) draws as in the authors' code.
     init_mean : {"ridge", "zero"}, start the mean of q(u) at a ridge-regression fit of the latent
         targets implied by Phi (see ``_warm_start_mean``), or at zero (the prior mean).
+    idf_weighting : bool, scale every feature column by its smoothed inverse document frequency in
+        the training rows (:func:`inverse_document_frequency`) before the rows are normalised:
+        rare features count more (+0.4 P@1, +0.6 P@3 on bibtex_xc; docs/mlgpf.md).
     normalize_features : bool, scale every feature row to unit L2 norm (as the authors' code does).
     rank_by : {"mean", "proba"}, what ``decision_function`` (and so ``predict_topk`` and ranking
         metrics) returns: the mean utilities E_q[f] (the papers' and authors' choice), or the
@@ -216,6 +226,7 @@ class MLGPF(MultiLabelEstimator):
         kl_weight=1.0,
         init_factors="svd",
         init_mean="ridge",
+        idf_weighting=False,
         normalize_features=True,
         rank_by="mean",
         jitter=1e-5,
@@ -251,6 +262,7 @@ class MLGPF(MultiLabelEstimator):
         self.kl_weight = kl_weight
         self.init_factors = init_factors
         self.init_mean = init_mean
+        self.idf_weighting = idf_weighting
         self.normalize_features = normalize_features
         self.rank_by = rank_by
         self.jitter = jitter
@@ -339,7 +351,18 @@ class MLGPF(MultiLabelEstimator):
             torch.set_num_threads(previous)
 
     def _prepare_features(self, X: sp.csr_matrix) -> sp.csr_matrix:
+        """The rows the kernel sees: idf-weighted columns (``feature_idf_``), then unit rows."""
+        idf = getattr(self, "feature_idf_", None)  # absent from models saved before idf_weighting
+        if idf is not None:
+            X = sp.csr_matrix(X @ sp.diags(idf), dtype=np.float32)
         return _normalize_rows(X) if self.normalize_features else X
+
+    def _set_feature_weights(self, X: sp.csr_matrix, n_rows: int, parallel) -> None:
+        """``feature_idf_`` from the document frequencies of all processes' training rows, or None."""
+        self.feature_idf_ = None
+        if self.idf_weighting:
+            counts = np.bincount(X.indices[X.data != 0], minlength=X.shape[1])
+            self.feature_idf_ = inverse_document_frequency(parallel.reduce_sum(counts), n_rows)
 
     # ---- construction -------------------------------------------------------------------------
     @staticmethod
@@ -509,6 +532,7 @@ class MLGPF(MultiLabelEstimator):
                 self._check_params(shard.n_total)
                 if parallel.world_size > 1:
                     self._global_label_statistics(Y, label_mask, parallel)
+                self._set_feature_weights(X, shard.n_total, parallel)
                 self._train(self._prepare_features(X), Y, label_mask, resume, parallel, shard)
             except Exception as exc:
                 parallel.sync_failure(exc)  # the other processes raise RankFailedError naming this one
