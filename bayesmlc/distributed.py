@@ -172,6 +172,9 @@ class SingleProcess:
         """Nothing to release."""
 
 
+ONE_PROCESS = SingleProcess()  # the strategy of a program that is not distributed
+
+
 class DataParallel:
     """Synchronous data parallelism over an initialised ``torch.distributed`` process group.
 

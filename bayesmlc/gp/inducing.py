@@ -32,6 +32,7 @@ import scipy.sparse as sp
 import torch
 from torch import nn
 
+from ..distributed import ONE_PROCESS
 from ..utils import csr_to_torch
 from .kernels import InnerProducts
 
@@ -183,12 +184,7 @@ class SubspaceInducing(InducingInputs):
         return InnerProducts(zz=zz, xz=xz, xx=xx)
 
 
-def _sum_here(array) -> np.ndarray:
-    """The ``reduce`` of one process: the sum over processes is the array itself."""
-    return np.asarray(array)
-
-
-def top_singular_vectors(X, k: int, seed: int, reduce=_sum_here, n_iter: int = 7, n_oversamples: int = 10,
+def top_singular_vectors(X, k: int, seed: int, reduce=ONE_PROCESS.reduce_sum, n_iter: int = 7, n_oversamples: int = 10,
                          dtype=np.float64):
     """Top-``k`` right singular vectors and singular values of a row-sharded ``X`` (dense or sparse).
 
@@ -225,7 +221,7 @@ def top_singular_vectors(X, k: int, seed: int, reduce=_sum_here, n_iter: int = 7
     return Vt, np.sqrt(np.clip(eigenvalues[top], 0.0, None))
 
 
-def truncated_svd(X: sp.csr_matrix, rank: int, seed: int, max_rows: int | None = None, shard=None, reduce=_sum_here,
+def truncated_svd(X: sp.csr_matrix, rank: int, seed: int, max_rows: int | None = None, shard=None, reduce=ONE_PROCESS.reduce_sum,
                   dtype=np.float64):
     """Top-``rank`` right singular vectors of sparse ``X`` without densifying it.
 
@@ -258,7 +254,7 @@ def truncated_svd(X: sp.csr_matrix, rank: int, seed: int, max_rows: int | None =
     return basis, np.asarray(X @ basis.T, dtype=np.float32), used
 
 
-def kmeans_centres(points, n_clusters: int, seed: int, max_rows: int = 20000, shard=None, reduce=_sum_here,
+def kmeans_centres(points, n_clusters: int, seed: int, max_rows: int = 20000, shard=None, reduce=ONE_PROCESS.reduce_sum,
                    n_iter: int = 5) -> np.ndarray:
     """``n_clusters`` k-means centres of the rows of ``points`` (dense or sparse).
 

@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from ..base import MultiLabelEstimator, label_counts
-from ..distributed import RowShard, SingleProcess
+from ..distributed import ONE_PROCESS, RowShard
 from ..exceptions import ModelFormatError, ValidationError
 from ..utils import numpy_rng, resolve_device
 from .inducing import (
@@ -376,15 +376,14 @@ class MLGPF(MultiLabelEstimator):
         with torch.no_grad():
             return inducing.project(X).cpu().numpy()
 
-    def _initial_arrays(self, X, Y, rng, shard=None, reduce=None) -> dict:
+    def _initial_arrays(self, X, Y, rng, shard=None, reduce=ONE_PROCESS.reduce_sum) -> dict:
         """Data-driven initial values: inducing inputs, Phi, b.
 
         ``X``, ``Y`` are this process's training rows, ``shard`` (a RowShard; None = all rows here)
-        their place among all training rows, ``reduce`` the sum over processes (None = one
+        their place among all training rows, ``reduce`` the sum over processes (the default: one
         process): every statistic below is a sum over rows, so all processes get the values one
         process holding every row computes."""
         shard = RowShard.whole(X.shape[0]) if shard is None else shard
-        reduce = SingleProcess().reduce_sum if reduce is None else reduce
         M = self.n_inducing
         n, D = shard.n_total, X.shape[1]
         seed = int(rng.integers(2**31 - 1))
@@ -412,7 +411,7 @@ class MLGPF(MultiLabelEstimator):
         arrays["Phi"] = self._initial_factors(Y, rng, n, reduce)
         return arrays
 
-    def _initial_factors(self, Y, rng, n_rows=None, reduce=None) -> np.ndarray:
+    def _initial_factors(self, Y, rng, n_rows=None, reduce=ONE_PROCESS.reduce_sum) -> np.ndarray:
         """(L, P) loadings: N(0, 1/P) draws (the authors' code), or a warm start from the top-P right
         singular vectors of the label matrix scaled by sqrt(singular value / mean) and normalised to
         an average squared row norm of 1, plus 0.1 x the random draw (so the GPs only have to learn
@@ -424,13 +423,12 @@ class MLGPF(MultiLabelEstimator):
         noise = rng.standard_normal((L, P)) / math.sqrt(P)
         if self.init_factors == "random" or P > min(n_rows, L):  # P = L: the full SVD basis
             return noise.astype(np.float32)
-        reduce = SingleProcess().reduce_sum if reduce is None else reduce
         Vt, s = top_singular_vectors(Y, P, int(rng.integers(2**31 - 1)), reduce)
         Phi = Vt.T * np.sqrt(s / s.mean())
         Phi *= math.sqrt(L) / np.linalg.norm(Phi)
         return (Phi + 0.1 * noise).astype(np.float32)
 
-    def _warm_start_mean(self, module, X, Y, projection, rng, shard=None, reduce=None, max_rows=5000,
+    def _warm_start_mean(self, module, X, Y, projection, rng, shard=None, reduce=ONE_PROCESS.reduce_sum, max_rows=5000,
                          max_entries=4_000_000):
         """Start E_q[u] at a ridge fit of latent targets (a reduced-rank-regression warm start).
 
@@ -444,7 +442,6 @@ class MLGPF(MultiLabelEstimator):
         processes.
         """
         shard = RowShard.whole(X.shape[0]) if shard is None else shard
-        reduce = SingleProcess().reduce_sum if reduce is None else reduce
         n = shard.n_total
         chosen = np.sort(rng.choice(n, min(n, max_rows), replace=False))
         rows, chosen_here = shard.select(chosen)  # this process's chosen rows, and their positions in chosen
@@ -508,7 +505,7 @@ class MLGPF(MultiLabelEstimator):
         n_negatives = np.zeros(len(rows) if n_batch is None else n_batch)
         observed = np.full(len(rows), Y.shape[1]) if mask_rows is None else np.diff(mask_rows.indptr)
         n_negatives[share] = observed - np.diff(Y_rows.indptr)  # Y is zero where the mask is
-        n_negatives = (parallel or SingleProcess()).reduce_sum(n_negatives)
+        n_negatives = (parallel or ONE_PROCESS).reduce_sum(n_negatives)
         _skip_negative_draws(n_negatives[: share.start], self.negative_samples, rng)
         if len(rows):
             entries = sample_label_entries(Y_rows, mask_rows, self.negative_samples, rng)
@@ -525,7 +522,7 @@ class MLGPF(MultiLabelEstimator):
         and computes the bound on its rows of each global batch."""
         self._device = resolve_device(self.device)
         self._torch_dtype = _DTYPES[self.dtype]
-        parallel = SingleProcess() if parallel is None else parallel
+        parallel = ONE_PROCESS if parallel is None else parallel
         with self._threads():
             try:
                 X, Y, label_mask, shard = parallel.local_data(X, Y, label_mask)
