@@ -199,7 +199,7 @@ def test_idf_weighting_equals_scikit_learns_tfidf_and_survives_save_load(tmp_pat
     X, Y, _ = _planted(seed=4, n=200)
     X = X.copy()
     X.data = np.abs(X.data)  # term-frequency-like counts
-    model = MLGPF(epochs=1, idf_weighting=True, **SMALL).fit(X, Y)
+    model = MLGPF(epochs=1, **SMALL).fit(X, Y)  # idf_weighting=True is the default
     expected = TfidfTransformer(norm="l2", smooth_idf=True).fit(X).transform(X).toarray()
     np.testing.assert_allclose(model._prepare_features(X).toarray(), expected, rtol=1e-5, atol=1e-6)
     path = tmp_path / "idf.npz"
@@ -208,6 +208,6 @@ def test_idf_weighting_equals_scikit_learns_tfidf_and_survives_save_load(tmp_pat
     np.testing.assert_array_equal(loaded.feature_idf_, model.feature_idf_)
     np.testing.assert_allclose(loaded.decision_function(X), model.decision_function(X), rtol=1e-6)
     # without the option the kernel sees unit rows of the raw features, and nothing is stored
-    plain = MLGPF(epochs=1, **SMALL).fit(X, Y)
+    plain = MLGPF(epochs=1, idf_weighting=False, **SMALL).fit(X, Y)
     assert plain.feature_idf_ is None
     assert not np.allclose(plain.decision_function(X), model.decision_function(X), atol=1e-3)
