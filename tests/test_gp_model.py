@@ -90,12 +90,13 @@ def test_negative_sampling_and_label_mask_train(tmp_path):
     assert precision_at_k(Y[300:], model.decision_function(X[300:]), 1) > chance + 0.2
 
 
-def test_checkpoint_resume_gives_the_uninterrupted_result(tmp_path):
+@pytest.mark.parametrize("dtype", ["float32", "float64"])  # float64: the checkpoint must not pass through float32
+def test_checkpoint_resume_gives_the_uninterrupted_result(tmp_path, dtype):
     X, Y, _ = _planted(seed=4, n=300)
     # constant rates, so that a 2-epoch run is the first half of the 4-epoch one (a decayed run's
     # resume is tested in test_gp_training.py)
     params = dict(SMALL, negative_samples=4, validation_fraction=0.2, batch_size_growth=20, batch_size_every=1,
-                  lr_decay=0.0)
+                  lr_decay=0.0, dtype=dtype)
     straight = MLGPF(epochs=4, **params).fit(X, Y)
     path = tmp_path / "run.ckpt.npz"
     MLGPF(epochs=2, checkpoint_every=1, checkpoint_path=str(path), **params).fit(X, Y)  # "interrupted" after 2
@@ -110,9 +111,10 @@ def test_checkpoint_resume_gives_the_uninterrupted_result(tmp_path):
     assert not list(tmp_path.glob(".tmp-*"))  # atomic writes leave no temporary files
 
 
-def test_save_load_round_trip(tmp_path):
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_save_load_round_trip(tmp_path, dtype):
     X, Y, _ = _planted(seed=5, n=300)
-    model = MLGPF(epochs=2, **dict(SMALL, kernel="linear+se", ard=True)).fit(X, Y)
+    model = MLGPF(epochs=2, dtype=dtype, **dict(SMALL, kernel="linear+se", ard=True)).fit(X, Y)
     path = tmp_path / "model.npz"
     model.save(path)
     loaded = MLGPF.load(path)

@@ -576,9 +576,10 @@ class MLGPF(MultiLabelEstimator):
             arrays = self._initial_arrays(X_tr, Y_tr, rng, train_shard, parallel.reduce_sum)
             module = self._build_module(arrays, Y.shape[1]).to(device=device, dtype=dtype)
         else:
+            # cast before loading: a float32-built module would round a float64 run's checkpoint
             module = self._build_module(_structural_arrays(checkpoint["parameters"]), Y.shape[1])
-            module.load_state_dict(checkpoint["parameters"])
             module = module.to(device=device, dtype=dtype)
+            module.load_state_dict(checkpoint["parameters"])
         projection = self._training_projection(module, X_tr)
         if checkpoint is None and self.init_mean == "ridge":
             self._warm_start_mean(module, X_tr, Y_tr, projection, rng, train_shard, parallel.reduce_sum)
@@ -758,8 +759,9 @@ class MLGPF(MultiLabelEstimator):
         if getattr(self, "_module", None) is None:
             self._device = resolve_device(self.device)
             module = self._build_module(_structural_arrays(self.parameters_), self.n_labels_)
+            module = module.to(device=self._device, dtype=_DTYPES[self.dtype])  # before loading, as in _train
             module.load_state_dict(self.parameters_)
-            self._module = module.to(device=self._device, dtype=_DTYPES[self.dtype])
+            self._module = module
         return self._module
 
     def _mean_utilities(self, X) -> np.ndarray:
