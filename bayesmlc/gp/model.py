@@ -406,7 +406,7 @@ class MLGPF(MultiLabelEstimator):
             arrays["Z"] = kmeans_centres(X, M, seed, shard=shard, reduce=reduce)
         else:  # fixed: a random subset of training rows
             arrays["Z"] = shard.gather(X, np.sort(rng.choice(n, M, replace=False)), reduce)
-        positives = reduce(np.bincount(Y.indices, minlength=Y.shape[1]))
+        positives = reduce(label_counts(Y)[0])
         prior = np.clip((positives + 0.5) / (n + 1.0), 1e-6, 1 - 1e-6)
         arrays["bias"] = _logit(prior).astype(np.float32)
         arrays["Phi"] = self._initial_factors(Y, rng, n, reduce)
@@ -474,6 +474,14 @@ class MLGPF(MultiLabelEstimator):
             ])
             best = max(zip(values, scales))
             module.variational.set_mean((best[1] * (L_K @ V)).T, L_K)
+
+    def _module_from_parameters(self, parameters: dict, n_labels: int, device, dtype) -> MLGPFModule:
+        """The module holding ``parameters`` (a state dict: a checkpoint's or ``parameters_``) on
+        ``device`` in ``dtype``. Cast before loading: the constructors build in float32, which would
+        round a float64 model's values."""
+        module = self._build_module(_structural_arrays(parameters), n_labels).to(device=device, dtype=dtype)
+        module.load_state_dict(parameters)
+        return module
 
     def _build_module(self, arrays: dict, n_labels: int) -> MLGPFModule:
         if "basis" in arrays:
@@ -576,10 +584,7 @@ class MLGPF(MultiLabelEstimator):
             arrays = self._initial_arrays(X_tr, Y_tr, rng, train_shard, parallel.reduce_sum)
             module = self._build_module(arrays, Y.shape[1]).to(device=device, dtype=dtype)
         else:
-            # cast before loading: a float32-built module would round a float64 run's checkpoint
-            module = self._build_module(_structural_arrays(checkpoint["parameters"]), Y.shape[1])
-            module = module.to(device=device, dtype=dtype)
-            module.load_state_dict(checkpoint["parameters"])
+            module = self._module_from_parameters(checkpoint["parameters"], Y.shape[1], device, dtype)
         projection = self._training_projection(module, X_tr)
         if checkpoint is None and self.init_mean == "ridge":
             self._warm_start_mean(module, X_tr, Y_tr, projection, rng, train_shard, parallel.reduce_sum)
@@ -758,10 +763,8 @@ class MLGPF(MultiLabelEstimator):
     def _ensure_module(self):
         if getattr(self, "_module", None) is None:
             self._device = resolve_device(self.device)
-            module = self._build_module(_structural_arrays(self.parameters_), self.n_labels_)
-            module = module.to(device=self._device, dtype=_DTYPES[self.dtype])  # before loading, as in _train
-            module.load_state_dict(self.parameters_)
-            self._module = module
+            self._module = self._module_from_parameters(self.parameters_, self.n_labels_, self._device,
+                                                        _DTYPES[self.dtype])
         return self._module
 
     def _mean_utilities(self, X) -> np.ndarray:
