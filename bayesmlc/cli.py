@@ -29,10 +29,6 @@ RELIABILITY_FILE = "reliability.json"
 EXIT_OK = 0
 EXIT_USAGE = 2
 
-#: Settings ``bayesmlc demo`` uses for a model unless ``--set`` overrides them.
-DEMO_SETTINGS = {"mlgpf": ["batch_size=128"]}
-
-
 class CLIError(Exception):
     """A user error reported as ``bayesmlc: error: ...`` with exit code 2."""
 
@@ -315,9 +311,7 @@ def cmd_demo(args) -> int:
     data = make_multilabel(args.n_samples, 1000, 40, feature_kind="binary", random_state=args.seed)
     n_test = args.n_samples // 4
     train, test = data.subset(np.arange(n_test, data.n_samples)), data.subset(np.arange(n_test))
-    # the demo set is small: MLGPF's Bibtex-tuned batch of 500 would give it 3 steps per epoch
-    settings = DEMO_SETTINGS.get(args.model, []) + (args.set or [])  # the user's --set wins
-    model = build_model(args.model, settings, args.seed, args.device, args.quiet)
+    model = build_model(args.model, args.set or [], args.seed, args.device, args.quiet)
     from .metrics import inverse_propensity
 
     _progress(f"demo: {args.model} on synthetic data ({train.n_samples} train / {test.n_samples} test rows, "

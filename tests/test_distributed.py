@@ -50,7 +50,7 @@ STANDIN_STEPS, STANDIN_BATCH = 6, 25
 # validation split, evaluated after one epoch), k-means in input space, a subset of rows
 INIT_VARIANTS = {
     "subsampled": dict(epochs=1, svd_max_rows=50, validation_fraction=0.2),
-    "free": dict(epochs=0, inducing="free"),
+    "free": dict(epochs=0, inducing="free", standardize=True),  # column means and scales from sums over ranks
     "fixed": dict(epochs=0, inducing="fixed", idf_weighting=True),  # idf from document counts over ranks
 }
 

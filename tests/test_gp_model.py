@@ -213,3 +213,65 @@ def test_idf_weighting_equals_scikit_learns_tfidf_and_survives_save_load(tmp_pat
     plain = MLGPF(epochs=1, idf_weighting=False, **SMALL).fit(X, Y)
     assert plain.feature_idf_ is None
     assert not np.allclose(plain.decision_function(X), model.decision_function(X), atol=1e-3)
+
+
+def test_standardize_equals_scikit_learns_scalers_and_survives_save_load(tmp_path):
+    from sklearn.preprocessing import StandardScaler, normalize
+
+    X, Y, _ = _planted(seed=5, n=200)
+    X = sp.csr_matrix(X.toarray() + np.linspace(1.0, 3.0, X.shape[1]), dtype=np.float32)  # dense, offset columns
+    X[:, 3] = 2.0  # a constant column keeps scale 1 (and becomes 0)
+    model = MLGPF(epochs=1, standardize=True, idf_weighting=False, **SMALL).fit(X, Y)
+    expected = normalize(StandardScaler().fit_transform(X.toarray()))
+    np.testing.assert_allclose(model._prepare_features(X).toarray(), expected, rtol=1e-4, atol=1e-5)
+    assert model.feature_scale_[3] == 1.0
+    path = tmp_path / "standardized.npz"
+    model.save(path)
+    loaded = MLGPF.load(path)
+    np.testing.assert_array_equal(loaded.feature_mean_, model.feature_mean_)
+    np.testing.assert_allclose(loaded.predict_proba(X), model.predict_proba(X), rtol=1e-6)
+    assert MLGPF(epochs=1, **SMALL).fit(X, Y).feature_mean_ is None
+
+
+def test_standardize_recovers_labels_that_uncentred_dense_features_hide():
+    """Dense features with a large common offset: unit-normalised uncentred rows are nearly parallel,
+    so the linear kernel sees almost no signal; centring and scaling the columns restores it."""
+    X, Y, f = _planted(seed=6, n=700)
+    X_dense = sp.csr_matrix(X.toarray() * 0.2 + 5.0, dtype=np.float32)
+    train, test = slice(0, 500), slice(500, None)
+    settings = dict(SMALL, epochs=30, idf_weighting=False)
+    plain = MLGPF(**settings).fit(X_dense[train], Y[train])
+    scaled = MLGPF(standardize=True, **settings).fit(X_dense[train], Y[train])
+    oracle = precision_at_k(Y[test], f[test], 1)
+    p_plain = precision_at_k(Y[test], plain.decision_function(X_dense[test]), 1)
+    p_scaled = precision_at_k(Y[test], scaled.decision_function(X_dense[test]), 1)
+    assert p_plain < 0.6  # 0.35 at this seed
+    assert p_scaled > 0.9 * oracle  # 0.975 against 0.98
+
+
+def test_standardize_refuses_to_densify_too_much(monkeypatch):
+    import bayesmlc.gp.model as gp_model
+
+    X, Y, _ = _planted(seed=7, n=120)
+    model = MLGPF(epochs=1, standardize=True, **SMALL).fit(X, Y)
+    monkeypatch.setattr(gp_model, "MAX_STANDARDIZED_ENTRIES", 100)
+    with pytest.raises(ValidationError, match=r"standardize=True .* 120 x 20 = 2400 entries"):
+        model.predict_proba(X)
+
+
+@pytest.mark.parametrize("n_rows, expected", [(4880, 500), (3000, 375), (333, 42), (100, 32), (20, 32), (10**6, 500)])
+def test_auto_batch_size_gives_small_sets_eight_steps_an_epoch(n_rows, expected):
+    from bayesmlc.gp.training import resolve_batch_size
+
+    assert resolve_batch_size("auto", n_rows) == expected
+    assert resolve_batch_size(128, n_rows) == 128
+
+
+def test_default_batch_size_is_resolved_per_training_set():
+    X, Y, _ = _planted(seed=8, n=300)
+    settings = {k: v for k, v in SMALL.items() if k != "batch_size"}
+    model = MLGPF(epochs=2, **settings).fit(X, Y)
+    assert model.history_["batch_size"] == [38, 38]  # ceil(300 / 8)
+    assert len(model.step_history_["step"]) == 2 * 8
+    with pytest.raises(ValidationError, match="batch_size must be an integer"):
+        MLGPF(batch_size="big", **settings).fit(X, Y)

@@ -15,6 +15,7 @@ from ..persistence import decode, encode, read_npz, write_npz_atomically
 __all__ = [
     "TrainingDivergedError",
     "epoch_batches",
+    "resolve_batch_size",
     "batch_size_at",
     "make_optimizer",
     "learning_rate_factor",
@@ -42,6 +43,24 @@ def epoch_batches(n_rows: int, batch_size: int, rng: np.random.Generator) -> lis
     """
     order = rng.permutation(n_rows)
     return [np.sort(order[start : start + batch_size]) for start in range(0, n_rows, batch_size)]
+
+
+#: ``batch_size="auto"``: rows per batch at most, steps per epoch at least, rows per batch at least.
+AUTO_BATCH_ROWS, AUTO_MIN_STEPS, AUTO_MIN_ROWS = 500, 8, 32
+
+
+def resolve_batch_size(batch_size, n_rows: int) -> int:
+    """The starting batch size: ``batch_size`` itself, or for ``"auto"``
+    ``min(500, max(32, ceil(n_rows / 8)))``.
+
+    "auto" keeps the batch of 500 that the Bibtex measurements used (4,880 rows: 10 steps an epoch)
+    and shrinks it on smaller sets so that an epoch still takes at least 8 Adam steps: with 500 rows
+    a batch a 333-row set gets one step per epoch, and 50 epochs leave the model far from converged
+    (docs/mlgpf.md, "Small and dense data sets").
+    """
+    if batch_size == "auto":
+        return min(AUTO_BATCH_ROWS, max(AUTO_MIN_ROWS, math.ceil(n_rows / AUTO_MIN_STEPS)))
+    return int(batch_size)
 
 
 def batch_size_at(epoch: int, batch_size: int, growth: int, every: int, max_batch_size: int | None) -> int:
