@@ -28,6 +28,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+import scipy.linalg
 import scipy.sparse as sp
 import torch
 from torch import nn
@@ -189,7 +190,9 @@ def top_singular_vectors(X, k: int, seed: int, reduce=ONE_PROCESS.reduce_sum, n_
     """Top-``k`` right singular vectors and singular values of a row-sharded ``X`` (dense or sparse).
 
     Subspace iteration on X^T X (Halko et al. 2011, alg. 4.4) with a Rayleigh-Ritz step: from a
-    seeded Gaussian (D, k + n_oversamples) start, ``n_iter`` times W <- qr(X^T (X W)), then the
+    seeded Gaussian (D, k + n_oversamples) start, ``n_iter`` times W <- X^T (X W), renormalised
+    between steps by the L factor of a pivoted LU (it spans the same columns; 4.2 s against 32.7 s
+    for a QR at D = 203,882, k = 1010 here) and orthonormalised by a QR after the last step; then the
     eigenvectors of the small Gram matrix (X W)^T (X W) rotate W onto the singular directions
     (``n_iter=5`` spans range((X^T X)^5 Omega), the subspace scikit-learn's ``randomized_svd`` with
     its 4 power iterations reaches; the default 7 is more accurate when the spectrum is flat: the
@@ -209,9 +212,12 @@ def top_singular_vectors(X, k: int, seed: int, reduce=ONE_PROCESS.reduce_sum, n_
     """
     n_features = X.shape[1]
     width = min(k + n_oversamples, n_features)
-    W = np.linalg.qr(np.random.default_rng(seed).standard_normal((n_features, width)).astype(dtype))[0]
-    for _ in range(n_iter):
-        W = np.linalg.qr(reduce(np.asarray(X.T @ (X @ W), dtype=dtype)))[0]
+    W = np.random.default_rng(seed).standard_normal((n_features, width)).astype(dtype)
+    for step in range(n_iter):
+        W = reduce(np.asarray(X.T @ (X @ W), dtype=dtype))
+        if step < n_iter - 1:  # keep the columns from collapsing onto the top direction
+            W = scipy.linalg.lu(W, permute_l=True, check_finite=False)[0]
+    W = np.linalg.qr(W)[0]
     XW = np.asarray(X @ W, dtype=np.float64)
     eigenvalues, eigenvectors = np.linalg.eigh(reduce(XW.T @ XW))
     top = np.argsort(eigenvalues)[::-1][:k]
