@@ -275,3 +275,18 @@ def test_default_batch_size_is_resolved_per_training_set():
     assert len(model.step_history_["step"]) == 2 * 8
     with pytest.raises(ValidationError, match="batch_size must be an integer"):
         MLGPF(batch_size="big", **settings).fit(X, Y)
+
+
+def test_auto_subspace_rank_is_capped_silently_and_an_explicit_one_with_a_warning():
+    import warnings
+
+    X, Y, _ = _planted(seed=9, n=100)  # 20 features
+    settings = {k: v for k, v in SMALL.items() if k != "subspace_rank"}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        model = MLGPF(epochs=1, **settings).fit(X, Y)
+    assert model.parameters_["inducing.basis_t"].shape == (20, 20)  # min(1000, 100 rows, 20 features)
+    with pytest.warns(UserWarning, match="subspace_rank=50 exceeds min"):
+        MLGPF(epochs=1, subspace_rank=50, **settings).fit(X, Y)
+    with pytest.raises(ValidationError, match="subspace_rank must be an integer"):
+        MLGPF(subspace_rank="full", **settings).fit(X, Y)

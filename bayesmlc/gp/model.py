@@ -51,6 +51,8 @@ __all__ = ["MLGPF", "MLGPFModule"]
 # Precompute the training rows' subspace projections X X~^T (= U S) when they take at most this many
 # entries (200 MB in float32); otherwise they are formed per batch by a sparse product.
 PROJECTION_CACHE_ENTRIES = 50_000_000
+#: ``subspace_rank="auto"``: this rank, or min(training rows, features) when smaller.
+AUTO_SUBSPACE_RANK = 1000
 #: ``standardize=True`` densifies the rows it prepares: at most this many entries (1 GB of float32) per call.
 MAX_STANDARDIZED_ENTRIES = 1 << 28
 _DTYPES = {"float32": torch.float32, "float64": torch.float64}
@@ -157,7 +159,9 @@ class MLGPF(MultiLabelEstimator):
     ard : bool, per-dimension weights (per feature for fixed/free inducing inputs; per subspace
         coordinate plus one for the complement for subspace ones).
     inducing : {"subspace", "subspace-fixed", "free", "fixed"}
-    subspace_rank : int, R, rank of the truncated SVD basis (subspace inducing inputs).
+    subspace_rank : int or "auto", R, rank of the truncated SVD basis (subspace inducing inputs).
+        "auto" (the default) is min(1000, training rows, features); an int larger than that is
+        lowered with a warning.
     variational : {"whitened", "cholesky", "preconditioned"}
     batch_size : int or "auto", rows per minibatch (at the start when it grows). "auto" (the default)
         is 500 rows, fewer on small sets so that an epoch takes at least 8 steps:
@@ -225,7 +229,7 @@ class MLGPF(MultiLabelEstimator):
         kernel="linear",
         ard=False,
         inducing="subspace",
-        subspace_rank=1000,
+        subspace_rank="auto",
         variational="whitened",
         batch_size="auto",
         batch_size_growth=0,
@@ -320,7 +324,8 @@ class MLGPF(MultiLabelEstimator):
                 raise ValidationError(f"{name} must be one of {', '.join(map(repr, choices))}; got {getattr(self, name)!r}")
         positive_int("n_latent", self.n_latent)
         positive_int("n_inducing", self.n_inducing)
-        positive_int("subspace_rank", self.subspace_rank)
+        if not (isinstance(self.subspace_rank, str) and self.subspace_rank == "auto"):
+            positive_int("subspace_rank", self.subspace_rank)
         if not (isinstance(self.batch_size, str) and self.batch_size == "auto"):
             positive_int("batch_size", self.batch_size)
         positive_int("batch_size_growth", self.batch_size_growth, low=0)
@@ -428,8 +433,9 @@ class MLGPF(MultiLabelEstimator):
         seed = int(rng.integers(2**31 - 1))
         arrays = {}
         if self.inducing.startswith("subspace"):
-            rank = min(self.subspace_rank, n, D)
-            if rank < self.subspace_rank:
+            requested = AUTO_SUBSPACE_RANK if self.subspace_rank == "auto" else self.subspace_rank
+            rank = min(requested, n, D)
+            if rank < requested and self.subspace_rank != "auto":
                 warnings.warn(
                     f"subspace_rank={self.subspace_rank} exceeds min(rows, features) = {rank}; using {rank}",
                     UserWarning,
