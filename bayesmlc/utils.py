@@ -70,3 +70,31 @@ def iter_batches(n: int, batch_size: int):
     """Yield ``slice`` objects covering ``range(n)`` in consecutive batches."""
     for start in range(0, n, batch_size):
         yield slice(start, min(start + batch_size, n))
+
+
+def normalize_rows(X: sp.csr_matrix) -> sp.csr_matrix:
+    """``X`` with every non-zero row scaled to unit L2 norm (all-zero rows kept), as float32 CSR."""
+    norms = np.sqrt(np.asarray(X.multiply(X).sum(axis=1)).ravel())
+    norms[norms == 0] = 1.0
+    return sp.csr_matrix(sp.diags((1.0 / norms).astype(np.float32)) @ X, dtype=np.float32)
+
+
+def column_mean_and_std(X, n_rows: int | None = None, reduce=None) -> tuple[np.ndarray, np.ndarray]:
+    """Mean and standard deviation (float64, (D,)) of every column of ``X`` (sparse or dense) over its
+    rows, from float64 sums of x and x^2, which never densify a sparse ``X``.
+
+    With the rows split over processes, ``reduce`` sums the per-process sums (an all-reduce; None:
+    this process holds every row) and ``n_rows`` counts the rows of all processes. A column whose
+    spread is below the rounding of those sums (standard deviation at most 1e-6 of its root mean
+    square, a constant column for one) gets standard deviation 0: E[x^2] - E[x]^2 leaves about 1e-8
+    of a constant column's value there, which would otherwise blow it up when divided by.
+    """
+    X = sp.csr_matrix(X, dtype=np.float64)
+    n_rows = X.shape[0] if n_rows is None else n_rows
+    sums = np.concatenate([np.asarray(X.sum(axis=0)).ravel(), np.asarray(X.multiply(X).sum(axis=0)).ravel()])
+    if reduce is not None:
+        sums = np.asarray(reduce(sums), dtype=np.float64)
+    mean, mean_square = sums[: X.shape[1]] / max(n_rows, 1), sums[X.shape[1] :] / max(n_rows, 1)
+    std = np.sqrt(np.maximum(mean_square - mean**2, 0.0))
+    std[std <= 1e-6 * np.sqrt(mean_square)] = 0.0
+    return mean, std

@@ -31,7 +31,7 @@ import scipy.sparse as sp
 
 from ..base import MultiLabelEstimator
 from ..exceptions import ValidationError
-from ..utils import iter_batches, numpy_rng
+from ..utils import column_mean_and_std, iter_batches, normalize_rows, numpy_rng
 
 __all__ = [
     "KNNBaseline",
@@ -109,10 +109,8 @@ def _standardisation(X: sp.csr_matrix, standardize):
     dense_features = n * d > 0 and X.nnz > 0.5 * n * d
     if not (standardize is True or (standardize == "auto" and dense_features)):
         return None, None
-    dense = X.toarray().astype(np.float64)
-    scale = dense.std(axis=0)
-    scale[scale == 0] = 1.0
-    return dense.mean(axis=0).astype(np.float32), scale.astype(np.float32)
+    mean, std = column_mean_and_std(X)
+    return mean.astype(np.float32), np.where(std > 0, std, 1.0).astype(np.float32)
 
 
 def _standardised(X: sp.csr_matrix, mean, scale) -> sp.csr_matrix:
@@ -190,10 +188,7 @@ class KNNBaseline(MultiLabelEstimator):
         self.train_mask_ = label_mask
 
     def _normalised_rows(self, X) -> sp.csr_matrix:
-        X = _standardised(X, self.feature_mean_, self.feature_scale_)
-        norms = np.sqrt(np.asarray(X.multiply(X).sum(axis=1)).ravel())
-        norms[norms == 0] = 1.0
-        return sp.csr_matrix(sp.diags(1.0 / norms) @ X, dtype=np.float32)
+        return normalize_rows(_standardised(X, self.feature_mean_, self.feature_scale_))
 
     def _neighbour_weights(self, X) -> sp.csr_matrix:
         """Sparse (b, n_train) matrix holding each row's neighbour weights."""

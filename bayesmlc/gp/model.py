@@ -17,7 +17,7 @@ from torch import nn
 from ..base import MultiLabelEstimator, label_counts
 from ..distributed import ONE_PROCESS, RowShard
 from ..exceptions import ModelFormatError, ValidationError
-from ..utils import numpy_rng, resolve_device
+from ..utils import column_mean_and_std, normalize_rows, numpy_rng, resolve_device
 from .inducing import (
     INDUCING_NAMES,
     FeatureBatch,
@@ -129,12 +129,6 @@ def _skip_negative_draws(n_negatives: np.ndarray, negative_samples: int, rng: np
 
 def _logit(p):
     return np.log(p) - np.log1p(-p)
-
-
-def _normalize_rows(X: sp.csr_matrix) -> sp.csr_matrix:
-    norms = np.sqrt(np.asarray(X.multiply(X).sum(axis=1)).ravel())
-    norms[norms == 0] = 1.0
-    return sp.csr_matrix(sp.diags((1.0 / norms).astype(np.float32)) @ X, dtype=np.float32)
 
 
 def inverse_document_frequency(document_counts: np.ndarray, n_rows: int) -> np.ndarray:
@@ -300,11 +294,12 @@ class MLGPF(MultiLabelEstimator):
 
     # ---- parameter checks ---------------------------------------------------------------------
     def _check_params(self, n_rows: int):
-        def positive_int(name, value, allow_none=False, low=1):
-            if value is None and allow_none:
+        def positive_int(name, value, allow_none=False, low=1, allow_auto=False):
+            if (value is None and allow_none) or (allow_auto and isinstance(value, str) and value == "auto"):
                 return
             if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < low:
-                raise ValidationError(f"{name} must be an integer >= {low}, got {value!r}")
+                choices = f"an integer >= {low}" + (' or "auto"' if allow_auto else "")
+                raise ValidationError(f"{name} must be {choices}, got {value!r}")
 
         def positive_float(name, value, allow_zero=False):
             ok = isinstance(value, (int, float, np.floating)) and not isinstance(value, bool) and math.isfinite(value)
@@ -324,10 +319,8 @@ class MLGPF(MultiLabelEstimator):
                 raise ValidationError(f"{name} must be one of {', '.join(map(repr, choices))}; got {getattr(self, name)!r}")
         positive_int("n_latent", self.n_latent)
         positive_int("n_inducing", self.n_inducing)
-        if not (isinstance(self.subspace_rank, str) and self.subspace_rank == "auto"):
-            positive_int("subspace_rank", self.subspace_rank)
-        if not (isinstance(self.batch_size, str) and self.batch_size == "auto"):
-            positive_int("batch_size", self.batch_size)
+        positive_int("subspace_rank", self.subspace_rank, allow_auto=True)
+        positive_int("batch_size", self.batch_size, allow_auto=True)
         positive_int("batch_size_growth", self.batch_size_growth, low=0)
         positive_int("batch_size_every", self.batch_size_every)
         positive_int("max_batch_size", self.max_batch_size, allow_none=True)
@@ -388,7 +381,7 @@ class MLGPF(MultiLabelEstimator):
         idf = getattr(self, "feature_idf_", None)  # absent from models saved before idf_weighting
         if idf is not None:
             X = sp.csr_matrix(X @ sp.diags(idf), dtype=np.float32)
-        return _normalize_rows(X) if self.normalize_features else X
+        return normalize_rows(X) if self.normalize_features else X
 
     def _set_feature_statistics(self, X: sp.csr_matrix, n_rows: int, parallel) -> None:
         """The column statistics of all processes' ``n_rows`` training rows: ``feature_mean_`` and
@@ -396,14 +389,9 @@ class MLGPF(MultiLabelEstimator):
         document frequencies."""
         self.feature_mean_ = self.feature_scale_ = self.feature_idf_ = None
         if self.standardize:
-            X64 = X.astype(np.float64)  # E[x^2] - E[x]^2 cancels: float32 sums lose the variance of offset columns
-            sums = parallel.reduce_sum(np.concatenate([
-                np.asarray(X64.sum(axis=0)).ravel(), np.asarray(X64.multiply(X64).sum(axis=0)).ravel()
-            ]))
-            mean = sums[: X.shape[1]] / n_rows
-            std = np.sqrt(np.maximum(sums[X.shape[1] :] / n_rows - mean**2, 0.0))
+            mean, std = column_mean_and_std(X, n_rows, parallel.reduce_sum)
             self.feature_mean_ = mean.astype(np.float32)
-            self.feature_scale_ = np.where(std > 1e-12, 1.0 / np.maximum(std, 1e-12), 1.0).astype(np.float32)
+            self.feature_scale_ = (1.0 / np.where(std > 0, std, 1.0)).astype(np.float32)
         if self.idf_weighting:
             counts = np.bincount(X.indices[X.data != 0], minlength=X.shape[1])
             self.feature_idf_ = inverse_document_frequency(parallel.reduce_sum(counts), n_rows)
