@@ -98,3 +98,15 @@ def column_mean_and_std(X, n_rows: int | None = None, reduce=None) -> tuple[np.n
     std = np.sqrt(np.maximum(mean_square - mean**2, 0.0))
     std[std <= 1e-6 * np.sqrt(mean_square)] = 0.0
     return mean, std
+
+
+def resolve_standardize(standardize, n_nonzero: int, n_entries: int) -> bool:
+    """Whether to standardise feature columns, from a ``standardize`` setting of "auto", True or
+    False. "auto" standardises dense features (more than half of the ``n_entries`` entries are
+    among the ``n_nonzero`` stored ones: audio or image descriptors, whose raw columns differ in
+    offset and scale) and leaves sparse ones (text) as they are."""
+    if isinstance(standardize, str) and standardize == "auto":
+        return n_entries > 0 and n_nonzero > 0.5 * n_entries
+    if isinstance(standardize, (bool, np.bool_)):
+        return bool(standardize)
+    raise ValidationError(f"standardize must be 'auto', True or False, got {standardize!r}")

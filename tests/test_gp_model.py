@@ -230,7 +230,22 @@ def test_standardize_equals_scikit_learns_scalers_and_survives_save_load(tmp_pat
     loaded = MLGPF.load(path)
     np.testing.assert_array_equal(loaded.feature_mean_, model.feature_mean_)
     np.testing.assert_allclose(loaded.predict_proba(X), model.predict_proba(X), rtol=1e-6)
-    assert MLGPF(epochs=1, **SMALL).fit(X, Y).feature_mean_ is None
+    assert MLGPF(epochs=1, standardize=False, **SMALL).fit(X, Y).feature_mean_ is None
+
+
+def test_standardize_auto_follows_the_density_of_the_training_features():
+    """"auto" standardises dense features (the same model as ``standardize=True``) and leaves
+    sparse ones alone (the same model as ``standardize=False``)."""
+    X, Y, _ = _planted(seed=5, n=120)
+    assert X.nnz < 0.5 * X.shape[0] * X.shape[1]
+    dense = sp.csr_matrix(X.toarray() + 1.0, dtype=np.float32)
+    for features, same_as in ((X, False), (dense, True)):
+        auto = MLGPF(epochs=2, **SMALL).fit(features, Y)
+        explicit = MLGPF(epochs=2, standardize=same_as, **SMALL).fit(features, Y)
+        assert (auto.feature_mean_ is not None) == same_as
+        np.testing.assert_array_equal(auto.decision_function(features), explicit.decision_function(features))
+    with pytest.raises(ValidationError, match="standardize must be 'auto', True or False, got 'yes'"):
+        MLGPF(standardize="yes", **SMALL).fit(X, Y)
 
 
 def test_standardize_recovers_labels_that_uncentred_dense_features_hide():
@@ -240,7 +255,7 @@ def test_standardize_recovers_labels_that_uncentred_dense_features_hide():
     X_dense = sp.csr_matrix(X.toarray() * 0.2 + 5.0, dtype=np.float32)
     train, test = slice(0, 500), slice(500, None)
     settings = dict(SMALL, epochs=30, idf_weighting=False)
-    plain = MLGPF(**settings).fit(X_dense[train], Y[train])
+    plain = MLGPF(standardize=False, **settings).fit(X_dense[train], Y[train])
     scaled = MLGPF(standardize=True, **settings).fit(X_dense[train], Y[train])
     oracle = precision_at_k(Y[test], f[test], 1)
     p_plain = precision_at_k(Y[test], plain.decision_function(X_dense[test]), 1)

@@ -1,10 +1,12 @@
 """Shared numerical helpers of bayesmlc.utils against NumPy and scikit-learn."""
 
 import numpy as np
+import pytest
 import scipy.sparse as sp
 from sklearn.preprocessing import normalize
 
-from bayesmlc.utils import column_mean_and_std, normalize_rows
+from bayesmlc.exceptions import ValidationError
+from bayesmlc.utils import column_mean_and_std, normalize_rows, resolve_standardize
 
 
 def test_column_mean_and_std_match_numpy_alone_and_summed_over_row_shards():
@@ -36,3 +38,17 @@ def test_normalize_rows_matches_scikit_learn_and_keeps_zero_rows():
     X = sp.csr_matrix(np.array([[3.0, 4.0, 0.0], [0.0, 0.0, 0.0], [1.0, -1.0, 1.0]]))
     np.testing.assert_allclose(normalize_rows(X).toarray(), normalize(X).toarray(), rtol=1e-6)
     assert normalize_rows(X).dtype == np.float32
+
+
+@pytest.mark.parametrize("setting, n_nonzero, n_entries, expected", [
+    ("auto", 51, 100, True), ("auto", 50, 100, False), ("auto", 0, 0, False),
+    (True, 0, 100, True), (False, 100, 100, False), (np.True_, 1, 100, True),
+])
+def test_resolve_standardize_switches_on_above_half_the_entries(setting, n_nonzero, n_entries, expected):
+    assert resolve_standardize(setting, n_nonzero, n_entries) is expected
+
+
+@pytest.mark.parametrize("setting", ["yes", 1, None])
+def test_resolve_standardize_names_a_bad_setting(setting):
+    with pytest.raises(ValidationError, match=f"standardize must be 'auto', True or False, got {setting!r}"):
+        resolve_standardize(setting, 1, 2)

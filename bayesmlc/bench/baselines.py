@@ -31,7 +31,7 @@ import scipy.sparse as sp
 
 from ..base import MultiLabelEstimator
 from ..exceptions import ValidationError
-from ..utils import column_mean_and_std, iter_batches, normalize_rows, numpy_rng
+from ..utils import column_mean_and_std, iter_batches, normalize_rows, numpy_rng, resolve_standardize
 
 __all__ = [
     "KNNBaseline",
@@ -103,11 +103,7 @@ def _standardisation(X: sp.csr_matrix, standardize):
     ``standardize="auto"`` standardises when more than half of the entries are non-zero (dense real
     features such as emotions, scene and yeast), where raw scales differ by orders of magnitude.
     """
-    if standardize not in ("auto", True, False):
-        raise ValidationError(f"standardize must be 'auto', True or False, got {standardize!r}")
-    n, d = X.shape
-    dense_features = n * d > 0 and X.nnz > 0.5 * n * d
-    if not (standardize is True or (standardize == "auto" and dense_features)):
+    if not resolve_standardize(standardize, X.nnz, X.shape[0] * X.shape[1]):
         return None, None
     mean, std = column_mean_and_std(X)
     return mean.astype(np.float32), np.where(std > 0, std, 1.0).astype(np.float32)

@@ -13,7 +13,7 @@ from tqdm.auto import tqdm
 
 from ..base import MultiLabelEstimator
 from ..exceptions import ValidationError
-from ..utils import iter_batches, numpy_rng, resolve_device
+from ..utils import column_mean_and_std, iter_batches, numpy_rng, resolve_device, resolve_standardize
 from ..validation import check_features, check_fit_inputs
 from .classifiers import Design, SGDClassifier, choose_solver, gibbs_classifier
 from .mixture import DirichletEmission, DPMixture, GaussianEmission
@@ -234,8 +234,7 @@ class BNMC(MultiLabelEstimator):
         for name, options in choices.items():
             if getattr(self, name) not in options:
                 raise ValidationError(f"{name} must be one of {options}, got {getattr(self, name)!r}")
-        if self.standardize not in ("auto", True, False):
-            raise ValidationError(f"standardize must be 'auto', True or False, got {self.standardize!r}")
+        resolve_standardize(self.standardize, 0, 0)  # checks the setting
         if not isinstance(self.merge_trials, (int, np.integer)) or self.merge_trials < 0:
             raise ValidationError(f"merge_trials must be a non-negative integer, got {self.merge_trials!r}")
         if not isinstance(self.n_mode_steps, (int, np.integer)) or self.n_mode_steps < 0:
@@ -252,8 +251,7 @@ class BNMC(MultiLabelEstimator):
     # ---- preprocessing ------------------------------------------------------------------------
     def _setup_preprocessing(self, X: sp.csr_matrix) -> None:
         """Choose the emission and the classifier feature scaling from the (first) training data."""
-        density = X.nnz / max(1, X.shape[0] * X.shape[1])
-        standardize = density > 0.5 if self.standardize == "auto" else bool(self.standardize)
+        standardize = resolve_standardize(self.standardize, X.nnz, X.shape[0] * X.shape[1])
         has_negative = X.nnz > 0 and X.data.min() < 0
         emission = self.emission
         if emission == "auto":
@@ -265,11 +263,9 @@ class BNMC(MultiLabelEstimator):
         self.emission_ = emission
         self.standardized_ = bool(standardize)
         if standardize:
-            mean = np.asarray(X.mean(axis=0)).ravel()
-            sq = np.asarray(X.multiply(X).mean(axis=0)).ravel()
-            scale = np.sqrt(np.maximum(sq - mean**2, 0.0))
+            mean, std = column_mean_and_std(X)
             self.feature_mean_ = mean
-            self.feature_scale_ = np.where(scale > 1e-8, scale, 1.0)
+            self.feature_scale_ = np.where(std > 0, std, 1.0)
         else:
             self.feature_mean_ = np.zeros(X.shape[1])
             self.feature_scale_ = np.ones(X.shape[1])

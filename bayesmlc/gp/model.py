@@ -17,7 +17,7 @@ from torch import nn
 from ..base import MultiLabelEstimator, label_counts
 from ..distributed import ONE_PROCESS, RowShard
 from ..exceptions import ModelFormatError, ValidationError
-from ..utils import column_mean_and_std, normalize_rows, numpy_rng, resolve_device
+from ..utils import column_mean_and_std, normalize_rows, numpy_rng, resolve_device, resolve_standardize
 from .inducing import (
     INDUCING_NAMES,
     FeatureBatch,
@@ -181,13 +181,16 @@ class MLGPF(MultiLabelEstimator):
         the training rows (:func:`inverse_document_frequency`) before the rows are normalised:
         rare features count more (on bibtex_xc +0.4 P@1 and +0.6 P@3 / P@5; docs/mlgpf.md). Dense
         columns (non-zero in every row) keep weight 1.
-    standardize : bool, centre every feature column and divide it by its standard deviation in the
-        training rows (``feature_mean_``, ``feature_scale_``; constant columns keep scale 1), first,
-        before idf weighting and row normalisation. For dense real-valued features (audio or image
-        descriptors: the emotions, scene and yeast sets), whose uncentred rows all point nearly the
-        same way once normalised (emotions P@1 57 without, 72 with; docs/mlgpf.md). Centring
-        makes every entry non-zero, so the rows are densified: refused above
-        ``MAX_STANDARDIZED_ENTRIES`` entries per call; sparse text should use ``idf_weighting``.
+    standardize : {"auto", True, False}, centre every feature column and divide it by its standard
+        deviation in the training rows (``feature_mean_``, ``feature_scale_``; constant columns keep
+        scale 1), first, before idf weighting and row normalisation. For dense real-valued features
+        (audio or image descriptors: the emotions, scene and yeast sets), whose uncentred rows all
+        point nearly the same way once normalised (emotions P@1 57 without, 72 with;
+        docs/mlgpf.md). "auto" (the default) standardises when more than half of the training
+        entries are non-zero (:func:`bayesmlc.utils.resolve_standardize`), as BNMC and the
+        baselines do. Centring makes every entry non-zero, so the rows are densified: for sparse
+        features (at most half non-zero) that is refused above ``MAX_STANDARDIZED_ENTRIES``
+        entries per call; sparse text should use ``idf_weighting``.
     normalize_features : bool, scale every feature row to unit L2 norm (as the authors' code does).
     rank_by : {"mean", "proba"}, what ``decision_function`` (and so ``predict_topk`` and ranking
         metrics) returns: the mean utilities E_q[f] (the papers' and authors' choice), or the
@@ -239,7 +242,7 @@ class MLGPF(MultiLabelEstimator):
         init_factors="svd",
         init_mean="ridge",
         idf_weighting=True,
-        standardize=False,
+        standardize="auto",
         normalize_features=True,
         rank_by="mean",
         jitter=1e-5,
@@ -317,6 +320,7 @@ class MLGPF(MultiLabelEstimator):
         ):
             if getattr(self, name) not in choices:
                 raise ValidationError(f"{name} must be one of {', '.join(map(repr, choices))}; got {getattr(self, name)!r}")
+        resolve_standardize(self.standardize, 0, 0)  # checks the setting
         positive_int("n_latent", self.n_latent)
         positive_int("n_inducing", self.n_inducing)
         positive_int("subspace_rank", self.subspace_rank, allow_auto=True)
@@ -371,7 +375,7 @@ class MLGPF(MultiLabelEstimator):
         mean = getattr(self, "feature_mean_", None)  # absent from models saved before standardize
         if mean is not None:
             entries = X.shape[0] * X.shape[1]
-            if entries > MAX_STANDARDIZED_ENTRIES:
+            if entries > MAX_STANDARDIZED_ENTRIES and entries > 2 * X.nnz:  # dense input costs at most 2x
                 raise ValidationError(
                     f"standardize=True centres the features, which densifies them: {X.shape[0]} x {X.shape[1]} = "
                     f"{entries} entries is above MAX_STANDARDIZED_ENTRIES = {MAX_STANDARDIZED_ENTRIES}. Pass fewer "
@@ -388,7 +392,8 @@ class MLGPF(MultiLabelEstimator):
         ``feature_scale_`` (or None), from column sums of x and x^2; ``feature_idf_`` (or None), from
         document frequencies."""
         self.feature_mean_ = self.feature_scale_ = self.feature_idf_ = None
-        if self.standardize:
+        n_nonzero = int(parallel.reduce_sum(np.array([X.nnz], dtype=np.int64))[0])
+        if resolve_standardize(self.standardize, n_nonzero, n_rows * X.shape[1]):
             mean, std = column_mean_and_std(X, n_rows, parallel.reduce_sum)
             self.feature_mean_ = mean.astype(np.float32)
             self.feature_scale_ = (1.0 / np.where(std > 0, std, 1.0)).astype(np.float32)
