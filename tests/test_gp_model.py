@@ -270,8 +270,15 @@ def test_standardize_refuses_to_densify_too_much(monkeypatch):
     X, Y, _ = _planted(seed=7, n=120)
     model = MLGPF(epochs=1, standardize=True, **SMALL).fit(X, Y)
     monkeypatch.setattr(gp_model, "MAX_STANDARDIZED_ENTRIES", 100)
-    with pytest.raises(ValidationError, match=r"standardize=True .* 120 x 20 = 2400 entries"):
+    with pytest.raises(ValidationError, match=r"standardize=True\) centres .* 120 x 20 = 2400 entries"):
         model.predict_proba(X)
+    # dense features are stored in full already: centring them at most doubles the entries, allowed
+    dense = sp.csr_matrix(X.toarray() + 1.0, dtype=np.float32)
+    expected = MLGPF(epochs=1, standardize=True, **SMALL).fit(dense, Y)
+    monkeypatch.undo()
+    reference = expected.predict_proba(dense)
+    monkeypatch.setattr(gp_model, "MAX_STANDARDIZED_ENTRIES", 100)
+    np.testing.assert_array_equal(expected.predict_proba(dense), reference)
 
 
 @pytest.mark.parametrize("n_rows, expected", [(4880, 500), (3000, 375), (333, 42), (100, 32), (20, 32), (10**6, 500)])

@@ -377,8 +377,8 @@ class MLGPF(MultiLabelEstimator):
             entries = X.shape[0] * X.shape[1]
             if entries > MAX_STANDARDIZED_ENTRIES and entries > 2 * X.nnz:  # dense input costs at most 2x
                 raise ValidationError(
-                    f"standardize=True centres the features, which densifies them: {X.shape[0]} x {X.shape[1]} = "
-                    f"{entries} entries is above MAX_STANDARDIZED_ENTRIES = {MAX_STANDARDIZED_ENTRIES}. Pass fewer "
+                    f"standardisation (standardize={self.standardize!r}) centres the features, which densifies "
+                    f"them: {X.shape[0]} x {X.shape[1]} = {entries} entries is above MAX_STANDARDIZED_ENTRIES = {MAX_STANDARDIZED_ENTRIES}. Pass fewer "
                     "rows per call, or for sparse features use standardize=False with idf_weighting=True"
                 )
             X = sp.csr_matrix(((X.toarray() - mean) * self.feature_scale_).astype(np.float32))
