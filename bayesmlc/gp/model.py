@@ -378,8 +378,9 @@ class MLGPF(MultiLabelEstimator):
             if entries > MAX_STANDARDIZED_ENTRIES and entries > 2 * X.nnz:  # dense input costs at most 2x
                 raise ValidationError(
                     f"standardisation (standardize={self.standardize!r}) centres the features, which densifies "
-                    f"them: {X.shape[0]} x {X.shape[1]} = {entries} entries is above MAX_STANDARDIZED_ENTRIES = {MAX_STANDARDIZED_ENTRIES}. Pass fewer "
-                    "rows per call, or for sparse features use standardize=False with idf_weighting=True"
+                    f"them: {X.shape[0]} x {X.shape[1]} = {entries} entries is above MAX_STANDARDIZED_ENTRIES = "
+                    f"{MAX_STANDARDIZED_ENTRIES}. Pass fewer rows per call, or for sparse features use "
+                    "standardize=False with idf_weighting=True"
                 )
             X = sp.csr_matrix(((X.toarray() - mean) * self.feature_scale_).astype(np.float32))
         idf = getattr(self, "feature_idf_", None)  # absent from models saved before idf_weighting
