@@ -8,6 +8,11 @@ A model file is a NumPy ``.npz`` archive. Entry ``__meta__`` holds a JSON docume
 Arrays (NumPy, torch, scipy.sparse) anywhere inside ``params`` or ``state`` are stored as separate
 entries and replaced in the JSON by ``{"__array__": key}`` (or ``__sparse__`` / ``__tensor__``), so
 loading never unpickles anything (``allow_pickle=False``). Files are written atomically.
+
+A bayesmlc estimator inside ``params`` or ``state`` (the members of an ensemble) is stored as
+``{"__estimator__": "module:Class", "params": {...}, "state": {...} or null}`` with its arrays beside
+the others; such files are format version 2, every other file stays version 1, so an older bayesmlc
+still reads what it can and refuses the rest with a clear message.
 """
 
 from __future__ import annotations
@@ -26,13 +31,27 @@ import torch
 from .exceptions import ModelFormatError
 
 FORMAT_NAME = "bayesmlc-model"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # version 2 added nested estimators; files without them are still written as 1
 
-__all__ = ["FORMAT_VERSION", "save_model", "load_model", "encode", "decode", "write_npz_atomically", "read_npz"]
+__all__ = ["FORMAT_VERSION", "save_model", "load_model", "encode", "decode", "estimator_class", "write_npz_atomically",
+           "read_npz"]
 
 
 def encode(value, arrays: dict, prefix: str):
-    """Replace arrays inside ``value`` by references; arrays are collected into ``arrays``."""
+    """Replace arrays inside ``value`` by references; arrays are collected into ``arrays``.
+
+    A fitted or unfitted bayesmlc estimator becomes ``{"__estimator__": ..., "params": ..., "state": ...}``.
+    """
+    from .base import MultiLabelEstimator  # base imports this module
+
+    if isinstance(value, MultiLabelEstimator):
+        cls = type(value)
+        fitted = hasattr(value, "n_labels_")
+        return {
+            "__estimator__": f"{cls.__module__}:{cls.__name__}",
+            "params": encode(value.get_params(deep=False), arrays, f"{prefix}.params"),
+            "state": encode(value._get_state(), arrays, f"{prefix}.state") if fitted else None,
+        }
     if isinstance(value, torch.Tensor):
         key = f"{prefix}#{len(arrays)}"
         arrays[key] = value.detach().cpu().numpy()
@@ -64,6 +83,11 @@ def encode(value, arrays: dict, prefix: str):
 def decode(value, arrays):
     """Inverse of :func:`encode`."""
     if isinstance(value, dict):
+        if "__estimator__" in value:
+            model = estimator_class(value["__estimator__"])(**decode(value["params"], arrays))
+            if value["state"] is not None:
+                model._set_state(decode(value["state"], arrays))
+            return model
         if "__array__" in value:
             return arrays[value["__array__"]]
         if "__tensor__" in value:
@@ -79,16 +103,41 @@ def decode(value, arrays):
     return value
 
 
+def estimator_class(class_path: str):
+    """The bayesmlc estimator class named ``"module:Class"``; ``ModelFormatError`` for anything else
+    (a file names a class, and only estimator classes are ever constructed from one)."""
+    from .base import MultiLabelEstimator
+
+    module_name, _, class_name = class_path.partition(":")
+    try:
+        cls = getattr(importlib.import_module(module_name), class_name)
+    except (ImportError, AttributeError, ValueError) as exc:
+        raise ModelFormatError(f"model class {class_path} is not available ({exc})") from None
+    if not (isinstance(cls, type) and issubclass(cls, MultiLabelEstimator)):
+        raise ModelFormatError(f"{class_path} is not a bayesmlc estimator class")
+    return cls
+
+
+def _has_estimator(encoded) -> bool:
+    if isinstance(encoded, dict):
+        return "__estimator__" in encoded or any(_has_estimator(v) for v in encoded.values())
+    if isinstance(encoded, list):
+        return any(_has_estimator(v) for v in encoded)
+    return False
+
+
 def save_model(path, class_path: str, params: dict, state: dict, library_version: str) -> None:
-    """Write a model file atomically (a temporary file in the same folder, then a rename)."""
+    """Write a model file atomically (a temporary file in the same folder, then a rename), with the
+    lowest format version that can hold it."""
     arrays: dict = {}
+    params, state = encode(params, arrays, "params"), encode(state, arrays, "state")
     meta = {
         "format": FORMAT_NAME,
-        "format_version": FORMAT_VERSION,
+        "format_version": FORMAT_VERSION if _has_estimator([params, state]) else 1,
         "class": class_path,
         "library_version": library_version,
-        "params": encode(params, arrays, "params"),
-        "state": encode(state, arrays, "state"),
+        "params": params,
+        "state": state,
     }
     write_npz_atomically(path, meta, arrays)
 
@@ -143,9 +192,7 @@ def load_model(path):
             f"{path}: written with model format version {version} by bayesmlc {meta.get('library_version')}; "
             f"this bayesmlc reads versions up to {FORMAT_VERSION}. Upgrade bayesmlc to load it."
         )
-    module_name, _, class_name = meta["class"].partition(":")
     try:
-        cls = getattr(importlib.import_module(module_name), class_name)
-    except (ImportError, AttributeError) as exc:
-        raise ModelFormatError(f"{path}: model class {meta['class']} is not available ({exc})") from None
-    return cls, decode(meta["params"], arrays), decode(meta["state"], arrays)
+        return estimator_class(meta["class"]), decode(meta["params"], arrays), decode(meta["state"], arrays)
+    except ModelFormatError as exc:
+        raise ModelFormatError(f"{path}: {exc}") from None
