@@ -13,7 +13,7 @@ from tqdm.auto import tqdm
 
 from .base import MultiLabelEstimator
 from .exceptions import ValidationError
-from .utils import column_mean_and_std, csr_to_torch, iter_batches, numpy_rng, resolve_device
+from .utils import column_mean_and_scale, csr_to_torch, iter_batches, numpy_rng, resolve_device
 
 __all__ = ["LogisticRegression"]
 
@@ -86,8 +86,8 @@ class LogisticRegression(MultiLabelEstimator):
         n, d = X.shape
         n_labels = Y.shape[1]
         if self.standardize:
-            _, std = column_mean_and_std(X)
-            self.feature_scale_ = (1.0 / np.where(std > 0, std, 1.0)).astype(np.float32)
+            _, scale = column_mean_and_scale(X)
+            self.feature_scale_ = (1.0 / scale).astype(np.float32)
             X = sp.csr_matrix(X.multiply(self.feature_scale_[None, :]), dtype=np.float32)
         else:
             self.feature_scale_ = None

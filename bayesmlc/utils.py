@@ -79,15 +79,15 @@ def normalize_rows(X: sp.csr_matrix) -> sp.csr_matrix:
     return sp.csr_matrix(sp.diags((1.0 / norms).astype(np.float32)) @ X, dtype=np.float32)
 
 
-def column_mean_and_std(X, n_rows: int | None = None, reduce=None) -> tuple[np.ndarray, np.ndarray]:
-    """Mean and standard deviation (float64, (D,)) of every column of ``X`` (sparse or dense) over its
-    rows, from float64 sums of x and x^2, which never densify a sparse ``X``.
+def column_mean_and_scale(X, n_rows: int | None = None, reduce=None) -> tuple[np.ndarray, np.ndarray]:
+    """Mean and scale (float64, (D,)) of every column of ``X`` (sparse or dense) over its rows, from
+    float64 sums of x and x^2, which never densify a sparse ``X``. The scale is the standard deviation,
+    except that a constant column gets scale 1 (standardising leaves it centred, not blown up).
 
     With the rows split over processes, ``reduce`` sums the per-process sums (an all-reduce; None:
     this process holds every row) and ``n_rows`` counts the rows of all processes. A column whose
     spread is below the rounding of those sums (standard deviation at most 1e-6 of its root mean
-    square, a constant column for one) gets standard deviation 0: E[x^2] - E[x]^2 leaves about 1e-8
-    of a constant column's value there, which would otherwise blow it up when divided by.
+    square) counts as constant: E[x^2] - E[x]^2 leaves about 1e-8 of a constant column's value there.
     """
     X = sp.csr_matrix(X, dtype=np.float64)
     n_rows = X.shape[0] if n_rows is None else n_rows
@@ -96,7 +96,7 @@ def column_mean_and_std(X, n_rows: int | None = None, reduce=None) -> tuple[np.n
         sums = np.asarray(reduce(sums), dtype=np.float64)
     mean, mean_square = sums[: X.shape[1]] / max(n_rows, 1), sums[X.shape[1] :] / max(n_rows, 1)
     std = np.sqrt(np.maximum(mean_square - mean**2, 0.0))
-    std[std <= 1e-6 * np.sqrt(mean_square)] = 0.0
+    std[std <= 1e-6 * np.sqrt(mean_square)] = 1.0
     return mean, std
 
 

@@ -6,24 +6,24 @@ import scipy.sparse as sp
 from sklearn.preprocessing import normalize
 
 from bayesmlc.exceptions import ValidationError
-from bayesmlc.utils import column_mean_and_std, normalize_rows, resolve_standardize
+from bayesmlc.utils import column_mean_and_scale, normalize_rows, resolve_standardize
 
 
-def test_column_mean_and_std_match_numpy_alone_and_summed_over_row_shards():
+def test_column_mean_and_scale_match_numpy_alone_and_summed_over_row_shards():
     rng = np.random.default_rng(0)
     dense = rng.standard_normal((90, 6)) * [1.0, 0.1, 3.0, 1.0, 1.0, 1.0] + [0.0, 5.0, -2.0, 0.0, 0.0, 0.0]
     dense[:, 3] = 0.1  # constant and not exactly representable: rounding must not leave a spread
     dense[:, 4:] *= rng.random((90, 2)) < 0.5  # half-sparse columns 4 and 5
     X = sp.csr_matrix(dense)
     expected_std = dense.std(axis=0)
-    expected_std[3] = 0.0
-    mean, std = column_mean_and_std(X)
+    expected_std[3] = 1.0  # a constant column keeps scale 1
+    mean, std = column_mean_and_scale(X)
     np.testing.assert_allclose(mean, dense.mean(axis=0), rtol=1e-12)
     np.testing.assert_allclose(std, expected_std, rtol=1e-9, atol=0)
-    assert std[3] == 0.0
+    assert std[3] == 1.0
     # two "processes" holding rows 0-39 and 40-89: their sums added by the reduce give the same values
-    parts = [column_mean_and_std(X[:40], 90, lambda a: a + _sums(X[40:])),
-             column_mean_and_std(X[40:], 90, lambda a: a + _sums(X[:40]))]
+    parts = [column_mean_and_scale(X[:40], 90, lambda a: a + _sums(X[40:])),
+             column_mean_and_scale(X[40:], 90, lambda a: a + _sums(X[:40]))]
     for part_mean, part_std in parts:
         np.testing.assert_allclose(part_mean, mean, rtol=1e-12)
         np.testing.assert_allclose(part_std, std, rtol=1e-9)

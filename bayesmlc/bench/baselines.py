@@ -31,7 +31,7 @@ import scipy.sparse as sp
 
 from ..base import MultiLabelEstimator
 from ..exceptions import ValidationError
-from ..utils import column_mean_and_std, iter_batches, normalize_rows, numpy_rng, resolve_standardize
+from ..utils import column_mean_and_scale, iter_batches, normalize_rows, numpy_rng, resolve_standardize
 
 __all__ = [
     "KNNBaseline",
@@ -105,8 +105,8 @@ def _standardisation(X: sp.csr_matrix, standardize):
     """
     if not resolve_standardize(standardize, X.nnz, X.shape[0] * X.shape[1]):
         return None, None
-    mean, std = column_mean_and_std(X)
-    return mean.astype(np.float32), np.where(std > 0, std, 1.0).astype(np.float32)
+    mean, scale = column_mean_and_scale(X)
+    return mean.astype(np.float32), scale.astype(np.float32)
 
 
 def _standardised(X: sp.csr_matrix, mean, scale) -> sp.csr_matrix:

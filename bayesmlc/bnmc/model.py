@@ -13,7 +13,7 @@ from tqdm.auto import tqdm
 
 from ..base import MultiLabelEstimator
 from ..exceptions import ValidationError
-from ..utils import column_mean_and_std, iter_batches, numpy_rng, resolve_device, resolve_standardize
+from ..utils import column_mean_and_scale, iter_batches, numpy_rng, resolve_device, resolve_standardize
 from ..validation import check_features, check_fit_inputs
 from .classifiers import Design, SGDClassifier, choose_solver, gibbs_classifier
 from .mixture import DirichletEmission, DPMixture, GaussianEmission
@@ -263,9 +263,7 @@ class BNMC(MultiLabelEstimator):
         self.emission_ = emission
         self.standardized_ = bool(standardize)
         if standardize:
-            mean, std = column_mean_and_std(X)
-            self.feature_mean_ = mean
-            self.feature_scale_ = np.where(std > 0, std, 1.0)
+            self.feature_mean_, self.feature_scale_ = column_mean_and_scale(X)
         else:
             self.feature_mean_ = np.zeros(X.shape[1])
             self.feature_scale_ = np.ones(X.shape[1])

@@ -17,7 +17,7 @@ from torch import nn
 from ..base import MultiLabelEstimator, label_counts
 from ..distributed import ONE_PROCESS, RowShard
 from ..exceptions import ModelFormatError, ValidationError
-from ..utils import column_mean_and_std, normalize_rows, numpy_rng, resolve_device, resolve_standardize
+from ..utils import column_mean_and_scale, normalize_rows, numpy_rng, resolve_device, resolve_standardize
 from .inducing import (
     INDUCING_NAMES,
     FeatureBatch,
@@ -395,9 +395,9 @@ class MLGPF(MultiLabelEstimator):
         self.feature_mean_ = self.feature_scale_ = self.feature_idf_ = None
         n_nonzero = int(parallel.reduce_sum(np.array([X.nnz], dtype=np.int64))[0])
         if resolve_standardize(self.standardize, n_nonzero, n_rows * X.shape[1]):
-            mean, std = column_mean_and_std(X, n_rows, parallel.reduce_sum)
+            mean, scale = column_mean_and_scale(X, n_rows, parallel.reduce_sum)
             self.feature_mean_ = mean.astype(np.float32)
-            self.feature_scale_ = (1.0 / np.where(std > 0, std, 1.0)).astype(np.float32)
+            self.feature_scale_ = (1.0 / scale).astype(np.float32)
         if self.idf_weighting:
             counts = np.bincount(X.indices[X.data != 0], minlength=X.shape[1])
             self.feature_idf_ = inverse_document_frequency(parallel.reduce_sum(counts), n_rows)
