@@ -146,3 +146,18 @@ def test_predict_into_a_closed_pipe_stops_quietly(tiny_files):
     result = subprocess.run(["bash", "-o", "pipefail", "-c", shell], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     assert "Traceback" not in result.stderr and len(result.stdout.splitlines()) == 1
+
+
+def test_evaluate_reads_an_ensemble_saved_from_python(tiny_files, capsys):
+    from bayesmlc.bench.baselines import KNNBaseline
+    from bayesmlc.data.io import read_dataset
+    from bayesmlc.ensemble import AveragingEnsemble
+    from bayesmlc.metrics import precision_at_k
+
+    train, test = read_dataset(tiny_files / "train.txt"), read_dataset(tiny_files / "test.txt")
+    ensemble = AveragingEnsemble([("lr", LogisticRegression(device="cpu")), ("knn", KNNBaseline(n_neighbors=5))])
+    ensemble.fit(train.X, train.Y).save(tiny_files / "pair" / "model.npz")
+    assert main(["evaluate", "--model-dir", str(tiny_files / "pair"), "--test", str(tiny_files / "test.txt"), "--json"]) == 0
+    record = _last_json(capsys)
+    expected = precision_at_k(test.Y, ensemble.decision_function(test.X), k=1)
+    assert record["metrics"]["P@1"] == pytest.approx(expected, abs=1e-9)
