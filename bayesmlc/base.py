@@ -208,16 +208,13 @@ class MultiLabelEstimator(BaseEstimator):
         self._check_is_fitted()
         from . import __version__
 
-        cls = type(self)
-        persistence.save_model(path, f"{cls.__module__}:{cls.__name__}", self.get_params(deep=False), self._get_state(), __version__)
+        persistence.save_model(path, self, __version__)
 
     @classmethod
     def load(cls, path):
         """Load a model saved by :meth:`save`. ``MultiLabelEstimator.load`` accepts any model;
         ``Model.load`` checks that the file holds a ``Model``."""
-        model_cls, params, state = persistence.load_model(path)
-        if not issubclass(model_cls, cls):
-            raise ModelFormatError(f"{path}: holds a {model_cls.__name__}, not a {cls.__name__}")
-        model = model_cls(**params)
-        model._set_state(state)
+        model = persistence.load_model(path)
+        if not isinstance(model, cls):
+            raise ModelFormatError(f"{path}: holds a {type(model).__name__}, not a {cls.__name__}")
         return model

@@ -84,10 +84,7 @@ def decode(value, arrays):
     """Inverse of :func:`encode`."""
     if isinstance(value, dict):
         if "__estimator__" in value:
-            model = estimator_class(value["__estimator__"])(**decode(value["params"], arrays))
-            if value["state"] is not None:
-                model._set_state(decode(value["state"], arrays))
-            return model
+            return _build(value["__estimator__"], value["params"], value["state"], arrays)
         if "__array__" in value:
             return arrays[value["__array__"]]
         if "__tensor__" in value:
@@ -118,6 +115,14 @@ def estimator_class(class_path: str):
     return cls
 
 
+def _build(class_path: str, params, state, arrays):
+    """An estimator from its encoded parameters and fitted state (``None``: left unfitted)."""
+    model = estimator_class(class_path)(**decode(params, arrays))
+    if state is not None:
+        model._set_state(decode(state, arrays))
+    return model
+
+
 def _has_estimator(encoded) -> bool:
     if isinstance(encoded, dict):
         return "__estimator__" in encoded or any(_has_estimator(v) for v in encoded.values())
@@ -126,18 +131,18 @@ def _has_estimator(encoded) -> bool:
     return False
 
 
-def save_model(path, class_path: str, params: dict, state: dict, library_version: str) -> None:
-    """Write a model file atomically (a temporary file in the same folder, then a rename), with the
-    lowest format version that can hold it."""
+def save_model(path, model, library_version: str) -> None:
+    """Write a fitted model to a file atomically (a temporary file in the same folder, then a rename),
+    with the lowest format version that can hold it."""
     arrays: dict = {}
-    params, state = encode(params, arrays, "params"), encode(state, arrays, "state")
+    encoded = encode(model, arrays, "model")
     meta = {
         "format": FORMAT_NAME,
-        "format_version": FORMAT_VERSION if _has_estimator([params, state]) else 1,
-        "class": class_path,
+        "format_version": FORMAT_VERSION if _has_estimator([encoded["params"], encoded["state"]]) else 1,
+        "class": encoded["__estimator__"],
         "library_version": library_version,
-        "params": params,
-        "state": state,
+        "params": encoded["params"],
+        "state": encoded["state"],
     }
     write_npz_atomically(path, meta, arrays)
 
@@ -174,7 +179,7 @@ def read_npz(path) -> tuple[dict, dict]:
 
 
 def load_model(path):
-    """Read a model file; returns ``(cls, params, state)``. Refuses newer format versions."""
+    """Read a model file; returns the fitted model. Refuses newer format versions."""
     path = os.fspath(path)
     if not os.path.exists(path):
         raise ModelFormatError(f"{path}: no such model file")
@@ -193,6 +198,6 @@ def load_model(path):
             f"this bayesmlc reads versions up to {FORMAT_VERSION}. Upgrade bayesmlc to load it."
         )
     try:
-        return estimator_class(meta["class"]), decode(meta["params"], arrays), decode(meta["state"], arrays)
+        return _build(meta["class"], meta["params"], meta["state"], arrays)
     except ModelFormatError as exc:
         raise ModelFormatError(f"{path}: {exc}") from None
