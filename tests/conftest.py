@@ -6,7 +6,9 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import numpy as np
 import pytest
+import scipy.sparse as sp
 import torch
 
 torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
@@ -28,3 +30,12 @@ def shared_datasets() -> Path:
     if not SHARED_DATASETS.is_dir():
         pytest.skip(f"shared datasets folder not found at {SHARED_DATASETS}")
     return SHARED_DATASETS
+
+
+def linear_multilabel_problem(n=240, d=30, n_labels=6, seed=0, density=0.25):
+    """Sparse float32 CSR features (n, d) and 0/1 labels (n, n_labels) from a noisy linear rule."""
+    rng = np.random.default_rng(seed)
+    X = sp.random(n, d, density=density, random_state=seed, format="csr", dtype=np.float32)
+    W = rng.normal(size=(d, n_labels)) * 2
+    Y = (np.asarray(X @ W) + rng.normal(size=(n, n_labels)) > 0.5).astype(np.float32)
+    return X, Y

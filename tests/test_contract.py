@@ -16,23 +16,17 @@ from sklearn.utils.estimator_checks import (
     check_set_params,
 )
 
+from conftest import linear_multilabel_problem
+
 from bayesmlc import Dataset, ModelFormatError, NotFittedError, ValidationError
 from bayesmlc.base import MultiLabelEstimator
 from bayesmlc.linear import LogisticRegression
 from bayesmlc.persistence import FORMAT_VERSION
 
 
-def _problem(n=240, d=30, n_labels=6, seed=0):
-    rng = np.random.default_rng(seed)
-    X = sp.random(n, d, density=0.25, random_state=seed, format="csr", dtype=np.float32)
-    W = rng.normal(size=(d, n_labels)) * 2
-    Y = (np.asarray(X @ W) + rng.normal(size=(n, n_labels)) > 0.5).astype(np.float32)
-    return X, Y
-
-
 @pytest.fixture(scope="module")
 def fitted():
-    X, Y = _problem()
+    X, Y = linear_multilabel_problem()
     return LogisticRegression(C=1.0, max_iter=300, tol=1e-9, device="cpu").fit(X, Y), X, Y
 
 
@@ -51,7 +45,7 @@ def test_logistic_label_blocks_match_scikit_learn_and_history_is_the_whole_objec
     import bayesmlc.linear
 
     monkeypatch.setattr(bayesmlc.linear, "_LABEL_BLOCK", 4)
-    X, Y = _problem(n_labels=6, seed=3)
+    X, Y = linear_multilabel_problem(n_labels=6, seed=3)
     model = LogisticRegression(C=1.0, max_iter=300, tol=1e-9, device="cpu").fit(X, Y)
 
     def log_posterior(coef, intercept):
@@ -157,7 +151,7 @@ def test_predict_errors(fitted):
 
 
 def test_empty_label_columns_warn_once_and_predict_prior():
-    X, Y = _problem()
+    X, Y = linear_multilabel_problem()
     Y[:, 2] = 0
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -170,7 +164,7 @@ def test_empty_label_columns_warn_once_and_predict_prior():
 
 
 def test_masked_entries_do_not_change_the_fit():
-    X, Y = _problem(seed=3)
+    X, Y = linear_multilabel_problem(seed=3)
     rng = np.random.default_rng(1)
     mask = (rng.random(Y.shape) > 0.4).astype(np.float32)
     flipped = np.where(mask == 1, Y, 1 - Y)
@@ -183,7 +177,7 @@ def test_masked_entries_do_not_change_the_fit():
 
 
 def test_same_seed_same_result():
-    X, Y = _problem(seed=5)
+    X, Y = linear_multilabel_problem(seed=5)
     a = LogisticRegression(random_state=7, device="cpu").fit(X, Y).decision_function(X)
     b = LogisticRegression(random_state=7, device="cpu").fit(X, Y).decision_function(X)
     np.testing.assert_array_equal(a, b)

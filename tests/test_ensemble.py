@@ -4,7 +4,7 @@ import json
 
 import numpy as np
 import pytest
-import scipy.sparse as sp
+from conftest import linear_multilabel_problem
 from sklearn.base import clone
 
 from bayesmlc import MLGPF, ModelFormatError, ValidationError
@@ -13,14 +13,6 @@ from bayesmlc.bench.baselines import KNNBaseline
 from bayesmlc.ensemble import AveragingEnsemble
 from bayesmlc.linear import LogisticRegression
 from bayesmlc.persistence import FORMAT_VERSION
-
-
-def _problem(n=200, d=25, n_labels=5, seed=0):
-    rng = np.random.default_rng(seed)
-    X = sp.random(n, d, density=0.3, random_state=seed, format="csr", dtype=np.float32)
-    W = rng.normal(size=(d, n_labels)) * 2
-    Y = (np.asarray(X @ W) + rng.normal(size=(n, n_labels)) > 0.5).astype(np.float32)
-    return X, Y
 
 
 def _small_gp(seed=None):
@@ -33,7 +25,7 @@ def _members():
 
 @pytest.fixture(scope="module")
 def problem():
-    return _problem()
+    return linear_multilabel_problem(n=200, d=25, n_labels=5, density=0.3)
 
 
 def _meta(path) -> dict:
