@@ -19,6 +19,22 @@ MODEL_CLASSES = {
 }
 
 
+# Every class a model file may name, exactly as ``bayesmlc.persistence`` writes it ("module:Class").
+# Loading refuses any other name *before* importing anything, so a crafted file cannot make Python import
+# a module of its choosing; adding an estimator class means adding it here (a test checks the registry).
+LOADABLE_CLASSES = frozenset({
+    "bayesmlc.linear:LogisticRegression",
+    "bayesmlc.bmls.model:BMLS",
+    "bayesmlc.bnmc.model:BNMC",
+    "bayesmlc.gp.model:MLGPF",
+    "bayesmlc.ensemble:AveragingEnsemble",
+    "bayesmlc.bench.baselines:KNNBaseline",
+    "bayesmlc.bench.baselines:NapkinXCPLT",
+    "bayesmlc.bench.baselines:OmikujiParabel",
+    "bayesmlc.bench.baselines:OmikujiBonsai",
+})
+
+
 def get_model_class(name: str):
     """The estimator class registered as ``name``."""
     if name not in MODEL_CLASSES:

@@ -101,16 +101,24 @@ def decode(value, arrays):
 
 
 def estimator_class(class_path: str):
-    """The bayesmlc estimator class named ``"module:Class"``; ``ModelFormatError`` for anything else
-    (a file names a class, and only estimator classes are ever constructed from one)."""
-    from .base import MultiLabelEstimator
+    """The bayesmlc estimator class named ``"module:Class"``; ``ModelFormatError`` for anything else.
 
+    Only the names in :data:`bayesmlc.models.LOADABLE_CLASSES` are accepted, and the check comes before
+    any import: a model file can never make Python import a module that is not one of bayesmlc's own
+    estimator modules.
+    """
+    from .base import MultiLabelEstimator
+    from .models import LOADABLE_CLASSES
+
+    if not isinstance(class_path, str) or class_path not in LOADABLE_CLASSES:
+        shown = class_path if isinstance(class_path, str) else type(class_path).__name__
+        raise ModelFormatError(f"{shown[:200]!s} is not a bayesmlc estimator class that model files may name")
     module_name, _, class_name = class_path.partition(":")
     try:
         cls = getattr(importlib.import_module(module_name), class_name)
-    except (ImportError, AttributeError, ValueError) as exc:
+    except (ImportError, AttributeError) as exc:
         raise ModelFormatError(f"model class {class_path} is not available ({exc})") from None
-    if not (isinstance(cls, type) and issubclass(cls, MultiLabelEstimator)):
+    if not (isinstance(cls, type) and issubclass(cls, MultiLabelEstimator)):  # pragma: no cover - allow-list
         raise ModelFormatError(f"{class_path} is not a bayesmlc estimator class")
     return cls
 

@@ -30,7 +30,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from ..base import MultiLabelEstimator
-from ..exceptions import ValidationError
+from ..exceptions import ModelFormatError, ValidationError
 from ..utils import column_mean_and_scale, iter_batches, normalize_rows, numpy_rng, resolve_standardize
 
 __all__ = [
@@ -218,6 +218,20 @@ class KNNBaseline(MultiLabelEstimator):
         return self._predict_proba(X) + 1e-6 * self.label_prior_.astype(np.float32)
 
 
+def _is_plain_file_name(name) -> bool:
+    """True for a name that stays inside the folder it is joined to: its own basename, not empty, not
+    ``.`` or ``..``, no separator, no NUL (a model file's entry names come from the file)."""
+    return (
+        isinstance(name, str)
+        and name not in ("", ".", "..")
+        and os.path.basename(name) == name
+        and "/" not in name
+        and "\\" not in name
+        and "\0" not in name
+        and not os.path.isabs(name)
+    )
+
+
 # ---------------------------------------------------------------------------------------------
 class _FileBackedModel(MultiLabelEstimator):
     """Shared machinery for baselines whose fitted model is a folder of files written by a library.
@@ -247,11 +261,26 @@ class _FileBackedModel(MultiLabelEstimator):
         folder = os.path.join(self._new_workdir(), "model")
         os.makedirs(folder)
         for name, content in self.model_files_.items():
+            if not _is_plain_file_name(name):
+                raise ModelFormatError(
+                    f"{type(self).__name__} model file entry {str(name)[:100]!r} is not a plain file name"
+                )
             with open(os.path.join(folder, name), "wb") as handle:
                 handle.write(np.asarray(content, dtype=np.uint8).tobytes())
         return folder
 
     def _set_state(self, state: dict) -> None:
+        files = state.get("model_files_")
+        if files is not None:
+            if not isinstance(files, dict):
+                raise ModelFormatError(f"{type(self).__name__} model files must be a mapping of names to bytes")
+            for name, content in files.items():
+                if not _is_plain_file_name(name):
+                    raise ModelFormatError(
+                        f"{type(self).__name__} model file entry {str(name)[:100]!r} is not a plain file name"
+                    )
+                if not (isinstance(content, np.ndarray) and content.dtype == np.uint8 and content.ndim == 1):
+                    raise ModelFormatError(f"{type(self).__name__} model file entry {name!r} is not a byte array")
         super()._set_state(state)
         self._loaded = None
 

@@ -1,0 +1,124 @@
+"""A model file is data: loading it never imports a module it names, and never writes outside a
+private temporary folder (issue: hardening, point 1)."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import numpy as np
+import pytest
+
+from bayesmlc import ModelFormatError
+from bayesmlc.base import MultiLabelEstimator
+from bayesmlc.bench.baselines import KNNBaseline, _FileBackedModel, _is_plain_file_name
+from bayesmlc.models import LOADABLE_CLASSES, MODEL_CLASSES, get_model_class
+
+
+def _rewrite_meta(path, edit):
+    with np.load(path) as data:
+        arrays = {k: data[k] for k in data.files}
+    meta = json.loads(arrays["__meta__"].tobytes())
+    edit(meta, arrays)
+    arrays["__meta__"] = np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8)
+    np.savez(path, **arrays)
+
+
+@pytest.fixture
+def saved_knn(tmp_path):
+    rng = np.random.default_rng(0)
+    X = rng.random((20, 4))
+    Y = (rng.random((20, 3)) < 0.4).astype(np.int8)
+    Y[0] = 1
+    path = tmp_path / "model.npz"
+    KNNBaseline().fit(X, Y).save(path)
+    return path
+
+
+def test_a_module_named_by_the_file_is_never_imported(saved_knn, tmp_path, monkeypatch):
+    # a module beside the working directory that records its import
+    marker = tmp_path / "imported.txt"
+    (tmp_path / "evilmod_for_test.py").write_text(
+        f"open({str(marker)!r}, 'w').write('ran')\nclass Model: pass\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.chdir(tmp_path)
+
+    def edit(meta, arrays):
+        meta["class"] = "evilmod_for_test:Model"
+
+    _rewrite_meta(saved_knn, edit)
+    with pytest.raises(ModelFormatError, match="evilmod_for_test:Model is not a bayesmlc estimator class"):
+        MultiLabelEstimator.load(saved_knn)
+    assert not marker.exists()
+    assert "evilmod_for_test" not in sys.modules
+
+
+def test_a_nested_estimator_naming_a_foreign_module_is_refused_before_import(saved_knn, monkeypatch):
+    def edit(meta, arrays):
+        meta["class"] = "bayesmlc.ensemble:AveragingEnsemble"
+        meta["format_version"] = 2
+        meta["params"] = {
+            "estimators": [["a", {"__estimator__": "json:JSONDecoder", "params": {}, "state": None}]],
+            "weights": None,
+            "random_state": None,
+        }
+        meta["state"] = None
+
+    _rewrite_meta(saved_knn, edit)
+    import importlib
+
+    calls = []
+    real = importlib.import_module
+    monkeypatch.setattr(importlib, "import_module", lambda name, *a: calls.append(name) or real(name, *a))
+    with pytest.raises(ModelFormatError, match="json:JSONDecoder is not a bayesmlc estimator class"):
+        MultiLabelEstimator.load(saved_knn)
+    assert "json" not in calls
+
+
+@pytest.mark.parametrize("name", ["../escape.txt", "/tmp/abs.txt", "a/b", "..", ".", "", "x\0y", "a\\b"])
+def test_file_backed_model_refuses_names_that_leave_its_folder(name, tmp_path):
+    assert not _is_plain_file_name(name)
+
+    class Probe(_FileBackedModel):
+        def _load_from(self, folder):  # pragma: no cover - never reached
+            raise AssertionError("must not unpack")
+
+    model = Probe()
+    with pytest.raises(ModelFormatError, match="not a plain file name"):
+        model._set_state({"n_labels_": 2, "model_files_": {name: np.zeros(3, dtype=np.uint8)}})
+
+
+def test_crafted_baseline_file_is_refused_at_load_and_writes_nothing(saved_knn, tmp_path):
+    target = tmp_path / "outside" / "pwned.pth"
+
+    def edit(meta, arrays):
+        meta["class"] = "bayesmlc.bench.baselines:OmikujiParabel"
+        arrays["model.state.model_files_.x#99"] = np.frombuffer(b"import os", dtype=np.uint8)
+        meta["state"] = {"n_labels_": 3, "n_features_in_": 4,
+                         "model_files_": {str(target): {"__array__": "model.state.model_files_.x#99"}}}
+        meta["params"] = {}
+
+    _rewrite_meta(saved_knn, edit)
+    with pytest.raises(ModelFormatError, match="not a plain file name"):
+        MultiLabelEstimator.load(saved_knn)
+    assert not target.exists()
+    assert not target.parent.exists()
+
+
+def test_plain_names_are_accepted():
+    for name in ["model.bin", "tree_0.txt", ".hidden", "a..b"]:
+        assert _is_plain_file_name(name)
+
+
+def test_every_registered_model_class_is_loadable_and_nothing_else():
+    for name in MODEL_CLASSES:
+        try:
+            cls = get_model_class(name)
+        except Exception:  # optional extra not installed: its class path is still on the list
+            continue
+        assert f"{cls.__module__}:{cls.__name__}" in LOADABLE_CLASSES
+    from bayesmlc.ensemble import AveragingEnsemble
+
+    assert f"{AveragingEnsemble.__module__}:AveragingEnsemble" in LOADABLE_CLASSES
+    assert all(path.startswith("bayesmlc.") for path in LOADABLE_CLASSES)
