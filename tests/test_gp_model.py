@@ -55,6 +55,7 @@ def test_planted_latent_gps_are_recovered_and_the_elbo_rises():
 
 @pytest.mark.parametrize("variational,inducing,kernel", [
     ("cholesky", "free", "linear+se"), ("preconditioned", "fixed", "se"), ("whitened", "subspace-fixed", "linear"),
+    ("shared", "subspace", "linear"),
 ])
 def test_every_family_and_inducing_choice_learns(variational, inducing, kernel):
     X, Y, f = _planted(seed=1, n=400)

@@ -104,7 +104,8 @@ class _Bound(torch.nn.Module):
 
 @pytest.mark.parametrize(
     "kernel,inducing,variational",
-    [("linear+se", "subspace", "whitened"), ("se", "free", "cholesky"), ("linear", "subspace", "preconditioned")],
+    [("linear+se", "subspace", "whitened"), ("se", "free", "cholesky"), ("linear", "subspace", "preconditioned"),
+     ("se", "subspace", "shared")],
 )
 def test_gradients_pass_finite_difference_check(kernel, inducing, variational):
     rng = np.random.default_rng(3)
