@@ -91,6 +91,45 @@ def test_negative_sampling_and_label_mask_train(tmp_path):
     assert precision_at_k(Y[300:], model.decision_function(X[300:]), 1) > chance + 0.2
 
 
+@pytest.mark.filterwarnings("ignore:.*no positive training example")
+@pytest.mark.parametrize("n_labels, expected", [(30, None), (1000, None), (1001, 500)])
+def test_auto_negative_samples_sample_only_above_a_thousand_labels(monkeypatch, n_labels, expected):
+    import bayesmlc.gp.model as model_module
+
+    drawn = []
+    real = model_module.sample_label_entries
+
+    def recording(Y, mask, negative_samples, rng):
+        drawn.append(negative_samples)
+        return real(Y, mask, negative_samples, rng)
+
+    monkeypatch.setattr(model_module, "sample_label_entries", recording)
+    rng = np.random.default_rng(0)
+    X = sp.csr_matrix(rng.standard_normal((60, 8)).astype(np.float32))
+    Y = sp.csr_matrix((rng.random((60, n_labels)) < 0.01).astype(np.float32))
+    model = MLGPF(n_latent=2, n_inducing=5, subspace_rank=4, batch_size=30, epochs=1, random_state=0, n_threads=1)
+    model.fit(X, Y)  # negative_samples="auto" is the default
+    assert drawn == ([] if expected is None else [expected, expected])  # two batches of 30 rows
+    # a sampled entry set holds each row's positives and min(500, its negatives) sampled negatives
+    if expected is not None:
+        entries = real(Y[:30], None, expected, np.random.default_rng(1))
+        assert len(entries.rows) == Y[:30].nnz + 30 * expected
+
+
+def test_predict_topk_never_scores_more_than_a_batch_of_rows(monkeypatch):
+    X, Y, _ = _planted(seed=4, n=300, L=12)
+    model = MLGPF(epochs=2, **SMALL).fit(X[:200], Y[:200])
+    full = model.decision_function(X)
+    seen = []
+    real = model._decision_function
+    monkeypatch.setattr(model, "_decision_function", lambda rows: seen.append(rows.shape[0]) or real(rows))
+    indices, scores = model.predict_topk(X, k=3, batch_size=64)
+    assert max(seen) <= 64 and sum(seen) == X.shape[0]
+    order = np.argsort(-full, axis=1, kind="stable")[:, :3]  # ties to the lower index
+    assert np.array_equal(indices, order)
+    assert np.allclose(scores, np.take_along_axis(full, order, axis=1))
+
+
 @pytest.mark.parametrize("dtype", ["float32", "float64"])  # float64: the checkpoint must not pass through float32
 def test_checkpoint_resume_gives_the_uninterrupted_result(tmp_path, dtype):
     X, Y, _ = _planted(seed=4, n=300)

@@ -29,7 +29,7 @@ from .inducing import (
 )
 from .kernels import KERNEL_NAMES, make_kernel
 from .likelihoods import BernoulliLogit
-from .objective import LabelEntries, data_term_full, data_term_sampled, sample_label_entries, utility_moments
+from .objective import LabelEntries, resolve_negative_samples, data_term_full, data_term_sampled, sample_label_entries, utility_moments
 from .training import (
     TrainingDivergedError,
     all_finite,
@@ -55,6 +55,9 @@ PROJECTION_CACHE_ENTRIES = 50_000_000
 AUTO_SUBSPACE_RANK = 1000
 #: ``standardize=True`` densifies the rows it prepares: at most this many entries (1 GB of float32) per call.
 MAX_STANDARDIZED_ENTRIES = 1 << 28
+#: The running training P@1 scores the first TRAIN_SCORE_ENTRIES // L rows of each batch (all of a
+#: 500-row batch up to 2,097 labels), so that it costs no more than a 2^20-entry product per step.
+TRAIN_SCORE_ENTRIES = 1 << 20
 _DTYPES = {"float32": torch.float32, "float64": torch.float64}
 
 
@@ -170,7 +173,9 @@ class MLGPF(MultiLabelEstimator):
         over which both learning rates decay to zero along a half cosine (0 = constant rates; see
         :func:`bayesmlc.gp.training.learning_rate_factor`). The schedule depends on ``epochs``, so
         a resumed run must keep ``epochs`` when ``lr_decay > 0``.
-    negative_samples : int or None, negatives sampled per row (None = all labels).
+    negative_samples : int, None or "auto", negatives sampled per row (None = all labels). "auto" (the
+        default) uses all labels up to 1000 labels and samples 500 negatives per row above that
+        (:func:`bayesmlc.gp.objective.resolve_negative_samples`).
     quadrature_points : int, Gauss-Hermite nodes.
     kl_weight : float, weight of sum_p KL (1 = the paper's bound; 0.5 = the authors' code).
     init_factors : {"svd", "random"}, Phi from the top-P singular vectors of the label matrix, or
@@ -214,7 +219,8 @@ class MLGPF(MultiLabelEstimator):
     parameters_ : dict of name -> tensor, the fitted parameters.
     jitter_ : float, relative jitter the last factorisation needed.
     history_ : per-epoch lists: ``epoch``, ``wall_time``, ``objective`` (mean minibatch ELBO
-        estimate), ``kl``, ``batch_size``, ``jitter``, ``train_P@1`` (running, on the batches),
+        estimate), ``kl``, ``batch_size``, ``jitter``, ``train_P@1`` (running, on the batches; on their first
+        ``TRAIN_SCORE_ENTRIES // L`` rows),
         ``val_P@1``, ``val_P@3``, ``val_P@5`` (NaN when not evaluated).
     step_history_ : per-step lists ``step``, ``wall_time``, ``elbo``.
     """
@@ -236,7 +242,7 @@ class MLGPF(MultiLabelEstimator):
         learning_rate=0.03,
         variational_learning_rate=None,
         lr_decay=0.5,
-        negative_samples=None,
+        negative_samples="auto",
         quadrature_points=10,
         kl_weight=1.0,
         init_factors="svd",
@@ -329,7 +335,7 @@ class MLGPF(MultiLabelEstimator):
         positive_int("batch_size_every", self.batch_size_every)
         positive_int("max_batch_size", self.max_batch_size, allow_none=True)
         positive_int("epochs", self.epochs, low=0)
-        positive_int("negative_samples", self.negative_samples, allow_none=True)
+        positive_int("negative_samples", self.negative_samples, allow_none=True, allow_auto=True)
         positive_int("quadrature_points", self.quadrature_points)
         positive_int("validation_every", self.validation_every)
         positive_int("early_stopping_patience", self.early_stopping_patience, allow_none=True)
@@ -541,7 +547,8 @@ class MLGPF(MultiLabelEstimator):
         rows (None: ``len(rows)``), at the positions ``share`` of it (None: all of them)."""
         Y_rows = Y[rows]
         mask_rows = None if mask is None else mask[rows]
-        if self.negative_samples is None:
+        negative_samples = resolve_negative_samples(self.negative_samples, Y.shape[1])
+        if negative_samples is None:
             Y_dense = torch.as_tensor(Y_rows.toarray(), device=device, dtype=dtype)
             mask_dense = None if mask_rows is None else torch.as_tensor(mask_rows.toarray(), device=device, dtype=dtype)
             return ("full", Y_dense, mask_dense), Y_rows
@@ -553,12 +560,12 @@ class MLGPF(MultiLabelEstimator):
         observed = np.full(len(rows), Y.shape[1]) if mask_rows is None else np.diff(mask_rows.indptr)
         n_negatives[share] = observed - np.diff(Y_rows.indptr)  # Y is zero where the mask is
         n_negatives = (parallel or ONE_PROCESS).reduce_sum(n_negatives)
-        _skip_negative_draws(n_negatives[: share.start], self.negative_samples, rng)
+        _skip_negative_draws(n_negatives[: share.start], negative_samples, rng)
         if len(rows):
-            entries = sample_label_entries(Y_rows, mask_rows, self.negative_samples, rng)
+            entries = sample_label_entries(Y_rows, mask_rows, negative_samples, rng)
         else:  # a process may hold no row of a batch
             entries = LabelEntries(np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0), np.zeros(0))
-        _skip_negative_draws(n_negatives[share.stop :], self.negative_samples, rng)
+        _skip_negative_draws(n_negatives[share.stop :], negative_samples, rng)
         return ("sampled", entries), Y_rows
 
     # ---- fit ----------------------------------------------------------------------------------
@@ -657,6 +664,7 @@ class MLGPF(MultiLabelEstimator):
         params = [p for p in module.parameters() if p.requires_grad]
         step_count = len(steps["step"])
         first_batch_size = resolve_batch_size(self.batch_size, n_train)
+        scored_rows = max(1, TRAIN_SCORE_ENTRIES // Y.shape[1])
         try:
             for epoch in range(start_epoch, self.epochs):
                 batch_size = batch_size_at(
@@ -700,10 +708,12 @@ class MLGPF(MultiLabelEstimator):
                     steps["elbo"].append(value)
                     epoch_elbo += value / len(batches)
                     epoch_kl += float(kl.detach()) / len(batches)
+                    # running P@1 on the batch's first rows (positions < scored_rows, whichever process holds them)
+                    scored = slice(0, max(0, min(len(rows), scored_rows - share.start)))
                     with torch.no_grad():
-                        top = (mean_h.detach() @ module.Phi.T + module.bias).argmax(1).cpu().numpy().copy()
-                    hits += int(Y_rows[np.arange(len(rows)), top].sum())  # sparse result when rows is empty
-                    seen += len(rows)
+                        top = (mean_h.detach()[scored] @ module.Phi.T + module.bias).argmax(1).cpu().numpy().copy()
+                    hits += int(Y_rows[np.arange(len(top)), top].sum())  # sparse result when no row is scored
+                    seen += len(top)
                 hits, seen = parallel.sum_counts(hits, seen)
                 history["epoch"].append(epoch + 1)
                 history["wall_time"].append(elapsed_before + time.perf_counter() - start_clock)

@@ -25,7 +25,27 @@ import torch
 
 from .likelihoods import BernoulliLogit
 
-__all__ = ["LabelEntries", "sample_label_entries", "data_term_full", "data_term_sampled", "utility_moments"]
+__all__ = ["AUTO_NEGATIVE_LABELS", "AUTO_NEGATIVE_SAMPLES", "resolve_negative_samples", "LabelEntries", "sample_label_entries", "data_term_full", "data_term_sampled", "utility_moments"]
+
+
+#: ``negative_samples="auto"``: all labels enter the bound up to this many labels; above it each row
+#: takes its positives and ``AUTO_NEGATIVE_SAMPLES`` sampled negatives.
+AUTO_NEGATIVE_LABELS = 1000
+AUTO_NEGATIVE_SAMPLES = 500
+
+
+def resolve_negative_samples(setting, n_labels: int) -> int | None:
+    """The negatives sampled per row (None = all labels) for ``negative_samples=setting``.
+
+    ``"auto"``: None when ``n_labels <= AUTO_NEGATIVE_LABELS`` (1000), otherwise
+    ``AUTO_NEGATIVE_SAMPLES`` (500). Above 1000 labels the full data term (B L Q quadrature nodes and
+    two B x P x L products) costs more per row than the kernel and variational work at the default
+    P, M, R; 500 negatives cut it by at least half and by 8x on EURLex-4K (L = 3,993), 27x on
+    AmazonCat-13K (L = 13,330), and the estimator stays unbiased (module docstring).
+    """
+    if isinstance(setting, str) and setting == "auto":
+        return None if n_labels <= AUTO_NEGATIVE_LABELS else AUTO_NEGATIVE_SAMPLES
+    return setting
 
 
 @dataclass
