@@ -176,6 +176,22 @@ def test_subspace_kernel_matrices_equal_explicit_ones(name):
     assert torch.allclose(kernel(inducing.inner_products(batch_cached, None)).xz, xz, atol=2e-5)
 
 
+def test_subspace_gram_is_dropped_only_for_an_orthonormal_basis():
+    rng = np.random.default_rng(9)
+    X = _sparse_rows(rng, 30, 12)
+    A = rng.standard_normal((4, 5)).astype(np.float32)
+    svd_basis, _, _ = truncated_svd(X, 5, seed=0)
+    skewed = svd_basis + 0.3 * rng.standard_normal(svd_basis.shape).astype(np.float32)  # not orthonormal
+    for basis, orthonormal in ((svd_basis, True), (skewed, False)):
+        inducing = SubspaceInducing(basis, A, trainable=False)
+        assert inducing.orthonormal_basis is orthonormal
+        inner = inducing.inner_products(inducing.make_batch(X[:3]), None)
+        Z = torch.as_tensor(A @ basis, dtype=torch.float64)  # Z = A X~ (eq. (4))
+        assert torch.allclose(inner.zz.double(), Z @ Z.T, rtol=1e-4, atol=1e-4)
+        assert torch.allclose(inner.xz.double(), torch.as_tensor(X[:3].toarray(), dtype=torch.float64) @ Z.T,
+                              rtol=1e-4, atol=1e-4)
+
+
 def test_subspace_ard_is_the_inner_product_of_the_stated_metric():
     # <x, x'>_w = (x X~^T) diag(w) (X~ x'^T) + w0 (<x, x'> - (x X~^T)(X~ x'^T))
     rng = np.random.default_rng(5)
