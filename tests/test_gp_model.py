@@ -352,3 +352,35 @@ def test_auto_subspace_rank_is_capped_silently_and_an_explicit_one_with_a_warnin
         MLGPF(epochs=1, subspace_rank=50, **settings).fit(X, Y)
     with pytest.raises(ValidationError, match="subspace_rank must be an integer"):
         MLGPF(subspace_rank="full", **settings).fit(X, Y)
+
+
+def test_partial_fit_on_a_stream_learns_as_fit_does_and_keeps_the_label_set():
+    X, Y, _ = _planted(seed=5, n=500, L=12)
+    settings = dict(SMALL, lr_decay=0.0)
+    fitted = MLGPF(epochs=10, **settings).fit(X[:400], Y[:400])
+    stream = MLGPF(**settings)
+    for _ in range(10):  # ten passes over the training rows, 100 arriving at a time
+        for start in range(0, 400, 100):
+            stream.partial_fit(X[start : start + 100], Y[start : start + 100])
+    assert stream.n_rows_seen_ == 4000
+    # the label counts accumulate over calls: ten times the training rows' counts
+    assert np.array_equal(stream.label_frequencies_, 10 * np.asarray(Y[:400].sum(0)).ravel())
+    chance = float(Y[400:].sum()) / Y[400:].shape[0] / Y.shape[1]
+    p_fit = precision_at_k(Y[400:], fitted.decision_function(X[400:]), 1)
+    p_stream = precision_at_k(Y[400:], stream.decision_function(X[400:]), 1)
+    assert p_stream > chance + 0.2 and p_stream > p_fit - 0.05
+    with pytest.raises(ValidationError, match="12 labels"):
+        stream.partial_fit(X[:10], Y[:10, :11])
+
+
+def test_partial_fit_after_fit_continues_from_the_fitted_parameters():
+    X, Y, _ = _planted(seed=6, n=300, L=10)
+    model = MLGPF(epochs=3, **SMALL).fit(X[:200], Y[:200])
+    before = {k: v.clone() for k, v in model.parameters_.items()}
+    scores = model.decision_function(X[200:])
+    model.set_params(learning_rate=1e-7)  # a tiny step: the parameters must stay where fit left them
+    model.partial_fit(X[200:], Y[200:])
+    assert model.n_rows_seen_ == 300
+    for key, value in before.items():
+        assert torch.allclose(model.parameters_[key], value, atol=1e-4), key
+    assert np.allclose(model.decision_function(X[200:]), scores, atol=1e-3)

@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from ..base import MultiLabelEstimator, label_counts
+from ..validation import check_fit_inputs
 from ..distributed import ONE_PROCESS, RowShard
 from ..exceptions import ModelFormatError, ValidationError
 from ..utils import column_mean_and_scale, normalize_rows, numpy_rng, resolve_device, resolve_standardize
@@ -769,6 +770,107 @@ class MLGPF(MultiLabelEstimator):
         if best_state is not None:  # validation was used: keep the best parameters seen
             module.load_state_dict(best_state)
         self._keep_parameters(module, jitter)
+        self.n_rows_seen_ = n_all
+        self._stream = None  # a later partial_fit starts a fresh optimizer from these parameters
+
+    # ---- streams ------------------------------------------------------------------------------
+    def partial_fit(self, X, Y, label_mask=None):
+        """Continue stochastic variational training on a batch of rows as it arrives.
+
+        The first call on an unfitted model fixes the features and the label set (the columns of
+        ``Y``, as scikit-learn's ``partial_fit(classes=...)`` does) and sets the model up from this
+        batch as ``fit`` does (feature statistics, subspace basis, k-means, bias, Phi, ridge warm
+        start: ``n_inducing`` must not exceed its rows). On a fitted model (``fit``, a loaded model
+        or an earlier ``partial_fit``) it continues from the fitted parameters.
+
+        Each call takes one pass over the given rows in random minibatches of ``batch_size`` rows
+        (``"auto"`` resolved on this call's rows), with Adam at the constant base learning rates
+        (``lr_decay`` needs the total number of steps, which a stream does not have; Adam's state
+        is kept between calls, not across ``save``/``load``), and the bound of
+        :func:`minibatch_elbo` with N = ``n_rows_seen_``, the rows seen so far including these
+        (the training rows after ``fit``): the posterior given the data seen. The label
+        statistics (``label_frequencies_``, ``label_prior_``, ``empty_labels_``) accumulate over
+        calls; the feature statistics (idf, standardisation) stay those of the set-up.
+
+        Parameters
+        ----------
+        X : (n, D) features, Y : (n, L) 0/1 labels, label_mask : (n, L) 0/1 or None, as for ``fit``.
+
+        Returns
+        -------
+        self
+        """
+        X, Y, label_mask = check_fit_inputs(X, Y, label_mask)
+        first = not hasattr(self, "n_labels_")
+        if not first and (X.shape[1], Y.shape[1]) != (self.n_features_in_, self.n_labels_):
+            raise ValidationError(
+                f"partial_fit: the model has {self.n_features_in_} features and {self.n_labels_} labels (fixed by "
+                f"its first fit); got {X.shape[1]} and {Y.shape[1]}"
+            )
+        positives, observed = label_counts(Y, label_mask)
+        if first:
+            self.n_features_in_, self.n_labels_ = X.shape[1], Y.shape[1]
+            self.history_ = {"wall_time": [], "objective": []}
+            self.n_rows_seen_ = 0
+        else:  # the observed counts, recovered from the stored smoothed prior
+            previous = np.rint((self.label_frequencies_ + 0.5) / self.label_prior_ - 1.0).astype(np.int64)
+            if not hasattr(self, "n_rows_seen_"):  # a model saved before partial_fit existed
+                self.n_rows_seen_ = int(previous.max())
+            positives, observed = positives + self.label_frequencies_, observed + previous
+        self._set_label_statistics(positives, observed)
+        with self._threads():
+            self._stream_pass(X, Y, label_mask, first)
+        return self
+
+    def _stream_pass(self, X, Y, label_mask, first):
+        """One pass of ``partial_fit`` over its rows (see there)."""
+        stream = getattr(self, "_stream", None)
+        if first:
+            self._device, self._torch_dtype = resolve_device(self.device), _DTYPES[self.dtype]
+            self._check_params(X.shape[0])
+            self._set_feature_statistics(X, X.shape[0], ONE_PROCESS)
+            X = self._prepare_features(X)
+            rng = numpy_rng(self.random_state)
+            module = self._build_module(self._initial_arrays(X, Y, rng), Y.shape[1])
+            module = module.to(device=self._device, dtype=self._torch_dtype)
+            if self.init_mean == "ridge":
+                self._warm_start_mean(module, X, Y, self._training_projection(module, X), rng)
+            self.jitter_ = self.jitter
+        else:
+            self._device, self._torch_dtype = resolve_device(self.device), _DTYPES[self.dtype]
+            module = self._ensure_module()
+            X = self._prepare_features(X)
+            rng = stream["rng"] if stream is not None else numpy_rng(self.random_state)
+        if stream is None:
+            stream = self._stream = {"rng": rng,
+                                     "optimizer": make_optimizer(module, self.learning_rate, self.variational_learning_rate)}
+        optimizer = stream["optimizer"]
+        self.n_rows_seen_ += X.shape[0]
+        projection = self._training_projection(module, X)
+        likelihood = BernoulliLogit(self.quadrature_points)
+        params = [p for p in module.parameters() if p.requires_grad]
+        jitter, total, start = self.jitter_, 0.0, time.perf_counter()
+        batches = epoch_batches(X.shape[0], resolve_batch_size(self.batch_size, X.shape[0]), rng)
+        for rows in batches:
+            batch = self._feature_batch(module, X, rows, projection)
+            targets, _ = self._targets(Y, label_mask, rows, rng, self._device, self._torch_dtype)
+            optimizer.zero_grad(set_to_none=True)
+            elbo, _, _, used = minibatch_elbo(module, likelihood, batch, targets, self.n_rows_seen_, self.kl_weight, jitter)
+            loss = -elbo / self.n_rows_seen_
+            loss.backward()
+            if not all_finite(loss, params):
+                self._keep_parameters(module, jitter)
+                raise TrainingDivergedError(
+                    "MLGPF.partial_fit: the bound or its gradient became NaN/inf; the parameters before that step "
+                    "were kept. Try a smaller learning_rate, a larger jitter or dtype='float64'."
+                )
+            optimizer.step()
+            jitter = max(jitter, used)
+            total += float(elbo.detach()) / len(batches)
+        self.history_.setdefault("objective", []).append(total)
+        previous = self.history_.setdefault("wall_time", [])
+        previous.append((previous[-1] if previous else 0.0) + time.perf_counter() - start)
+        self._keep_parameters(module, jitter)
 
     def _check_checkpoint(self, checkpoint, n_rows, X, Y):
         mine = {k: v for k, v in self.get_params().items() if _json_plain(v)}
@@ -858,6 +960,7 @@ class MLGPF(MultiLabelEstimator):
         self.parameters_ = {k: torch.as_tensor(v) for k, v in self.parameters_.items()}
         self._module = None
         self._mean_cache = None
+        self._stream = None
 
 
 def _structural_arrays(parameters: dict) -> dict:
