@@ -784,9 +784,10 @@ class MLGPF(MultiLabelEstimator):
         or an earlier ``partial_fit``) it continues from the fitted parameters.
 
         Each call takes one pass over the given rows in random minibatches of ``batch_size`` rows
-        (``"auto"`` resolved on this call's rows), with Adam at the constant base learning rates
-        (``lr_decay`` needs the total number of steps, which a stream does not have; Adam's state
-        is kept between calls, not across ``save``/``load``), and the bound of
+        (``"auto"`` resolved on this call's rows), with Adam at ``learning_rate`` and
+        ``variational_learning_rate`` as they are set at the call (``lr_decay`` needs the total
+        number of steps, which a stream does not have: anneal with ``set_params`` between calls;
+        Adam's state is kept between calls, not across ``save``/``load``), and the bound of
         :func:`minibatch_elbo` with N = ``n_rows_seen_``, the rows seen so far including these
         (the training rows after ``fit``): the posterior given the data seen. The label
         statistics (``label_frequencies_``, ``label_prior_``, ``empty_labels_``) accumulate over
@@ -845,6 +846,9 @@ class MLGPF(MultiLabelEstimator):
             stream = self._stream = {"rng": rng,
                                      "optimizer": make_optimizer(module, self.learning_rate, self.variational_learning_rate)}
         optimizer = stream["optimizer"]
+        variational_rate = self.learning_rate if self.variational_learning_rate is None else self.variational_learning_rate
+        for group, rate in zip(optimizer.param_groups, (self.learning_rate, variational_rate)):
+            group["lr"] = rate  # read on every call: a caller anneals with set_params(learning_rate=...)
         self.n_rows_seen_ += X.shape[0]
         projection = self._training_projection(module, X)
         likelihood = BernoulliLogit(self.quadrature_points)
