@@ -32,6 +32,8 @@ __all__ = ["AUTO_NEGATIVE_LABELS", "AUTO_NEGATIVE_SAMPLES", "resolve_negative_sa
 #: takes its positives and ``AUTO_NEGATIVE_SAMPLES`` sampled negatives.
 AUTO_NEGATIVE_LABELS = 1000
 AUTO_NEGATIVE_SAMPLES = 500
+#: :func:`data_term_sampled` forms the batch's utility moments densely up to this many B x L entries.
+DENSE_MOMENT_ENTRIES = 1 << 26
 
 
 def resolve_negative_samples(setting, n_labels: int) -> int | None:
@@ -141,13 +143,27 @@ def data_term_sampled(
     bias: torch.Tensor,
     entries: LabelEntries,
 ) -> torch.Tensor:
-    """The weighted sum over the sampled entries (positives + reweighted negatives)."""
+    """The weighted sum over the sampled entries (positives + reweighted negatives).
+
+    When the batch's B x L utility moments take at most ``DENSE_MOMENT_ENTRIES`` entries they are
+    formed densely (two (B, P) x (P, L) products) and the E sampled entries are gathered from them:
+    on one CPU thread at B = 500, P = 100, L = 3,993, E = 252,650 that took 0.07 s forward and
+    backward against 0.97 s for gathering (E, P) rows of Phi and of the marginals, whose backward
+    scatters E x P values. Above the limit (hundreds of thousands of labels) the rows are gathered.
+    """
     device, dtype = mean_h.device, mean_h.dtype
     rows = torch.as_tensor(entries.rows, device=device)
     labels = torch.as_tensor(entries.labels, device=device)
-    Phi_e = Phi[labels]  # (E, P)
-    f_mean = (mean_h[rows] * Phi_e).sum(-1) + bias[labels]
-    f_var = (var_h[rows] * Phi_e.pow(2)).sum(-1)
+    n_labels = Phi.shape[0]
+    if mean_h.shape[0] * n_labels <= DENSE_MOMENT_ENTRIES:
+        f_mean_all, f_var_all = utility_moments(mean_h, var_h, Phi, bias)  # (B, L) each
+        flat = rows * n_labels + labels
+        f_mean = f_mean_all.reshape(-1).index_select(0, flat)
+        f_var = f_var_all.reshape(-1).index_select(0, flat)
+    else:
+        Phi_e = Phi[labels]  # (E, P)
+        f_mean = (mean_h[rows] * Phi_e).sum(-1) + bias[labels]
+        f_var = (var_h[rows] * Phi_e.pow(2)).sum(-1)
     signs = torch.as_tensor(entries.signs, device=device, dtype=dtype)
     weights = torch.as_tensor(entries.weights, device=device, dtype=dtype)
     return (likelihood.expected_log_lik(f_mean, f_var, signs) * weights).sum()
