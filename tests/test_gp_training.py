@@ -135,7 +135,7 @@ def test_a_stream_of_bibtex_comes_within_one_point_of_fit():
         # the fit's schedule (constant, then a half cosine over the second half), applied per pass
         stream.set_params(learning_rate=0.03 * learning_rate_factor(done / passes, 0.5))
         for start, stop in zip(bounds[:-1], bounds[1:]):
-            stream.partial_fit(train.X[start:stop], train.Y[start:stop])
+            stream.partial_fit(train.X[start:stop], train.Y[start:stop], n_total=train.X.shape[0])
     p_fit = precision_at_k(test.Y, fitted.decision_function(test.X), 1)
     p_stream = precision_at_k(test.Y, stream.decision_function(test.X), 1)
     assert p_stream > p_fit - 0.01, (p_stream, p_fit)

@@ -777,7 +777,7 @@ class MLGPF(MultiLabelEstimator):
         self._stream = None  # a later partial_fit starts a fresh optimizer from these parameters
 
     # ---- streams ------------------------------------------------------------------------------
-    def partial_fit(self, X, Y, label_mask=None):
+    def partial_fit(self, X, Y, label_mask=None, n_total=None):
         """Continue stochastic variational training on a batch of rows as it arrives.
 
         The first call on an unfitted model fixes the features and the label set (the columns of
@@ -791,7 +791,7 @@ class MLGPF(MultiLabelEstimator):
         ``variational_learning_rate`` as they are set at the call (``lr_decay`` needs the total
         number of steps, which a stream does not have: anneal with ``set_params`` between calls;
         Adam's state is kept between calls, not across ``save``/``load``), and the bound of
-        :func:`minibatch_elbo` with N = ``n_rows_seen_``, the rows seen so far including these
+        :func:`minibatch_elbo` with N = ``n_total`` or else ``n_rows_seen_``, the rows seen so far including these
         (the training rows after ``fit``): the posterior given the data seen. The label
         statistics (``label_frequencies_``, ``label_prior_``, ``empty_labels_``) accumulate over
         calls; the feature statistics (idf, standardisation) stay those of the set-up.
@@ -799,6 +799,8 @@ class MLGPF(MultiLabelEstimator):
         Parameters
         ----------
         X : (n, D) features, Y : (n, L) 0/1 labels, label_mask : (n, L) 0/1 or None, as for ``fit``.
+        n_total : int or None, N in the bound when the stream passes over a data set of known size
+            more than once (repeated rows must not count as new data); None = ``n_rows_seen_``.
 
         Returns
         -------
@@ -822,11 +824,13 @@ class MLGPF(MultiLabelEstimator):
                 self.n_rows_seen_ = int(previous.max())
             positives, observed = positives + self.label_frequencies_, observed + previous
         self._set_label_statistics(positives, observed)
+        if n_total is not None and (not isinstance(n_total, (int, np.integer)) or n_total < X.shape[0]):
+            raise ValidationError(f"n_total must be an integer >= the rows of this call ({X.shape[0]}), got {n_total!r}")
         with self._threads():
-            self._stream_pass(X, Y, label_mask, first)
+            self._stream_pass(X, Y, label_mask, first, n_total)
         return self
 
-    def _stream_pass(self, X, Y, label_mask, first):
+    def _stream_pass(self, X, Y, label_mask, first, n_total=None):
         """One pass of ``partial_fit`` over its rows (see there)."""
         stream = getattr(self, "_stream", None)
         if first:
@@ -857,13 +861,14 @@ class MLGPF(MultiLabelEstimator):
         likelihood = BernoulliLogit(self.quadrature_points)
         params = [p for p in module.parameters() if p.requires_grad]
         jitter, total, start = self.jitter_, 0.0, time.perf_counter()
+        n_bound = self.n_rows_seen_ if n_total is None else int(n_total)
         batches = epoch_batches(X.shape[0], resolve_batch_size(self.batch_size, X.shape[0]), rng)
         for rows in batches:
             batch = self._feature_batch(module, X, rows, projection)
             targets, _ = self._targets(Y, label_mask, rows, rng, self._device, self._torch_dtype)
             optimizer.zero_grad(set_to_none=True)
-            elbo, _, _, used = minibatch_elbo(module, likelihood, batch, targets, self.n_rows_seen_, self.kl_weight, jitter)
-            loss = -elbo / self.n_rows_seen_
+            elbo, _, _, used = minibatch_elbo(module, likelihood, batch, targets, n_bound, self.kl_weight, jitter)
+            loss = -elbo / n_bound
             loss.backward()
             if not all_finite(loss, params):
                 self._keep_parameters(module, jitter)
