@@ -55,6 +55,7 @@ def test_planted_latent_gps_are_recovered_and_the_elbo_rises():
 
 @pytest.mark.parametrize("variational,inducing,kernel", [
     ("cholesky", "free", "linear+se"), ("preconditioned", "fixed", "se"), ("whitened", "subspace-fixed", "linear"),
+    ("shared", "subspace", "linear"),
 ])
 def test_every_family_and_inducing_choice_learns(variational, inducing, kernel):
     X, Y, f = _planted(seed=1, n=400)
@@ -88,6 +89,45 @@ def test_negative_sampling_and_label_mask_train(tmp_path):
     model = MLGPF(epochs=15, negative_samples=5, **SMALL).fit(X[:300], Y[:300], label_mask=mask[:300])
     chance = float(Y[300:].sum()) / Y[300:].shape[0] / Y.shape[1]
     assert precision_at_k(Y[300:], model.decision_function(X[300:]), 1) > chance + 0.2
+
+
+@pytest.mark.filterwarnings("ignore:.*no positive training example")
+@pytest.mark.parametrize("n_labels, expected", [(30, None), (1000, None), (1001, 500)])
+def test_auto_negative_samples_sample_only_above_a_thousand_labels(monkeypatch, n_labels, expected):
+    import bayesmlc.gp.model as model_module
+
+    drawn = []
+    real = model_module.sample_label_entries
+
+    def recording(Y, mask, negative_samples, rng):
+        drawn.append(negative_samples)
+        return real(Y, mask, negative_samples, rng)
+
+    monkeypatch.setattr(model_module, "sample_label_entries", recording)
+    rng = np.random.default_rng(0)
+    X = sp.csr_matrix(rng.standard_normal((60, 8)).astype(np.float32))
+    Y = sp.csr_matrix((rng.random((60, n_labels)) < 0.01).astype(np.float32))
+    model = MLGPF(n_latent=2, n_inducing=5, subspace_rank=4, batch_size=30, epochs=1, random_state=0, n_threads=1)
+    model.fit(X, Y)  # negative_samples="auto" is the default
+    assert drawn == ([] if expected is None else [expected, expected])  # two batches of 30 rows
+    # a sampled entry set holds each row's positives and min(500, its negatives) sampled negatives
+    if expected is not None:
+        entries = real(Y[:30], None, expected, np.random.default_rng(1))
+        assert len(entries.rows) == Y[:30].nnz + 30 * expected
+
+
+def test_predict_topk_never_scores_more_than_a_batch_of_rows(monkeypatch):
+    X, Y, _ = _planted(seed=4, n=300, L=12)
+    model = MLGPF(epochs=2, **SMALL).fit(X[:200], Y[:200])
+    full = model.decision_function(X)
+    seen = []
+    real = model._decision_function
+    monkeypatch.setattr(model, "_decision_function", lambda rows: seen.append(rows.shape[0]) or real(rows))
+    indices, scores = model.predict_topk(X, k=3, batch_size=64)
+    assert max(seen) <= 64 and sum(seen) == X.shape[0]
+    order = np.argsort(-full, axis=1, kind="stable")[:, :3]  # ties to the lower index
+    assert np.array_equal(indices, order)
+    assert np.allclose(scores, np.take_along_axis(full, order, axis=1))
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])  # float64: the checkpoint must not pass through float32
@@ -312,3 +352,35 @@ def test_auto_subspace_rank_is_capped_silently_and_an_explicit_one_with_a_warnin
         MLGPF(epochs=1, subspace_rank=50, **settings).fit(X, Y)
     with pytest.raises(ValidationError, match="subspace_rank must be an integer"):
         MLGPF(subspace_rank="full", **settings).fit(X, Y)
+
+
+def test_partial_fit_on_a_stream_learns_as_fit_does_and_keeps_the_label_set():
+    X, Y, _ = _planted(seed=5, n=500, L=12)
+    settings = dict(SMALL, lr_decay=0.0)
+    fitted = MLGPF(epochs=10, **settings).fit(X[:400], Y[:400])
+    stream = MLGPF(**settings)
+    for _ in range(10):  # ten passes over the training rows, 100 arriving at a time
+        for start in range(0, 400, 100):
+            stream.partial_fit(X[start : start + 100], Y[start : start + 100])
+    assert stream.n_rows_seen_ == 4000
+    # the label counts accumulate over calls: ten times the training rows' counts
+    assert np.array_equal(stream.label_frequencies_, 10 * np.asarray(Y[:400].sum(0)).ravel())
+    chance = float(Y[400:].sum()) / Y[400:].shape[0] / Y.shape[1]
+    p_fit = precision_at_k(Y[400:], fitted.decision_function(X[400:]), 1)
+    p_stream = precision_at_k(Y[400:], stream.decision_function(X[400:]), 1)
+    assert p_stream > chance + 0.2 and p_stream > p_fit - 0.05
+    with pytest.raises(ValidationError, match="12 labels"):
+        stream.partial_fit(X[:10], Y[:10, :11])
+
+
+def test_partial_fit_after_fit_continues_from_the_fitted_parameters():
+    X, Y, _ = _planted(seed=6, n=300, L=10)
+    model = MLGPF(epochs=3, **SMALL).fit(X[:200], Y[:200])
+    before = {k: v.clone() for k, v in model.parameters_.items()}
+    scores = model.decision_function(X[200:])
+    model.set_params(learning_rate=1e-7)  # a tiny step: the parameters must stay where fit left them
+    model.partial_fit(X[200:], Y[200:])
+    assert model.n_rows_seen_ == 300
+    for key, value in before.items():
+        assert torch.allclose(model.parameters_[key], value, atol=1e-4), key
+    assert np.allclose(model.decision_function(X[200:]), scores, atol=1e-3)

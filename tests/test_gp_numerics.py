@@ -59,7 +59,7 @@ def test_quadrature_matches_monte_carlo():
 
 
 # ---- variational families ----------------------------------------------------------------------
-@pytest.mark.parametrize("name", ["whitened", "cholesky", "preconditioned"])
+@pytest.mark.parametrize("name", ["whitened", "cholesky", "preconditioned", "shared"])
 def test_kl_matches_dense_gaussian_kl(name):
     rng = np.random.default_rng(1)
     K_zz, _, _, _ = _se_kernel_matrices(rng)
@@ -76,7 +76,7 @@ def test_kl_matches_dense_gaussian_kl(name):
     assert torch.allclose(family.kl(prep), expected, rtol=1e-7, atol=1e-8)
 
 
-@pytest.mark.parametrize("name", ["whitened", "cholesky", "preconditioned"])
+@pytest.mark.parametrize("name", ["whitened", "cholesky", "preconditioned", "shared"])
 def test_marginals_match_dense_q_f(name):
     rng = np.random.default_rng(2)
     K_zz, K_xz, k_xx, K_xx = _se_kernel_matrices(rng)
@@ -93,6 +93,26 @@ def test_marginals_match_dense_q_f(name):
         assert torch.allclose(var[:, p], torch.diagonal(cov_f), rtol=1e-6, atol=1e-8)
     weights = family.mean_weights(prep)
     assert torch.allclose(K_xz @ weights, mean, rtol=1e-6, atol=1e-8)
+
+
+def test_shared_family_equals_whitened_with_scaled_copies_of_one_scale():
+    # the shared family is the whitened one with S_p = c_p S: marginals and KL must agree
+    rng = np.random.default_rng(4)
+    K_zz, K_xz, k_xx, _ = _se_kernel_matrices(rng)
+    shared = make_variational("shared", n_latent=3, n_inducing=K_zz.shape[0]).to(DT)
+    _perturb(shared, rng)
+    whitened = make_variational("whitened", n_latent=3, n_inducing=K_zz.shape[0]).to(DT)
+    S = shared.scale().detach()
+    S_p = shared.gp_scale().detach()[:, None, None] * S  # (P, M, M), diagonal still positive
+    with torch.no_grad():
+        whitened.mean.copy_(shared.mean)
+        whitened.scale_offdiag.copy_(torch.tril(S_p, diagonal=-1))
+        diag = torch.diagonal(S_p, dim1=-2, dim2=-1)
+        whitened.raw_scale_diag.copy_(diag + torch.log(-torch.expm1(-diag)))  # inverse softplus
+    prep_s, prep_w = shared.prepare(K_zz, 0.0), whitened.prepare(K_zz, 0.0)
+    for got, want in zip(shared.marginals(prep_s, K_xz, k_xx), whitened.marginals(prep_w, K_xz, k_xx)):
+        assert torch.allclose(got, want, rtol=1e-9, atol=1e-10)
+    assert torch.allclose(shared.kl(prep_s), whitened.kl(prep_w), rtol=1e-9, atol=1e-10)
 
 
 def test_preconditioned_marginals_are_the_papers_corrected_formulas():
@@ -156,6 +176,22 @@ def test_subspace_kernel_matrices_equal_explicit_ones(name):
     assert torch.allclose(kernel(inducing.inner_products(batch_cached, None)).xz, xz, atol=2e-5)
 
 
+def test_subspace_gram_is_dropped_only_for_an_orthonormal_basis():
+    rng = np.random.default_rng(9)
+    X = _sparse_rows(rng, 30, 12)
+    A = rng.standard_normal((4, 5)).astype(np.float32)
+    svd_basis, _, _ = truncated_svd(X, 5, seed=0)
+    skewed = svd_basis + 0.3 * rng.standard_normal(svd_basis.shape).astype(np.float32)  # not orthonormal
+    for basis, orthonormal in ((svd_basis, True), (skewed, False)):
+        inducing = SubspaceInducing(basis, A, trainable=False)
+        assert inducing.orthonormal_basis is orthonormal
+        inner = inducing.inner_products(inducing.make_batch(X[:3]), None)
+        Z = torch.as_tensor(A @ basis, dtype=torch.float64)  # Z = A X~ (eq. (4))
+        assert torch.allclose(inner.zz.double(), Z @ Z.T, rtol=1e-4, atol=1e-4)
+        assert torch.allclose(inner.xz.double(), torch.as_tensor(X[:3].toarray(), dtype=torch.float64) @ Z.T,
+                              rtol=1e-4, atol=1e-4)
+
+
 def test_subspace_ard_is_the_inner_product_of_the_stated_metric():
     # <x, x'>_w = (x X~^T) diag(w) (X~ x'^T) + w0 (<x, x'> - (x X~^T)(X~ x'^T))
     rng = np.random.default_rng(5)
@@ -206,7 +242,7 @@ def test_truncated_svd_matches_dense_svd_and_never_needs_dense_input():
     assert np.allclose(US, X @ basis.T, atol=1e-4)
 
 
-@pytest.mark.parametrize("name", ["whitened", "cholesky", "preconditioned"])
+@pytest.mark.parametrize("name", ["whitened", "cholesky", "preconditioned", "shared"])
 def test_set_mean_gives_the_requested_mean_of_q_u(name):
     rng = np.random.default_rng(8)
     K_zz, _, _, _ = _se_kernel_matrices(rng)

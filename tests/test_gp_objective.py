@@ -74,6 +74,27 @@ def test_negative_sampling_estimate_is_unbiased(masked):
     assert abs(draws.mean() - full) < 4 * standard_error
 
 
+def test_sampled_term_is_the_same_whether_moments_are_dense_or_gathered(monkeypatch):
+    import bayesmlc.gp.objective as objective
+
+    rng = np.random.default_rng(5)
+    B, L, P = 6, 40, 4
+    Y = _labels(rng, B, L, 0.1)
+    mean_h = torch.as_tensor(rng.standard_normal((B, P)), dtype=DT, device="cpu").requires_grad_(True)
+    var_h = torch.as_tensor(rng.uniform(0.1, 1.0, (B, P)), dtype=DT).requires_grad_(True)
+    Phi = torch.as_tensor(rng.standard_normal((L, P)), dtype=DT).requires_grad_(True)
+    bias = torch.as_tensor(rng.standard_normal(L), dtype=DT).requires_grad_(True)
+    entries = sample_label_entries(Y, None, 7, rng)
+    lik = BernoulliLogit(10)
+    results = []
+    for limit in (B * L, B * L - 1):  # dense moments, then the gathered rows
+        monkeypatch.setattr(objective, "DENSE_MOMENT_ENTRIES", limit)
+        value = data_term_sampled(lik, mean_h, var_h, Phi, bias, entries)
+        results.append((value.detach(), *torch.autograd.grad(value, (mean_h, var_h, Phi, bias))))
+    for dense, gathered in zip(*results):
+        assert torch.allclose(dense, gathered, rtol=1e-12, atol=1e-12)
+
+
 def test_label_mask_removes_entries_from_the_full_bound():
     rng = np.random.default_rng(2)
     B, L, P = 5, 7, 2
@@ -104,7 +125,8 @@ class _Bound(torch.nn.Module):
 
 @pytest.mark.parametrize(
     "kernel,inducing,variational",
-    [("linear+se", "subspace", "whitened"), ("se", "free", "cholesky"), ("linear", "subspace", "preconditioned")],
+    [("linear+se", "subspace", "whitened"), ("se", "free", "cholesky"), ("linear", "subspace", "preconditioned"),
+     ("se", "subspace", "shared")],
 )
 def test_gradients_pass_finite_difference_check(kernel, inducing, variational):
     rng = np.random.default_rng(3)

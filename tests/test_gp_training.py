@@ -115,3 +115,27 @@ def test_rank_by_proba_ranks_by_the_predictive_probability():
     assert np.array_equal(np.sort(proba_model.predict_topk(X, 2)[0], axis=1), np.sort(order, axis=1))
     with pytest.raises(ValidationError, match="rank_by must be one of"):
         MLGPF(epochs=1, rank_by="median", **SMALL).fit(X, Y)
+
+
+@pytest.mark.slow
+def test_a_stream_of_bibtex_comes_within_one_point_of_fit():
+    from bayesmlc.data.io import read_dataset
+    from bayesmlc.gp.training import learning_rate_factor
+    from bayesmlc.metrics import precision_at_k
+    from conftest import shared_dataset_dir
+
+    folder = shared_dataset_dir("bibtex_xc")
+    train, test = read_dataset(folder / "train.txt"), read_dataset(folder / "test.txt")
+    passes, chunk, first = 30, 500, 2000
+    fitted = MLGPF(epochs=passes, random_state=0, n_threads=1).fit(train.X, train.Y)
+    stream = MLGPF(random_state=0, n_threads=1, batch_size=chunk)
+    # the set-up (subspace basis, k-means, Phi) comes from the first call: it gets the first 2000 rows
+    bounds = [0] + list(range(first, train.X.shape[0], chunk)) + [train.X.shape[0]]
+    for done in range(passes):  # the training rows arrive in order, then 500 at a time, once per pass
+        # the fit's schedule (constant, then a half cosine over the second half), applied per pass
+        stream.set_params(learning_rate=0.03 * learning_rate_factor(done / passes, 0.5))
+        for start, stop in zip(bounds[:-1], bounds[1:]):
+            stream.partial_fit(train.X[start:stop], train.Y[start:stop], n_total=train.X.shape[0])
+    p_fit = precision_at_k(test.Y, fitted.decision_function(test.X), 1)
+    p_stream = precision_at_k(test.Y, stream.decision_function(test.X), 1)
+    assert p_stream > p_fit - 0.01, (p_stream, p_fit)

@@ -25,7 +25,29 @@ import torch
 
 from .likelihoods import BernoulliLogit
 
-__all__ = ["LabelEntries", "sample_label_entries", "data_term_full", "data_term_sampled", "utility_moments"]
+__all__ = ["AUTO_NEGATIVE_LABELS", "AUTO_NEGATIVE_SAMPLES", "resolve_negative_samples", "LabelEntries", "sample_label_entries", "data_term_full", "data_term_sampled", "utility_moments"]
+
+
+#: ``negative_samples="auto"``: all labels enter the bound up to this many labels; above it each row
+#: takes its positives and ``AUTO_NEGATIVE_SAMPLES`` sampled negatives.
+AUTO_NEGATIVE_LABELS = 1000
+AUTO_NEGATIVE_SAMPLES = 500
+#: :func:`data_term_sampled` forms the batch's utility moments densely up to this many B x L entries.
+DENSE_MOMENT_ENTRIES = 1 << 26
+
+
+def resolve_negative_samples(setting, n_labels: int) -> int | None:
+    """The negatives sampled per row (None = all labels) for ``negative_samples=setting``.
+
+    ``"auto"``: None when ``n_labels <= AUTO_NEGATIVE_LABELS`` (1000), otherwise
+    ``AUTO_NEGATIVE_SAMPLES`` (500). Above 1000 labels the full data term (B L Q quadrature nodes and
+    two B x P x L products) costs more per row than the kernel and variational work at the default
+    P, M, R; 500 negatives cut it by at least half and by 8x on EURLex-4K (L = 3,993), 27x on
+    AmazonCat-13K (L = 13,330), and the estimator stays unbiased (module docstring).
+    """
+    if isinstance(setting, str) and setting == "auto":
+        return None if n_labels <= AUTO_NEGATIVE_LABELS else AUTO_NEGATIVE_SAMPLES
+    return setting
 
 
 @dataclass
@@ -121,13 +143,27 @@ def data_term_sampled(
     bias: torch.Tensor,
     entries: LabelEntries,
 ) -> torch.Tensor:
-    """The weighted sum over the sampled entries (positives + reweighted negatives)."""
+    """The weighted sum over the sampled entries (positives + reweighted negatives).
+
+    When the batch's B x L utility moments take at most ``DENSE_MOMENT_ENTRIES`` entries they are
+    formed densely (two (B, P) x (P, L) products) and the E sampled entries are gathered from them:
+    on one CPU thread at B = 500, P = 100, L = 3,993, E = 252,650 that took 0.07 s forward and
+    backward against 0.97 s for gathering (E, P) rows of Phi and of the marginals, whose backward
+    scatters E x P values. Above the limit (hundreds of thousands of labels) the rows are gathered.
+    """
     device, dtype = mean_h.device, mean_h.dtype
     rows = torch.as_tensor(entries.rows, device=device)
     labels = torch.as_tensor(entries.labels, device=device)
-    Phi_e = Phi[labels]  # (E, P)
-    f_mean = (mean_h[rows] * Phi_e).sum(-1) + bias[labels]
-    f_var = (var_h[rows] * Phi_e.pow(2)).sum(-1)
+    n_labels = Phi.shape[0]
+    if mean_h.shape[0] * n_labels <= DENSE_MOMENT_ENTRIES:
+        f_mean_all, f_var_all = utility_moments(mean_h, var_h, Phi, bias)  # (B, L) each
+        flat = rows * n_labels + labels
+        f_mean = f_mean_all.reshape(-1).index_select(0, flat)
+        f_var = f_var_all.reshape(-1).index_select(0, flat)
+    else:
+        Phi_e = Phi[labels]  # (E, P)
+        f_mean = (mean_h[rows] * Phi_e).sum(-1) + bias[labels]
+        f_var = (var_h[rows] * Phi_e.pow(2)).sum(-1)
     signs = torch.as_tensor(entries.signs, device=device, dtype=dtype)
     weights = torch.as_tensor(entries.weights, device=device, dtype=dtype)
     return (likelihood.expected_log_lik(f_mean, f_var, signs) * weights).sum()
