@@ -372,10 +372,11 @@ def _load_model_dir(model_dir):
     folder = Path(model_dir)
     if not (folder / MODEL_FILE).exists():
         raise CLIError(f"--model-dir {folder}: no {MODEL_FILE} there (train with --out {folder} first)")
+    model = MultiLabelEstimator.load(folder / MODEL_FILE)
     meta = _read_json(folder / META_FILE, META_FILE) if (folder / META_FILE).exists() else {}
     if not isinstance(meta, dict):
         raise CLIError(f"{folder / META_FILE}: corrupt {META_FILE} (not a JSON object)")
-    return MultiLabelEstimator.load(folder / MODEL_FILE), meta
+    return model, meta
 
 
 def _names_from_meta(meta: dict, key: str, size: int, folder) -> list | None:
@@ -425,16 +426,32 @@ def cmd_predict(args) -> int:
     if args.names and names is None:
         raise CLIError(f"--names: {Path(args.model_dir) / META_FILE} holds no label names")
     data = _conform_to_model(read_dataset(args.input, format=args.format), model, args.input, labels=False)
-    indices, scores = model.predict_topk(data.X, args.top_k)
-    stream = open(args.output, "w") if args.output else sys.stdout
+    stream = _open_output(args.output, "--output") if args.output else sys.stdout  # before the work
     try:
+        indices, scores = model.predict_topk(data.X, args.top_k)
         for row_idx, row_scores in zip(indices, scores):
             labels = [names[i] if names else str(i) for i in row_idx]
             stream.write(" ".join(f"{label}:{score:.6g}" for label, score in zip(labels, row_scores)) + "\n")
-    finally:
         if args.output:
             stream.close()
+    except OSError as exc:
+        if not args.output or isinstance(exc, BrokenPipeError):
+            raise
+        raise CLIError(f"--output {args.output}: cannot write: {exc.strerror or exc}") from None
+    finally:
+        if args.output:
+            try:
+                stream.close()
+            except OSError:
+                pass
     return EXIT_OK
+
+
+def _open_output(path, option: str):
+    try:
+        return open(path, "w")
+    except OSError as exc:
+        raise CLIError(f"{option} {path}: cannot write: {exc.strerror or exc}") from None
 
 
 def cmd_info(args) -> int:

@@ -84,9 +84,8 @@ def check_width(value: int, what: str, fail: Callable[[str], Exception]) -> None
     limit = memory_limit_bytes()
     needed = int(value) * BYTES_PER_COLUMN
     if needed > limit:
-        raise fail(f"{what}={value} is more than this machine can hold: {BYTES_PER_COLUMN} bytes per column "
-                   f"makes {format_bytes(needed)}, and {format_bytes(limit)} is available "
-                   f"(${MEMORY_LIMIT_ENV} sets the bound)")
+        raise fail(f"{what}={value}: too large for this machine ({BYTES_PER_COLUMN} bytes per column make "
+                   f"{format_bytes(needed)}, {format_bytes(limit)} is available; ${MEMORY_LIMIT_ENV} sets the bound)")
 
 
 def _integer_array(array, name: str, fail) -> np.ndarray:
