@@ -306,6 +306,19 @@ def test_out_is_refused_when_it_holds_a_run_and_replaced_whole_with_overwrite(tm
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
 
 
+def test_out_keeps_files_that_are_not_part_of_a_run(tmp_path):
+    """A harness's log in --out (open while the run writes) stays, with what was written to it."""
+    train = str(_write_xc(tmp_path / "train.txt"))
+    out = tmp_path / "run"
+    out.mkdir()
+    with open(out / "stdout.txt", "w") as log:
+        log.write("before\n")
+        log.flush()
+        assert main(["train", "--model", "logistic", "--train", train, "--out", str(out), "--quiet"]) == 0
+        log.write("after\n")
+    assert (out / "stdout.txt").read_text() == "before\nafter\n" and (out / "model.npz").exists()
+
+
 def test_a_run_that_fails_midway_leaves_nothing(tmp_path, capsys, monkeypatch):
     import bayesmlc.cli as cli
 
