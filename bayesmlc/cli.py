@@ -536,11 +536,19 @@ def cmd_bench(args) -> int:
 
 
 # ---- parser ----------------------------------------------------------------------------------
+class _Parser(argparse.ArgumentParser):
+    """An argument parser whose errors are one line (``bayesmlc train: error: ...``), exit code 2."""
+
+    def error(self, message):
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {printable(' '.join(message.split()))} "
+                              f"(see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
     from . import __version__
     from .models import MODEL_CLASSES
 
-    parser = argparse.ArgumentParser(prog="bayesmlc", description="Bayesian multi-label classification at scale")
+    parser = _Parser(prog="bayesmlc", description="Bayesian multi-label classification at scale")
     parser.add_argument("--version", action="version", version=f"bayesmlc {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 

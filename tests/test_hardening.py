@@ -258,6 +258,14 @@ def test_cli_failures_are_one_line_with_exit_two(tmp_path, run_dir, capsys):
         assert "No space left" in fails("predict", "--model-dir", out, "--input", train, "--output", "/dev/full")
 
 
+def test_argument_errors_are_one_line(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["train", "--model", "logistic", "--train", "x.txt", "--seed", "-1"])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and err.count("\n") == 1
+    assert err.startswith("bayesmlc train: error: argument --seed: -1 is negative")
+
+
 def test_unwritable_out_fails_before_training(tmp_path, capsys, monkeypatch):
     from bayesmlc.linear import LogisticRegression
 
