@@ -15,7 +15,6 @@ import signal
 import struct
 import tempfile
 import tracemalloc
-import zipfile
 from pathlib import Path
 
 import numpy as np

@@ -12,7 +12,6 @@ import sys
 import time
 import tracemalloc
 import zipfile
-import zlib
 from pathlib import Path
 
 import numpy as np
