@@ -2,7 +2,13 @@
 
 file -> Dataset -> estimator.fit -> scores and probabilities -> metrics -> report.
 
-Exit codes: 0 success, 2 bad arguments or bad input (the message names the argument, file or line).
+Exit codes: 0 success; 2 bad arguments, bad input or a failed run (one line ``bayesmlc: error: ...``
+naming the argument, file or line; no traceback); 130 interrupted (Ctrl-C); 1 an unexpected internal
+error (one line; ``BAYESMLC_TRACEBACK=1`` shows the traceback).
+
+``train --out DIR`` writes the run into a temporary sibling folder and renames it to ``DIR`` when
+everything is written, so ``DIR`` holds one whole run or nothing; an existing run is replaced only
+with ``--overwrite``.
 """
 
 from __future__ import annotations
@@ -12,25 +18,54 @@ import ast
 import json
 import os
 import resource
+import shutil
 import sys
+import tempfile
 import time
+import unicodedata
 from pathlib import Path
 
 import numpy as np
 
 from .exceptions import BayesMLCError, ValidationError
+from .safe_io import apply_umask_mode, remove_stale_temporaries, temporary_prefix
 
 MODEL_FILE = "model.npz"
 META_FILE = "meta.json"
 METRICS_FILE = "metrics.json"
 HISTORY_FILE = "history.json"
 RELIABILITY_FILE = "reliability.json"
+#: what ``train --out`` writes; a folder holding any of them holds a run
+RUN_FILES = frozenset({MODEL_FILE, META_FILE, METRICS_FILE, HISTORY_FILE, RELIABILITY_FILE})
 
 EXIT_OK = 0
+EXIT_INTERNAL = 1
 EXIT_USAGE = 2
+EXIT_INTERRUPTED = 130
+#: rows the CLI needs to train: the inverse propensities of the metrics need ln N > 1
+MIN_TRAIN_ROWS = 3
+#: upper bound on ``--set n_threads=...`` as a multiple of the cores (an absurd count aborts OpenMP)
+MAX_THREADS_PER_CORE = 8
+
 
 class CLIError(Exception):
     """A user error reported as ``bayesmlc: error: ...`` with exit code 2."""
+
+
+def printable(text) -> str:
+    """``text`` with control and other non-printing characters escaped (``\\x1b``), so that names
+    read from files cannot move the cursor or recolour the terminal."""
+    text = str(text)
+    if text.isprintable():
+        return text
+    out = []
+    for char in text:
+        if char == " " or unicodedata.category(char)[0] not in "CZ" or unicodedata.category(char) == "Zs":
+            out.append(char)
+        else:
+            code = ord(char)
+            out.append(f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}")
+    return "".join(out)
 
 
 # ---- small pieces ----------------------------------------------------------------------------
@@ -99,7 +134,67 @@ def build_model(name: str, settings, seed, device, quiet: bool):
         params.setdefault("device", device)
     if "verbose" in valid:
         params.setdefault("verbose", not quiet)
+    threads = params.get("n_threads")
+    limit = MAX_THREADS_PER_CORE * (os.cpu_count() or 1)
+    if isinstance(threads, int) and not isinstance(threads, bool) and threads > limit:
+        raise CLIError(f"--set n_threads={threads}: more than {limit} threads ({MAX_THREADS_PER_CORE} per core) "
+                       "is refused")
     return cls(**params)
+
+
+class RunDirectory:
+    """The ``--out`` folder of a run, written as a unit.
+
+    Created before training: a temporary sibling folder ``.NAME.tmp-PID-XXXX`` (so an unwritable or
+    misnamed ``--out`` fails before any work is done). :meth:`path` names a file inside it;
+    :meth:`commit` renames it to ``NAME``; :meth:`discard` removes it. A folder ``NAME`` that already
+    holds a run (any of :data:`RUN_FILES`) is refused unless ``overwrite``; then the earlier run's
+    files are dropped. Other files already in ``NAME`` (a harness's logs) are kept: they move into
+    the new folder, open handles included, just before the rename. Temporary folders of runs that
+    were killed are removed on creation.
+    """
+
+    def __init__(self, target, overwrite: bool):
+        self.target = Path(target).absolute()
+        if self.target.exists() or self.target.is_symlink():
+            if not self.target.is_dir():
+                raise CLIError(f"--out {target}: exists and is not a folder")
+            earlier = sorted(entry.name for entry in self.target.iterdir() if entry.name in RUN_FILES)
+            if earlier and not overwrite:
+                raise CLIError(f"--out {target}: already holds a run ({', '.join(earlier)}); pass --overwrite "
+                               "to replace it")
+        self.target.parent.mkdir(parents=True, exist_ok=True)
+        remove_stale_temporaries(self.target.parent)
+        self.folder = Path(tempfile.mkdtemp(dir=self.target.parent, prefix=temporary_prefix(self.target.name)))
+        apply_umask_mode(self.folder, directory=True)
+
+    def path(self, name: str) -> Path:
+        return self.folder / name
+
+    def commit(self) -> None:
+        aside = None
+        if self.target.exists():
+            for entry in self.target.iterdir():
+                if entry.name not in RUN_FILES and not (self.folder / entry.name).exists():
+                    os.replace(entry, self.folder / entry.name)
+            aside = Path(tempfile.mkdtemp(dir=self.target.parent, prefix=temporary_prefix(self.target.name)))
+            os.replace(self.target, aside / "earlier")
+        os.replace(self.folder, self.target)
+        if aside is not None:
+            shutil.rmtree(aside, ignore_errors=True)
+
+    def discard(self) -> None:
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+
+def check_training_data(train, n_rows: int, path) -> None:
+    """Refuse, before any fitting, training data the CLI cannot use: fewer than
+    :data:`MIN_TRAIN_ROWS` rows, or no positive label at all."""
+    if n_rows < MIN_TRAIN_ROWS:
+        raise CLIError(f"--train {path}: {n_rows} row(s); training needs at least {MIN_TRAIN_ROWS} "
+                       "(the propensity-scored metrics need ln N > 1)")
+    if train.Y.nnz == 0 and "shard" not in train.source:
+        raise CLIError(f"--train {path}: no row has a positive label, so there is nothing to learn")
 
 
 def evaluate_model(model, test, inv_propensity) -> tuple[dict, float, dict]:
@@ -139,9 +234,21 @@ def _json_default(value):
 
 
 def _write_json(path: Path, payload) -> None:
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(payload, indent=1, default=_json_default))
-    os.replace(tmp, path)
+    """Write ``payload`` as JSON (a temporary file, then a rename)."""
+    tmp = path.with_name(temporary_prefix(path.name) + "json")
+    try:
+        tmp.write_text(json.dumps(payload, indent=1, default=_json_default))
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def _read_json(path: Path, what: str):
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (ValueError, RecursionError) as exc:  # JSONDecodeError, UnicodeDecodeError
+        raise CLIError(f"{path}: corrupt {what} ({str(exc)[:200]})") from None
 
 
 def _device_name(model) -> str:
@@ -185,88 +292,132 @@ def cmd_train(args) -> int:
             parallel.close()
 
 
-def _train(args, parallel) -> int:
-    from .data.io import infer_format, read_dataset, read_train_test
-    from .exceptions import DataFormatError
-    from .metrics import inverse_propensity, inverse_propensity_from_counts
+def _read_training_data(args, parallel, is_main):
+    """``(train, test or None, sharded)`` as ``train`` reads them (each rank its shard under
+    ``--distributed`` for npz/xc files)."""
+    from .data.io import conform_widths, infer_format, read_dataset, read_train_test
 
-    is_main = parallel is None or parallel.is_main
-    quiet = args.quiet or not is_main
     sharded = parallel is not None and (args.format or infer_format(args.train)) in ("npz", "xc")
     if sharded:  # each rank reads only its rows; rank 0 alone reads the test file
         from .distributed import read_shard
 
         train = read_shard(args.train, parallel, format=args.format)
         test = read_dataset(args.test, format=args.format) if args.test and is_main else None
-        if test is not None and (test.n_features, test.n_labels) != (train.n_features, train.n_labels):
-            raise DataFormatError(f"train/test width mismatch: {args.train} has D={train.n_features}, "
-                                  f"L={train.n_labels} but {args.test} has D={test.n_features}, L={test.n_labels}")
+        if test is not None:
+            test = conform_widths(test, train.n_features, train.n_labels, args.test, f"{args.train} has")
     elif args.test:
         train, test = read_train_test(args.train, args.test, format=args.format)
     else:
         train, test = read_dataset(args.train, format=args.format), None
-    n_rows = train.source["shard"]["n_rows"] if sharded else train.n_samples
-    device = args.device if args.device is not None or parallel is None else str(parallel.device)
-    model = build_model(args.model, args.set, args.seed, device, quiet)
-    name = dataset_name(args.train)
-    a, b = propensity_constants(name)
-    _progress(f"training {args.model} on {name}: {n_rows} rows, {train.n_features} features, {train.n_labels} labels", quiet)
-    fit_params = {}
-    if parallel is not None:
-        fit_params["parallel"] = parallel
-    if args.resume:
-        fit_params["resume"] = True
-    start = time.perf_counter()
-    model.fit(train.X, train.Y, label_mask=train.label_mask, **fit_params)
-    train_seconds = time.perf_counter() - start
-    # a shard sees only its rows: the propensities come from the label counts fit summed over ranks
-    inv_prop = (inverse_propensity_from_counts(model.label_frequencies_, n_rows, A=a, B=b) if sharded
-                else inverse_propensity(train.Y, A=a, B=b))
-    if not is_main:  # rank 0 alone evaluates, writes and prints
-        return EXIT_OK
-    out = Path(args.out) if args.out else None
-    if out is not None:
-        out.mkdir(parents=True, exist_ok=True)
-        model.save(out / MODEL_FILE)
-        _write_json(out / HISTORY_FILE, getattr(model, "history_", {}))
-        _write_json(out / META_FILE, {
-            "model": args.model, "dataset": name, "train_path": str(args.train),
-            "params": model.get_params(deep=False), "propensity": {"A": a, "B": b},
-            "inv_propensity": inv_prop, "label_names": train.label_names, "feature_names": train.feature_names,
-        })
-    record = {"model": args.model, "dataset": name, "params": model.get_params(deep=False), "metrics": {},
-              "train_seconds": train_seconds, "predict_seconds": None, "peak_rss_mb": None, "device": _device_name(model)}
-    table = f"trained in {train_seconds:.2f} s"
-    if test is not None:
-        values, predict_seconds, reliability = evaluate_model(model, test, inv_prop)
-        record["metrics"], record["predict_seconds"] = values, predict_seconds
-        table = f"{args.model} on {name} (train {train_seconds:.2f} s, predict {predict_seconds:.2f} s)\n" + format_metrics_table(values)
-        if out is not None:
-            _write_json(out / METRICS_FILE, values)
-            _write_json(out / RELIABILITY_FILE, reliability)
+    return train, test, sharded
+
+
+def _train(args, parallel) -> int:
+    from .metrics import inverse_propensity, inverse_propensity_from_counts
+
+    is_main = parallel is None or parallel.is_main
+    quiet = args.quiet or not is_main
+    # the output folder first: an unwritable or occupied --out fails before any work is done
+    run_dir = RunDirectory(args.out, args.overwrite) if args.out and is_main else None
+    try:
+        train, test, sharded = _read_training_data(args, parallel, is_main)
+        n_rows = train.source["shard"]["n_rows"] if sharded else train.n_samples
+        check_training_data(train, n_rows, args.train)
+        device = args.device if args.device is not None or parallel is None else str(parallel.device)
+        model = build_model(args.model, args.set, args.seed, device, quiet)
+        name = dataset_name(args.train)
+        a, b = propensity_constants(name)
+        _progress(f"training {args.model} on {name}: {n_rows} rows, {train.n_features} features, "
+                  f"{train.n_labels} labels", quiet)
+        fit_params = {}
+        if parallel is not None:
+            fit_params["parallel"] = parallel
+        if args.resume:
+            fit_params["resume"] = True
+        start = time.perf_counter()
+        model.fit(train.X, train.Y, label_mask=train.label_mask, **fit_params)
+        train_seconds = time.perf_counter() - start
+        # a shard sees only its rows: the propensities come from the label counts fit summed over ranks
+        inv_prop = (inverse_propensity_from_counts(model.label_frequencies_, n_rows, A=a, B=b) if sharded
+                    else inverse_propensity(train.Y, A=a, B=b))
+        if not is_main:  # rank 0 alone evaluates, writes and prints
+            return EXIT_OK
+        if run_dir is not None:
+            model.save(run_dir.path(MODEL_FILE))
+            _write_json(run_dir.path(HISTORY_FILE), getattr(model, "history_", {}))
+            _write_json(run_dir.path(META_FILE), {
+                "model": args.model, "dataset": name, "train_path": str(args.train),
+                "params": model.get_params(deep=False), "propensity": {"A": a, "B": b},
+                "inv_propensity": inv_prop, "label_names": train.label_names, "feature_names": train.feature_names,
+            })
+        record = {"model": args.model, "dataset": name, "params": model.get_params(deep=False), "metrics": {},
+                  "train_seconds": train_seconds, "predict_seconds": None, "peak_rss_mb": None,
+                  "device": _device_name(model)}
+        table = f"trained in {train_seconds:.2f} s"
+        if test is not None:
+            values, predict_seconds, reliability = evaluate_model(model, test, inv_prop)
+            record["metrics"], record["predict_seconds"] = values, predict_seconds
+            table = (f"{args.model} on {name} (train {train_seconds:.2f} s, predict {predict_seconds:.2f} s)\n"
+                     + format_metrics_table(values))
+            if run_dir is not None:
+                _write_json(run_dir.path(METRICS_FILE), values)
+                _write_json(run_dir.path(RELIABILITY_FILE), reliability)
+        if run_dir is not None:
+            run_dir.commit()
+            run_dir = None
+    finally:
+        if run_dir is not None:
+            run_dir.discard()
     record["peak_rss_mb"] = peak_rss_mb()
     _emit(args, record, table)
     return EXIT_OK
 
 
 def _load_model_dir(model_dir):
+    """``(model, meta)`` of a ``--model-dir``; meta is ``{}`` when there is no ``meta.json``."""
     from .base import MultiLabelEstimator
 
     folder = Path(model_dir)
     if not (folder / MODEL_FILE).exists():
         raise CLIError(f"--model-dir {folder}: no {MODEL_FILE} there (train with --out {folder} first)")
-    meta = json.loads((folder / META_FILE).read_text()) if (folder / META_FILE).exists() else {}
-    return MultiLabelEstimator.load(folder / MODEL_FILE), meta
+    model = MultiLabelEstimator.load(folder / MODEL_FILE)
+    meta = _read_json(folder / META_FILE, META_FILE) if (folder / META_FILE).exists() else {}
+    if not isinstance(meta, dict):
+        raise CLIError(f"{folder / META_FILE}: corrupt {META_FILE} (not a JSON object)")
+    return model, meta
+
+
+def _names_from_meta(meta: dict, key: str, size: int, folder) -> list | None:
+    """The ``label_names``/``feature_names`` of ``meta.json``, escaped for the terminal; ``None`` when
+    absent; a CLIError when they are not ``size`` strings."""
+    names = meta.get(key)
+    if names is None:
+        return None
+    if not isinstance(names, list) or len(names) != size or not all(isinstance(n, str) for n in names):
+        shown = f"{len(names)} entries" if isinstance(names, list) else type(names).__name__
+        raise CLIError(f"{Path(folder) / META_FILE}: {key} has {shown}, the model has {size}")
+    return [printable(n) for n in names]
+
+
+def _conform_to_model(data, model, path, labels: bool):
+    """``data`` with the model's widths (see :func:`bayesmlc.data.io.conform_widths`): a narrower
+    width the reader inferred is padded, a declared one that differs is refused."""
+    from .data.io import conform_widths
+
+    return conform_widths(data, model.n_features_in_, model.n_labels_ if labels else None, path,
+                          "the model was trained with")
 
 
 def cmd_evaluate(args) -> int:
     from .data.io import read_dataset
 
     model, meta = _load_model_dir(args.model_dir)
-    test = read_dataset(args.test, format=args.format)
-    if test.n_labels != model.n_labels_:
-        raise CLIError(f"--test {args.test}: has {test.n_labels} labels, the model was trained with {model.n_labels_}")
-    inv_prop = np.asarray(meta["inv_propensity"]) if "inv_propensity" in meta else None
+    test = _conform_to_model(read_dataset(args.test, format=args.format), model, args.test, labels=True)
+    inv_prop = None
+    if "inv_propensity" in meta:
+        inv_prop = np.asarray(meta["inv_propensity"])
+        if inv_prop.dtype.kind not in "iuf" or inv_prop.shape != (model.n_labels_,):
+            raise CLIError(f"{Path(args.model_dir) / META_FILE}: inv_propensity is not {model.n_labels_} numbers")
     values, predict_seconds, _ = evaluate_model(model, test, inv_prop)
     record = {"model": meta.get("model", type(model).__name__), "dataset": dataset_name(args.test),
               "params": model.get_params(deep=False), "metrics": values, "train_seconds": None,
@@ -279,18 +430,36 @@ def cmd_predict(args) -> int:
     from .data.io import read_dataset
 
     model, meta = _load_model_dir(args.model_dir)
-    data = read_dataset(args.input, format=args.format)
-    indices, scores = model.predict_topk(data.X, args.top_k)
-    names = meta.get("label_names") if args.names else None
-    stream = open(args.output, "w") if args.output else sys.stdout
+    names = _names_from_meta(meta, "label_names", model.n_labels_, args.model_dir) if args.names else None
+    if args.names and names is None:
+        raise CLIError(f"--names: {Path(args.model_dir) / META_FILE} holds no label names")
+    data = _conform_to_model(read_dataset(args.input, format=args.format), model, args.input, labels=False)
+    stream = _open_output(args.output, "--output") if args.output else sys.stdout  # before the work
     try:
+        indices, scores = model.predict_topk(data.X, args.top_k)
         for row_idx, row_scores in zip(indices, scores):
             labels = [names[i] if names else str(i) for i in row_idx]
             stream.write(" ".join(f"{label}:{score:.6g}" for label, score in zip(labels, row_scores)) + "\n")
-    finally:
         if args.output:
             stream.close()
+    except OSError as exc:
+        if not args.output or isinstance(exc, BrokenPipeError):
+            raise
+        raise CLIError(f"--output {args.output}: cannot write: {exc.strerror or exc}") from None
+    finally:
+        if args.output:
+            try:
+                stream.close()
+            except OSError:
+                pass
     return EXIT_OK
+
+
+def _open_output(path, option: str):
+    try:
+        return open(path, "w")
+    except OSError as exc:
+        raise CLIError(f"{option} {path}: cannot write: {exc.strerror or exc}") from None
 
 
 def cmd_info(args) -> int:
@@ -333,7 +502,11 @@ def cmd_topics(args) -> int:
     from .bmls.topics import format_topics
 
     model, meta = _load_model_dir(args.model_dir)
-    print(format_topics(model, args.n_top, meta.get("label_names"), meta.get("feature_names")))
+    if not hasattr(model, "topics"):
+        raise CLIError(f"--model-dir {args.model_dir}: holds a {type(model).__name__}; topics exist only for bmls")
+    label_names = _names_from_meta(meta, "label_names", model.n_labels_, args.model_dir)
+    feature_names = _names_from_meta(meta, "feature_names", model.n_features_in_, args.model_dir)
+    print(format_topics(model, args.n_top, label_names, feature_names))
     return EXIT_OK
 
 
@@ -345,7 +518,13 @@ def cmd_plot_history(args) -> int:
     if not history_path.exists():
         raise CLIError(f"--model-dir {folder}: no {HISTORY_FILE} there")
     output = Path(args.output) if args.output else folder / "history.png"
-    plot_history(json.loads(history_path.read_text()), output)
+    history = _read_json(history_path, HISTORY_FILE)
+    if not isinstance(history, dict):
+        raise CLIError(f"{history_path}: corrupt {HISTORY_FILE} (not a JSON object)")
+    try:
+        plot_history(history, output)
+    except (KeyError, TypeError, IndexError) as exc:
+        raise CLIError(f"{history_path}: corrupt {HISTORY_FILE} ({type(exc).__name__}: {exc})") from None
     print(output)
     return EXIT_OK
 
@@ -357,11 +536,19 @@ def cmd_bench(args) -> int:
 
 
 # ---- parser ----------------------------------------------------------------------------------
+class _Parser(argparse.ArgumentParser):
+    """An argument parser whose errors are one line (``bayesmlc train: error: ...``), exit code 2."""
+
+    def error(self, message):
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {printable(' '.join(message.split()))} "
+                              f"(see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
     from . import __version__
     from .models import MODEL_CLASSES
 
-    parser = argparse.ArgumentParser(prog="bayesmlc", description="Bayesian multi-label classification at scale")
+    parser = _Parser(prog="bayesmlc", description="Bayesian multi-label classification at scale")
     parser.add_argument("--version", action="version", version=f"bayesmlc {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -371,14 +558,15 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--format", default=None, help="input format (default: from the file extension)")
         if model:
             p.add_argument("--set", action="append", metavar="KEY=VALUE", help="model parameter (repeatable)")
-            p.add_argument("--seed", type=int, default=0, help="random_state of the model (default 0)")
+            p.add_argument("--seed", type=_non_negative_int, default=0, help="random_state of the model (default 0)")
             p.add_argument("--device", default=None, help="auto, cpu or cuda (default: the model's)")
 
     p = sub.add_parser("train", help="fit a model, optionally score a test file")
     p.add_argument("--model", required=True, choices=sorted(MODEL_CLASSES))
     p.add_argument("--train", required=True, help="training data file")
     p.add_argument("--test", help="test data file (metrics are printed)")
-    p.add_argument("--out", help="folder for the model, history and metrics")
+    p.add_argument("--out", help="folder for the model, history and metrics (written whole, or not at all)")
+    p.add_argument("--overwrite", action="store_true", help="replace the run already in --out")
     p.add_argument("--distributed", action="store_true",
                    help="data-parallel training under torchrun (mlgpf; see docs/scaling.md)")
     p.add_argument("--resume", action="store_true",
@@ -434,18 +622,66 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{value} is negative")
+    return value
+
+
+def describe_error(exc: BaseException) -> tuple[int, str]:
+    """``(exit code, one-line message)`` for an exception that ends a command."""
+    if isinstance(exc, (CLIError, BayesMLCError)):
+        message = str(exc)
+    elif isinstance(exc, OSError) and exc.strerror:
+        names = [n for n in (exc.filename, exc.filename2) if n is not None]
+        message = exc.strerror + (": " + " -> ".join(str(n) for n in names) if names else "")
+    elif isinstance(exc, MemoryError):
+        message = f"out of memory{': ' + str(exc) if str(exc) else ''}"
+    elif isinstance(exc, RecursionError):
+        message = f"input nested too deeply ({exc})"
+    elif isinstance(exc, (OSError, ValueError, ArithmeticError)) or _is_linalg_error(exc):
+        # ValueError: bad values in arguments or data; ArithmeticError: training diverged (MLGPF's
+        # TrainingDivergedError); a linear-algebra error: a kernel matrix lost positive definiteness
+        message = f"{type(exc).__name__}: {exc}" if type(exc).__name__ not in ("ValueError", "OSError") else str(exc)
+    else:
+        return EXIT_INTERNAL, (f"unexpected {type(exc).__name__}: {exc} (a bug in bayesmlc; "
+                               "set BAYESMLC_TRACEBACK=1 to see where)")
+    return EXIT_USAGE, message
+
+
+def _is_linalg_error(exc: BaseException) -> bool:
+    if type(exc).__name__ in ("CholeskyError", "LinAlgError", "_LinAlgError"):
+        return True
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(exc, torch.linalg.LinAlgError)
+
+
 def main(argv=None) -> int:
+    """Run one command; returns the exit code (see the module docstring). Every failure is one line
+    on stderr."""
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        return args.func(args)
-    except (CLIError, BayesMLCError, FileNotFoundError, IsADirectoryError) as exc:
-        print(f"bayesmlc: error: {exc}", file=sys.stderr)
-        return EXIT_USAGE
+        code = args.func(args)
+        sys.stdout.flush()  # a full disk or a closed pipe shows here, not at exit
+        return code
     except BrokenPipeError:
         # the reader closed the pipe (``bayesmlc predict ... | head``): stop quietly, as Unix tools do
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return EXIT_OK
+    except KeyboardInterrupt:
+        print("bayesmlc: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except Exception as exc:
+        if os.environ.get("BAYESMLC_TRACEBACK"):
+            raise
+        code, message = describe_error(exc)
+        print(f"bayesmlc: error: {printable(' '.join(message.split()))}", file=sys.stderr)
+        return code
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -18,17 +18,15 @@ still reads what it can and refuses the rest with a clear message.
 from __future__ import annotations
 
 import importlib
-import io
 import json
 import os
-import tempfile
-import zipfile
 
 import numpy as np
 import scipy.sparse as sp
 import torch
 
 from .exceptions import ModelFormatError
+from .safe_io import LazyNpz, checked_csr, make_temporary_file, remove_stale_temporaries
 
 FORMAT_NAME = "bayesmlc-model"
 FORMAT_VERSION = 2  # version 2 added nested estimators; files without them are still written as 1
@@ -80,20 +78,34 @@ def encode(value, arrays: dict, prefix: str):
     raise TypeError(f"cannot store a value of type {type(value).__name__} at {prefix}")
 
 
+def _member(arrays, key, kind: str):
+    if not isinstance(key, str) or key not in arrays:
+        raise ModelFormatError(f"the file refers to a missing {kind} entry {str(key)[:100]!r}")
+    return arrays[key]
+
+
 def decode(value, arrays):
-    """Inverse of :func:`encode`."""
+    """Inverse of :func:`encode`. A reference to an entry that is not there, or a sparse matrix whose
+    parts do not form one (indices out of range, ``indptr`` not monotone, wrong lengths), is a
+    :class:`ModelFormatError`: every part is checked before scipy sees it."""
     if isinstance(value, dict):
         if "__estimator__" in value:
+            if not isinstance(value.get("params"), dict) or "state" not in value:
+                raise ModelFormatError("a nested estimator entry lacks its params or state")
             return _build(value["__estimator__"], value["params"], value["state"], arrays)
         if "__array__" in value:
-            return arrays[value["__array__"]]
+            return _member(arrays, value["__array__"], "array")
         if "__tensor__" in value:
-            return torch.from_numpy(np.array(arrays[value["__tensor__"]]))
+            array = _member(arrays, value["__tensor__"], "tensor")
+            if array.dtype.kind not in "biufc":
+                raise ModelFormatError(f"tensor entry {value['__tensor__']!r} has dtype {array.dtype}")
+            return torch.from_numpy(np.array(array))
         if "__sparse__" in value:
             key = value["__sparse__"]
-            return sp.csr_matrix(
-                (arrays[key + ".data"], arrays[key + ".indices"], arrays[key + ".indptr"]), shape=tuple(value["shape"])
-            )
+            if not isinstance(key, str):
+                raise ModelFormatError("a sparse entry's key is not a string")
+            parts = [_member(arrays, key + suffix, "sparse") for suffix in (".data", ".indices", ".indptr")]
+            return checked_csr(*parts, value.get("shape"), ModelFormatError, what=f"sparse entry {key!r}")
         return {k: decode(v, arrays) for k, v in value.items()}
     if isinstance(value, list):
         return [decode(v, arrays) for v in value]
@@ -157,12 +169,14 @@ def save_model(path, model, library_version: str) -> None:
 
 def write_npz_atomically(path, meta: dict, arrays: dict) -> None:
     """Write ``arrays`` plus ``meta`` (JSON, as entry ``__meta__``) to ``path``: a temporary file in
-    the same folder, then a rename, so a reader never sees a half-written file."""
+    the same folder, then a rename, so a reader never sees a half-written file. The file gets the
+    umask's permissions; temporaries a killed writer left in the folder are removed first."""
     arrays = dict(arrays, __meta__=np.frombuffer(json.dumps(meta).encode("utf-8"), dtype=np.uint8))
     path = os.fspath(path)
     folder = os.path.dirname(os.path.abspath(path))
     os.makedirs(folder, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp-", suffix=".npz")
+    remove_stale_temporaries(folder)
+    fd, tmp = make_temporary_file(folder, os.path.basename(path), suffix=".npz")
     try:
         with os.fdopen(fd, "wb") as handle:
             np.savez(handle, **arrays)
@@ -173,39 +187,74 @@ def write_npz_atomically(path, meta: dict, arrays: dict) -> None:
         raise
 
 
-def read_npz(path) -> tuple[dict, dict]:
+#: the JSON document of a model file is parsed whole; beyond this size it is refused unread
+MAX_META_BYTES = 256 * 2**20
+
+
+def read_npz(path) -> tuple[dict, LazyNpz]:
     """Read a file written by :func:`write_npz_atomically`: ``(meta, arrays)``, never unpickling.
 
-    Raises ``OSError``, ``ValueError``, ``KeyError``, ``UnicodeDecodeError`` or ``zipfile.BadZipFile``
-    for a file that is not such an archive; callers turn them into their own message.
+    ``arrays`` is a :class:`~bayesmlc.safe_io.LazyNpz`: an entry is decompressed only when looked up,
+    after its declared size has been bounded. Raises :class:`ModelFormatError` (naming the file) for
+    anything that is not such an archive.
     """
-    with open(path, "rb") as handle:
-        data = np.load(io.BytesIO(handle.read()), allow_pickle=False)
-        arrays = {key: data[key] for key in data.files}
-    meta = json.loads(arrays.pop("__meta__").tobytes().decode("utf-8"))
+    path = os.fspath(path)
+    def failed(message: str) -> ModelFormatError:
+        return ModelFormatError(f"{path}: not a bayesmlc model file ({message})")
+
+    failed.error_type = ModelFormatError
+    arrays = LazyNpz(path, failed)
+    if "__meta__" not in arrays:
+        arrays.close()
+        raise ModelFormatError(f"{path}: not a bayesmlc model file (no __meta__ entry)")
+    try:
+        if arrays._members["__meta__"].file_size > MAX_META_BYTES:
+            raise failed(f"its __meta__ entry declares more than {MAX_META_BYTES} bytes")
+        raw = arrays["__meta__"]
+        if raw.dtype != np.uint8 or raw.ndim != 1:
+            raise failed(f"__meta__ is {raw.dtype} of shape {raw.shape}, not bytes")
+        try:
+            meta = json.loads(raw.tobytes().decode("utf-8"))
+        except (ValueError, UnicodeDecodeError, RecursionError) as exc:
+            raise failed(f"__meta__ is not JSON: {str(exc)[:200]}") from None
+        if not isinstance(meta, dict):
+            raise failed("__meta__ is not a JSON object")
+    except BaseException:
+        arrays.close()
+        raise
     return meta, arrays
 
 
 def load_model(path):
-    """Read a model file; returns the fitted model. Refuses newer format versions."""
+    """Read a model file; returns the fitted model. Refuses newer format versions.
+
+    Anything wrong with the file (not an archive, damaged members, a missing or malformed entry, a
+    class that is not on the allow-list, parameters the class does not take, a state the class
+    cannot use) is a :class:`ModelFormatError` naming the file.
+    """
     path = os.fspath(path)
     if not os.path.exists(path):
         raise ModelFormatError(f"{path}: no such model file")
-    try:
-        meta, arrays = read_npz(path)
-    except KeyError:
-        raise ModelFormatError(f"{path}: not a bayesmlc model file (no __meta__ entry)") from None
-    except (OSError, ValueError, UnicodeDecodeError, zipfile.BadZipFile) as exc:
-        raise ModelFormatError(f"{path}: not a bayesmlc model file ({exc})") from None
-    if meta.get("format") != FORMAT_NAME:
-        raise ModelFormatError(f"{path}: not a bayesmlc model file (format {meta.get('format')!r})")
-    version = meta.get("format_version")
-    if not isinstance(version, int) or version > FORMAT_VERSION:
-        raise ModelFormatError(
-            f"{path}: written with model format version {version} by bayesmlc {meta.get('library_version')}; "
-            f"this bayesmlc reads versions up to {FORMAT_VERSION}. Upgrade bayesmlc to load it."
-        )
-    try:
-        return _build(meta["class"], meta["params"], meta["state"], arrays)
-    except ModelFormatError as exc:
-        raise ModelFormatError(f"{path}: {exc}") from None
+    meta, arrays = read_npz(path)
+    with arrays:
+        if meta.get("format") != FORMAT_NAME:
+            raise ModelFormatError(f"{path}: not a bayesmlc model file (format {str(meta.get('format'))[:80]!r})")
+        version = meta.get("format_version")
+        if not isinstance(version, int) or version > FORMAT_VERSION:
+            raise ModelFormatError(
+                f"{path}: written with model format version {str(version)[:40]} by bayesmlc "
+                f"{str(meta.get('library_version'))[:40]}; this bayesmlc reads versions up to {FORMAT_VERSION}. "
+                "Upgrade bayesmlc to load it."
+            )
+        if not isinstance(meta.get("params"), dict) or "state" not in meta:
+            raise ModelFormatError(f"{path}: not a bayesmlc model file (no params or state)")
+        try:
+            return _build(meta.get("class"), meta["params"], meta["state"], arrays)
+        except ModelFormatError as exc:
+            raise ModelFormatError(f"{path}: {exc}") from None
+        except RecursionError:
+            raise ModelFormatError(f"{path}: corrupt model file (nested too deeply)") from None
+        except MemoryError:
+            raise ModelFormatError(f"{path}: corrupt model file (its state does not fit in memory)") from None
+        except Exception as exc:  # the class refused the parameters or state the file holds
+            raise ModelFormatError(f"{path}: corrupt model file ({type(exc).__name__}: {str(exc)[:300]})") from None

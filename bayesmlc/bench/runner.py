@@ -207,7 +207,7 @@ class CLIRunner:
 
     def command(self, spec: RunSpec, run_dir: Path) -> list[str]:
         command = [self.python, "-m", "bayesmlc", "train", "--model", spec.model, "--train", str(spec.train_path),
-                   "--test", str(spec.test_path), "--out", str(run_dir), "--json", "--quiet", "--seed", str(spec.seed)]
+                   "--test", str(spec.test_path), "--out", str(run_dir), "--overwrite", "--json", "--quiet", "--seed", str(spec.seed)]
         for key, value in spec.params.items():
             command += ["--set", f"{key}={_format_value(value)}"]
         if self.device is not None:

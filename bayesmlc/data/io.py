@@ -35,7 +35,8 @@ from ..exceptions import DataFormatError, ValidationError
 from .dataset import Dataset
 from .formats.sparse_text import DEFAULT_CHUNK_BYTES
 
-__all__ = ["read_dataset", "write_dataset", "read_train_test", "infer_format", "FORMATS", "read_names"]
+__all__ = ["read_dataset", "write_dataset", "read_train_test", "conform_widths", "infer_format", "FORMATS",
+           "read_names"]
 
 FORMATS = ("xc", "arff", "svmlight", "mat", "npz")
 _EXTENSIONS = {
@@ -77,7 +78,7 @@ def _check_format(format: Optional[str], path) -> str:
 def read_names(path: PathLike, expected: int, what: str) -> list:
     """Names, one per line, from ``path``; exactly ``expected`` of them or a DataFormatError."""
     try:
-        names = Path(path).read_text(encoding="utf-8", errors="replace").splitlines()
+        names = Path(path).read_text(encoding="utf-8-sig", errors="replace").splitlines()
     except OSError as exc:
         raise DataFormatError(f"cannot read the {what} names file: {exc.strerror or exc}", path=path) from None
     if len(names) != expected:
@@ -293,6 +294,30 @@ def _pad_labels(dataset: Dataset, n_labels: int) -> Dataset:
     names = None if dataset.label_names is None else list(dataset.label_names) + [
         f"label{j}" for j in range(dataset.n_labels, n_labels)]
     return replace(dataset, Y=Y, label_names=names)
+
+
+def conform_widths(dataset: Dataset, n_features: Optional[int], n_labels: Optional[int], path: PathLike,
+                   reference: str) -> Dataset:
+    """``dataset`` (read from ``path``) with ``n_features`` features and ``n_labels`` labels (``None``:
+    leave that width alone), by the rule :func:`read_train_test` applies to a test file: a narrower
+    width the reader inferred (svmlight without ``n_features``/``n_labels``) is padded with empty
+    columns; any other difference is a :class:`DataFormatError` naming both widths. ``reference``
+    says where the expected widths come from (``"the model was trained with"``).
+    """
+    for what, attr, flag, width in (("features", "n_features", "n_features_inferred", n_features),
+                                    ("labels", "n_labels", "n_labels_inferred", n_labels)):
+        have = getattr(dataset, attr)
+        if width is None or have == width:
+            continue
+        inferred = bool(dataset.source.get(flag))
+        if inferred and have < width:
+            dataset = dataset.with_features_width(width) if attr == "n_features" else _pad_labels(dataset, width)
+            dataset.source = {**dataset.source, f"{attr}_padded_from": have}
+            continue
+        symbol = "D" if attr == "n_features" else "L"
+        raise DataFormatError(f"width mismatch: the file has {symbol}={have} {what} but {reference} {symbol}={width}"
+                              + (" (it uses indices beyond that width)" if inferred else ""), path=path)
+    return dataset
 
 
 def read_train_test(train_path: PathLike, test_path: PathLike, format: Optional[str] = None, **options

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Optional, Tuple
 
 from ..exceptions import DatasetNotFoundError, DownloadError, ValidationError
+from ..safe_io import remove_stale_temporaries, temporary_prefix
 
 __all__ = [
     "DataFile",
@@ -490,7 +491,8 @@ def _fetch(url: str, entry: DataFile, folder: Path, progress: bool, timeout: flo
     from tqdm.auto import tqdm
 
     target = folder / entry.name
-    handle, temp_name = tempfile.mkstemp(dir=folder, prefix=f".{entry.name}.", suffix=".part")
+    remove_stale_temporaries(folder)  # what a killed download left behind
+    handle, temp_name = tempfile.mkstemp(dir=folder, prefix=temporary_prefix(entry.name), suffix=".part")
     temp = Path(temp_name)
     digest = hashlib.sha256()
     received = 0

@@ -212,7 +212,8 @@ def read_arff(path, *, n_labels: Optional[int] = None, label_names_file=None) ->
 
     attributes: List[_Attribute] = []
     relation = ""
-    with open(path, "r", encoding="utf-8", errors="replace", newline=None) as stream:
+    # utf-8-sig: a byte-order mark some editors write is skipped, as in the XC and svmlight readers
+    with open(path, "r", encoding="utf-8-sig", errors="replace", newline=None) as stream:
         line_no = 0
         in_data = False
         for raw in stream:
@@ -235,6 +236,12 @@ def read_arff(path, *, n_labels: Optional[int] = None, label_names_file=None) ->
             raise DataFormatError("no @data section", path=path, line=line_no)
         if not attributes:
             raise DataFormatError("no @attribute declarations before @data", path=path, line=line_no)
+        first_line = {}
+        for attribute in attributes:
+            if attribute.name in first_line:
+                raise DataFormatError(f"duplicate attribute name {attribute.name!r} (first declared at line "
+                                      f"{first_line[attribute.name]})", path=path, line=attribute.line)
+            first_line[attribute.name] = attribute.line
         label_pos = _label_positions(attributes, relation, label_names, n_labels, path, xml_path)
         for pos in label_pos:
             attribute = attributes[pos]

@@ -17,7 +17,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import tempfile
 import warnings
 from pathlib import Path
 from typing import Callable, List, Optional, Sequence, Tuple
@@ -26,6 +25,8 @@ import numpy as np
 import scipy.sparse as sp
 
 from ...exceptions import DataFormatError
+from ...safe_io import (LazyNpz, check_width, checked_csr, error_factory, make_temporary_file,
+                        remove_stale_temporaries)
 from ..dataset import Dataset
 
 __all__ = ["save_npz", "load_npz", "cached_read", "cache_files_for", "NPZ_FORMAT_VERSION"]
@@ -43,7 +44,9 @@ def _csr_parts(prefix: str, matrix: sp.csr_matrix, with_data: bool) -> dict:
 
 
 def save_npz(dataset: Dataset, path, *, record: Optional[dict] = None) -> Path:
-    """Write ``dataset`` to ``path`` (an ``.npz``), atomically (a temporary file, then a rename)."""
+    """Write ``dataset`` to ``path`` (an ``.npz``), atomically (a temporary file, then a rename), with
+    the permissions the umask gives a new file. Temporaries a killed writer left in the folder are
+    removed first."""
     path = Path(path)
     arrays = {"format_version": np.asarray(NPZ_FORMAT_VERSION, dtype=np.int64)}
     arrays.update(_csr_parts("X", dataset.X, True))
@@ -56,11 +59,9 @@ def save_npz(dataset: Dataset, path, *, record: Optional[dict] = None) -> Path:
     meta = {"source": dataset.source, **(record or {})}
     arrays["meta"] = np.asarray(json.dumps(meta, default=str))
     path.parent.mkdir(parents=True, exist_ok=True)
-    handle, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
-    umask = os.umask(0)
-    os.umask(umask)
+    remove_stale_temporaries(path.parent)
+    handle, tmp = make_temporary_file(path.parent, path.name, suffix=".npz")
     try:
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes it private; give it the permissions of a normal file
         with os.fdopen(handle, "wb") as stream:
             np.savez(stream, **arrays)
         os.replace(tmp, path)
@@ -70,17 +71,27 @@ def save_npz(dataset: Dataset, path, *, record: Optional[dict] = None) -> Path:
     return path
 
 
+def _fail(path):
+    return error_factory(DataFormatError, path=path)
+
+
 def csr_from_members(contents, prefix: str, path) -> sp.csr_matrix:
     """The CSR matrix stored as ``{prefix}_indices``, ``_indptr``, ``_shape`` and (optional: binary
-    when absent) ``_data`` in the mapping ``contents``; a :class:`DataFormatError` naming ``path``
-    when they do not form one."""
-    indices, indptr = contents[f"{prefix}_indices"], contents[f"{prefix}_indptr"]
-    shape = tuple(int(v) for v in contents[f"{prefix}_shape"])
-    data = contents[f"{prefix}_data"] if f"{prefix}_data" in contents else np.ones(indices.size, dtype=np.float32)
-    try:
-        return sp.csr_matrix((data.astype(np.float32, copy=False), indices, indptr), shape=shape)
-    except (ValueError, TypeError) as exc:
-        raise DataFormatError(f"corrupt {prefix} matrix: {exc}", path=path) from None
+    when absent) ``_data`` in the mapping ``contents``, after checking every part (see
+    :func:`bayesmlc.safe_io.checked_csr`) and that its width fits in memory; a
+    :class:`DataFormatError` naming ``path`` when they do not form one."""
+    fail = _fail(path)
+    what = f"{prefix} matrix"
+    for part in ("indices", "indptr", "shape"):
+        if f"{prefix}_{part}" not in contents:
+            raise fail(f"{what}: member {prefix}_{part} is missing")
+    shape = np.asarray(contents[f"{prefix}_shape"])
+    if shape.dtype.kind not in "iu" or shape.shape != (2,):
+        raise fail(f"{what}: {prefix}_shape must be two integers, got {shape.dtype} of shape {shape.shape}")
+    check_width(int(shape[1]), "D" if prefix == "X" else "L", fail)
+    data = contents[f"{prefix}_data"] if f"{prefix}_data" in contents else None
+    return checked_csr(data, contents[f"{prefix}_indices"], contents[f"{prefix}_indptr"],
+                       (int(shape[0]), int(shape[1])), fail, what=what, dtype=np.float32)
 
 
 def check_dataset_npz(members, read, path) -> None:
@@ -91,31 +102,52 @@ def check_dataset_npz(members, read, path) -> None:
     missing = sorted(required - set(members))
     if missing:
         raise DataFormatError(f"not a bayesmlc dataset .npz: missing {missing}", path=path)
-    version = int(read("format_version"))
-    if version > NPZ_FORMAT_VERSION:
-        raise DataFormatError(f"written by a newer bayesmlc (dataset format {version}; this version reads up to "
-                              f"{NPZ_FORMAT_VERSION})", path=path)
+    version = np.asarray(read("format_version"))
+    if version.dtype.kind not in "iu" or version.size != 1:
+        raise DataFormatError(f"format_version must be one integer, got {version.dtype} of shape {version.shape}",
+                              path=path)
+    if int(version.ravel()[0]) > NPZ_FORMAT_VERSION:
+        raise DataFormatError(f"written by a newer bayesmlc (dataset format {int(version.ravel()[0])}; this version "
+                              f"reads up to {NPZ_FORMAT_VERSION})", path=path)
+
+
+def _meta_record(value: np.ndarray, path) -> dict:
+    if value.dtype.kind != "U" or value.ndim != 0:
+        raise DataFormatError(f"the meta record must be one string, got {value.dtype} of shape {value.shape}", path=path)
+    try:
+        meta = json.loads(str(value))
+    except (ValueError, RecursionError) as exc:
+        raise DataFormatError(f"corrupt metadata record: {str(exc)[:200]}", path=path) from None
+    if not isinstance(meta, dict) or not isinstance(meta.get("source", {}), dict):
+        raise DataFormatError("corrupt metadata record: not a JSON object with a 'source' object", path=path)
+    return meta
+
+
+def _names(value: np.ndarray, size: int, what: str, path) -> list:
+    if value.dtype.kind != "U" or value.ndim != 1 or value.size != size:
+        raise DataFormatError(f"{what} must be {size} strings, got {value.dtype} of shape {value.shape}", path=path)
+    return value.tolist()
 
 
 def load_npz(path) -> Tuple[Dataset, dict]:
-    """Read a dataset ``.npz`` written by :func:`save_npz`; returns ``(dataset, meta record)``."""
+    """Read a dataset ``.npz`` written by :func:`save_npz`; returns ``(dataset, meta record)``.
+
+    Only the members a dataset file has are read, each after its declared size has been bounded;
+    every stored matrix is checked whole before use, and X must be finite. Anything else is a
+    :class:`DataFormatError` naming the file.
+    """
     path = Path(path)
-    try:
-        with np.load(path, allow_pickle=False) as archive:
-            contents = {key: archive[key] for key in archive.files}
-    except (OSError, ValueError, EOFError) as exc:
-        raise DataFormatError(f"not a readable dataset .npz file: {exc}", path=path) from None
-    except Exception as exc:  # zipfile.BadZipFile and friends
-        raise DataFormatError(f"not a readable dataset .npz file: {type(exc).__name__}: {exc}", path=path) from None
-    check_dataset_npz(contents, contents.__getitem__, path)
-    try:
-        meta = json.loads(str(contents["meta"]))
-    except ValueError as exc:
-        raise DataFormatError(f"corrupt metadata record: {exc}", path=path) from None
-    X = csr_from_members(contents, "X", path)
-    Y = csr_from_members(contents, "Y", path)
-    mask = csr_from_members(contents, "mask", path) if "mask_indices" in contents else None
-    names = {key: contents[key].tolist() if key in contents else None for key in ("feature_names", "label_names")}
+    with LazyNpz(path, _fail(path), kind="dataset .npz") as archive:
+        check_dataset_npz(archive.files, archive.__getitem__, path)
+        meta = _meta_record(archive["meta"], path)
+        X = csr_from_members(archive, "X", path)
+        Y = csr_from_members(archive, "Y", path)
+        mask = csr_from_members(archive, "mask", path) if "mask_indices" in archive else None
+        names = {}
+        for key, size in (("feature_names", X.shape[1]), ("label_names", Y.shape[1])):
+            names[key] = _names(archive[key], size, key, path) if key in archive else None
+    if X.nnz and not np.all(np.isfinite(X.data)):
+        raise DataFormatError("X holds NaN or infinite values (or values beyond the float32 range)", path=path)
     try:
         dataset = Dataset(X=X, Y=Y, label_mask=mask, source=dict(meta.get("source", {})), **names)
     except ValueError as exc:

@@ -3,10 +3,19 @@
 The caller names the variables: ``variables={"X": "X_tr", "Y": "Y_tr"}`` (optionally
 ``"label_mask"``). Matrices may be dense or sparse, ``Y`` (and the mask) must hold 0/1 and have as
 many rows as ``X``.
+
+scipy's MATLAB reader trusts the sizes and offsets inside the file: a damaged or crafted file can
+crash the process (a segmentation fault in its compiled code) or make it allocate what the file
+declares. Where ``fork`` exists the file is therefore read in a child process whose address space
+is capped at :func:`bayesmlc.safe_io.memory_limit_bytes` more than the parent's; the child hands
+the checked result back as a dataset ``.npz`` (read with every check of
+:func:`~bayesmlc.data.formats.cache.load_npz`), and a crash or an exhausted limit becomes a
+:class:`DataFormatError`.
 """
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Mapping, Optional
 
@@ -15,6 +24,7 @@ import scipy.io
 import scipy.sparse as sp
 
 from ...exceptions import DataFormatError
+from ...safe_io import format_bytes, memory_limit_bytes
 from ..dataset import Dataset
 
 __all__ = ["read_mat", "write_mat", "DEFAULT_VARIABLES"]
@@ -65,6 +75,66 @@ def _matrix(contents: dict, name: str, role: str, path: Path) -> sp.csr_matrix:
     return matrix
 
 
+def _address_space_bytes() -> int:
+    try:
+        with open("/proc/self/statm", "rb") as statm:
+            return int(statm.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def _read_in_child(path: Path, variables: dict, result: Path, error: Path) -> None:  # pragma: no cover - child
+    import faulthandler
+    import resource
+
+    from .cache import save_npz
+
+    faulthandler.disable()  # a crash is expected on damaged files: the parent reports it in one line
+    code = 0
+    try:
+        if _address_space_bytes():
+            cap = _address_space_bytes() + memory_limit_bytes()
+            resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
+        save_npz(_read_mat_in_process(path, variables), result)
+    except DataFormatError as exc:
+        error.write_text(exc.reason, encoding="utf-8")
+        code = 3
+    except MemoryError:
+        error.write_text(f"reading it needs more than the {format_bytes(memory_limit_bytes())} of memory available",
+                         encoding="utf-8")
+        code = 3
+    except BaseException as exc:
+        error.write_text(f"not a readable MATLAB .mat file: {type(exc).__name__}: {exc}", encoding="utf-8")
+        code = 3
+    os._exit(code)
+
+
+def _read_mat_isolated(path: Path, variables: dict) -> Dataset:
+    import multiprocessing
+    import shutil
+    import tempfile
+
+    from .cache import load_npz
+
+    folder = Path(tempfile.mkdtemp(prefix="bayesmlc-mat-"))
+    try:
+        result, error = folder / "result.npz", folder / "error.txt"
+        child = multiprocessing.get_context("fork").Process(target=_read_in_child, args=(path, variables, result, error))
+        child.start()
+        child.join()
+        if error.exists():
+            raise DataFormatError(error.read_text(encoding="utf-8", errors="replace"), path=path)
+        if child.exitcode != 0 or not result.exists():
+            how = f"signal {-child.exitcode}" if child.exitcode and child.exitcode < 0 else f"exit {child.exitcode}"
+            raise DataFormatError(f"not a readable MATLAB .mat file: scipy's reader crashed on it ({how}); the file is "
+                                  "damaged", path=path)
+        dataset, _ = load_npz(result)
+        dataset.source = {}
+        return dataset
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
 def read_mat(path, variables: Optional[Mapping[str, str]] = None) -> Dataset:
     """Read a :class:`Dataset` from a ``.mat`` file.
 
@@ -80,6 +150,12 @@ def read_mat(path, variables: Optional[Mapping[str, str]] = None) -> Dataset:
     if unknown or not {"X", "Y"} <= set(variables):
         raise DataFormatError(f"variables must map 'X', 'Y' (and optionally 'label_mask') to variable names, got "
                               f"{variables}", path=path)
+    if "fork" in __import__("multiprocessing").get_all_start_methods():
+        return _read_mat_isolated(path, variables)
+    return _read_mat_in_process(path, variables)
+
+
+def _read_mat_in_process(path: Path, variables: dict) -> Dataset:
     contents = _load(path)
     present = sorted(k for k in contents if not k.startswith("__"))
     for role, name in variables.items():

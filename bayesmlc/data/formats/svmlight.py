@@ -23,10 +23,13 @@ import numpy as np
 import scipy.sparse as sp
 
 from ...exceptions import DataFormatError, ValidationError
+from ...safe_io import check_width
 from .sparse_text import DEFAULT_CHUNK_BYTES, Grammar, parse_stream
 from .xc import canonical_csr, rows_to_csr, write_sparse_rows
 
 __all__ = ["read_svmlight", "write_svmlight"]
+
+UTF8_BOM = b"\xef\xbb\xbf"
 
 
 def read_svmlight(path, *, zero_based: bool = False, n_features: Optional[int] = None,
@@ -58,9 +61,15 @@ def read_svmlight(path, *, zero_based: bool = False, n_features: Optional[int] =
         if value is not None and (not isinstance(value, (int, np.integer)) or value < 0):
             raise ValidationError(f"{name} must be a non-negative integer or None, got {value!r}")
     with open(path, "rb") as stream:
+        if stream.read(3) != UTF8_BOM:  # a byte-order mark some editors write is skipped, as in XC and ARFF
+            stream.seek(0)
         rows = parse_stream(stream, grammar, path=path, first_line_no=1, chunk_bytes=chunk_bytes, engine=engine)
     width = rows.max_column + 1 if n_features is None else n_features
     labels = rows.max_label + 1 if n_labels is None else n_labels
+    for name, value, given in (("D", width, n_features), ("L", labels, n_labels)):
+        origin = "given" if given is not None else ("the largest feature index makes" if name == "D"
+                                                      else "the largest label makes")
+        check_width(value, f"{origin} {name}", lambda message: DataFormatError(message, path=path))
     return rows_to_csr(rows, width, labels)
 
 

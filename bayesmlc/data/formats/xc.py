@@ -12,6 +12,8 @@ The reader streams the file in chunks through the compiled scanner of
 
 from __future__ import annotations
 
+import io
+import os
 from pathlib import Path
 from typing import Optional, Tuple
 
@@ -19,6 +21,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from ...exceptions import DataFormatError
+from ...safe_io import check_width
 from .sparse_text import DEFAULT_CHUNK_BYTES, INDEX_LIMIT, Grammar, ParsedRows, parse_stream
 
 __all__ = ["read_xc", "write_xc", "read_xc_header", "format_values", "write_sparse_rows", "canonical_csr"]
@@ -50,6 +53,18 @@ def read_xc_header(stream, path) -> Tuple[int, int, int]:
         if value > INDEX_LIMIT:
             raise DataFormatError(f"bad header {shown!r}: {name}={value} exceeds the supported {INDEX_LIMIT}",
                                   path=path, line=1)
+
+    def fail(message: str) -> DataFormatError:
+        return DataFormatError(f"bad header {shown!r}: {message}", path=path, line=1)
+
+    for name, value in (("D", n_features), ("L", n_labels)):
+        check_width(value, name, fail)
+    try:
+        remaining = os.fstat(stream.fileno()).st_size - stream.tell()
+    except (OSError, AttributeError, io.UnsupportedOperation):
+        remaining = None
+    if remaining is not None and n_rows > remaining + 1:  # every row but the last ends with a newline
+        raise fail(f"N={n_rows} rows cannot fit in the {remaining} bytes that follow the header")
     return n_rows, n_features, n_labels
 
 

@@ -1,0 +1,336 @@
+"""Reading untrusted files safely, and writing outputs so that they appear whole or not at all.
+
+Every reader of a file bayesmlc did not just write itself (dataset ``.npz`` files and their cache,
+model files, checkpoints) goes through these checks:
+
+* :class:`LazyNpz` opens an ``.npz`` archive without decompressing anything; a member is read only
+  when asked for, after the size its zip header and its ``.npy`` header declare has been checked
+  against :func:`memory_limit_bytes` (and against each other), never with pickles.
+* :func:`checked_csr` verifies every part of a stored CSR matrix (shape, ``indptr`` starting at 0,
+  non-decreasing and ending at ``nnz``, every column index in range) before scipy sees it: scipy's
+  compiled routines trust these arrays and write out of bounds otherwise.
+* :func:`check_width` refuses a declared number of features or labels whose per-column arrays
+  (frequencies, propensities, weights) could not fit in memory.
+
+For writing, temporary names carry the writer's process id (``.NAME.tmp-PID-XXXX``), so the next
+writer in the same folder can remove what a killed process left behind without touching the
+temporaries of one still running (:func:`remove_stale_temporaries`).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tempfile
+import time
+import zipfile
+from typing import Callable, Iterator, Mapping
+
+import numpy as np
+import scipy.sparse as sp
+
+__all__ = ["memory_limit_bytes", "format_bytes", "check_width", "checked_csr", "LazyNpz", "BYTES_PER_COLUMN",
+           "temporary_prefix", "remove_stale_temporaries", "apply_umask_mode", "make_temporary_file", "error_factory",
+           "MEMORY_LIMIT_ENV"]
+
+#: environment variable that caps (in bytes, or with a K/M/G/T suffix) what a reader may allocate
+MEMORY_LIMIT_ENV = "BAYESMLC_MEMORY_LIMIT"
+#: bytes per feature or label column that training and statistics allocate at the least (a few
+#: float64/int64 arrays of length D or L: counts, propensities, weights, optimiser state)
+BYTES_PER_COLUMN = 64
+_FALLBACK_LIMIT = 16 * 2**30
+_SUFFIXES = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
+_READ_BLOCK = 1 << 20
+_TEMP_PATTERN = re.compile(r"\.tmp-(\d+)-")
+#: a temporary without a process id (written by an older bayesmlc) is stale after this many seconds
+_LEGACY_STALE_SECONDS = 3600
+
+
+def format_bytes(n: float) -> str:
+    """``n`` bytes in binary units: ``'1.5 GiB'``."""
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB", "PiB"):
+        if abs(n) < 1024 or unit == "PiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024.0
+    raise AssertionError  # pragma: no cover
+
+
+def memory_limit_bytes() -> int:
+    """What one read may allocate: ``$BAYESMLC_MEMORY_LIMIT`` if set, else the memory available now
+    (``MemAvailable`` of ``/proc/meminfo``; physical memory where that does not exist)."""
+    raw = os.environ.get(MEMORY_LIMIT_ENV, "").strip().upper().removesuffix("B").removesuffix("I")
+    if raw:
+        number, suffix = (raw[:-1], raw[-1]) if raw[-1] in _SUFFIXES else (raw, "")
+        try:
+            return max(0, int(float(number) * _SUFFIXES[suffix]))
+        except ValueError:
+            pass  # a malformed setting is ignored, the measured limit applies
+    try:
+        with open("/proc/meminfo", "rb") as meminfo:
+            for line in meminfo:
+                if line.startswith(b"MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    except (ValueError, OSError, AttributeError):  # pragma: no cover - not POSIX
+        return _FALLBACK_LIMIT
+
+
+def check_width(value: int, what: str, fail: Callable[[str], Exception]) -> None:
+    """Raise ``fail(message)`` when ``value`` columns (features or labels, named ``what``) would need
+    more memory than :func:`memory_limit_bytes` at :data:`BYTES_PER_COLUMN` bytes each."""
+    limit = memory_limit_bytes()
+    needed = int(value) * BYTES_PER_COLUMN
+    if needed > limit:
+        raise fail(f"{what}={value}: too large for this machine ({BYTES_PER_COLUMN} bytes per column make "
+                   f"{format_bytes(needed)}, {format_bytes(limit)} is available; ${MEMORY_LIMIT_ENV} sets the bound)")
+
+
+def _integer_array(array, name: str, fail) -> np.ndarray:
+    if not isinstance(array, np.ndarray) or array.ndim != 1 or array.dtype.kind not in "iu":
+        shown = f"{array.dtype} array of shape {array.shape}" if isinstance(array, np.ndarray) else type(array).__name__
+        raise fail(f"{name} must be a 1-D integer array, got {shown}")
+    return array
+
+
+def checked_csr(data, indices, indptr, shape, fail: Callable[[str], Exception], what: str = "matrix",
+                dtype=None) -> sp.csr_matrix:
+    """A CSR matrix from stored parts, after checking all of them; ``fail(message)`` is raised otherwise.
+
+    Checks: ``shape`` is two non-negative integers (columns below 2**31); ``indptr`` has ``rows + 1``
+    integer entries, starts at 0, never decreases and ends at ``len(indices)``; every index is in
+    ``[0, columns)``; ``data`` (if not ``None``: then all ones) is 1-D numeric of the same length.
+    Nothing here is O(columns) in memory. ``dtype`` converts ``data``.
+    """
+    try:
+        shape = tuple(shape)
+        if len(shape) != 2 or not all(isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))
+                                      for v in shape):
+            raise TypeError
+        n_rows, n_columns = (int(v) for v in shape)
+    except TypeError:
+        raise fail(f"{what}: shape must be two integers, got {str(shape)[:80]}") from None
+    if n_rows < 0 or n_columns < 0 or n_columns > np.iinfo(np.int32).max + 1 or n_rows > 2**62:
+        raise fail(f"{what}: shape {shape} is out of range")
+    indptr = _integer_array(indptr, f"{what}: indptr", fail)
+    indices = _integer_array(indices, f"{what}: indices", fail)
+    if indptr.size != n_rows + 1:
+        raise fail(f"{what}: indptr has {indptr.size} entries, the shape {shape} needs {n_rows + 1}")
+    if indptr[0] != 0 or indptr[-1] != indices.size:
+        raise fail(f"{what}: indptr must run from 0 to the number of stored entries ({indices.size}), "
+                   f"runs from {int(indptr[0])} to {int(indptr[-1])}")
+    if n_rows and np.any(indptr[1:] < indptr[:-1]):
+        row = int(np.flatnonzero(indptr[1:] < indptr[:-1])[0])
+        raise fail(f"{what}: indptr decreases at row {row}")
+    if indices.size:
+        low, high = int(indices.min()), int(indices.max())
+        if low < 0 or high >= n_columns:
+            bad = low if low < 0 else high
+            raise fail(f"{what}: column index {bad} is out of range for {n_columns} columns")
+    if data is None:
+        data = np.ones(indices.size, dtype=np.float32 if dtype is None else dtype)
+    elif not isinstance(data, np.ndarray) or data.ndim != 1 or data.dtype.kind not in "biuf":
+        shown = f"{data.dtype} of shape {data.shape}" if isinstance(data, np.ndarray) else type(data).__name__
+        raise fail(f"{what}: data must be a 1-D numeric array, got {shown}")
+    if data.size != indices.size:
+        raise fail(f"{what}: {data.size} values for {indices.size} indices")
+    if dtype is not None:
+        data = data.astype(dtype, copy=False)
+    matrix = sp.csr_matrix((data, indices, indptr), shape=(n_rows, n_columns), copy=False)
+    return matrix
+
+
+class LazyNpz(Mapping):
+    """The arrays of an ``.npz`` archive, each read (and decompressed) only when it is looked up.
+
+    ``fail(message)`` builds the exception raised for anything wrong with the file. Every member
+    read is bounded before decompression: the size its zip header declares must match what its
+    ``.npy`` header declares, and all members read through one ``LazyNpz`` together must stay
+    within ``limit`` bytes (default :func:`memory_limit_bytes`). Object arrays are refused.
+    Use as a context manager, or call :meth:`close`.
+    """
+
+    def __init__(self, path, fail: Callable[[str], Exception], limit: int | None = None, kind: str = ".npz"):
+        self.path = os.fspath(path)
+        self._fail = fail
+        self._limit = memory_limit_bytes() if limit is None else int(limit)
+        self._used = 0
+        try:
+            self._zip = zipfile.ZipFile(self.path)
+            infos = self._zip.infolist()
+        except OSError as exc:
+            raise fail(f"cannot read the file: {exc.strerror or exc}") from None
+        except Exception as exc:  # BadZipFile, and the ValueError/EOFError/struct.error of damaged archives
+            raise fail(f"not a readable {kind} file ({type(exc).__name__}: {exc})") from None
+        self._members = {}
+        for info in infos:
+            if info.filename.endswith(".npy"):
+                self._members[info.filename[:-4]] = info
+
+    # ---- Mapping ---------------------------------------------------------------------------------
+    @property
+    def files(self) -> list:
+        return list(self._members)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._members)
+
+    def __len__(self) -> int:
+        return len(self._members)
+
+    def __contains__(self, key) -> bool:
+        return key in self._members
+
+    def __getitem__(self, key) -> np.ndarray:
+        if not isinstance(key, str) or key not in self._members:
+            raise self._fail(f"no member {str(key)[:100]!r} in the archive")
+        info = self._members[key]
+        if info.file_size > self._limit - self._used:
+            raise self._fail(f"member {key!r} declares {format_bytes(info.file_size)} uncompressed, more than the "
+                             f"{format_bytes(max(self._limit - self._used, 0))} of memory left for this file "
+                             f"(${MEMORY_LIMIT_ENV} sets the bound)")
+        try:
+            with self._zip.open(info) as stream:
+                array = self._read_member(key, info, stream)
+        except OSError as exc:
+            raise self._fail(f"cannot read member {key!r}: {exc}") from None
+        except Exception as exc:
+            if isinstance(exc, getattr(self._fail, "error_type", ())):
+                raise
+            raise self._fail(f"member {key!r} is damaged ({type(exc).__name__}: {exc})") from None
+        self._used += info.file_size
+        return array
+
+    def _read_member(self, key: str, info: zipfile.ZipInfo, stream) -> np.ndarray:
+        fmt = np.lib.format
+        version = fmt.read_magic(stream)
+        if version == (1, 0):
+            shape, fortran_order, dtype = fmt.read_array_header_1_0(stream)
+        elif version == (2, 0):
+            shape, fortran_order, dtype = fmt.read_array_header_2_0(stream)
+        else:
+            raise self._fail(f"member {key!r}: unsupported .npy version {version}")
+        if dtype.hasobject:
+            raise self._fail(f"member {key!r} holds Python objects, which are never loaded")
+        count = 1
+        for extent in shape:
+            count *= int(extent)
+        nbytes = count * dtype.itemsize
+        header_bytes = stream.tell()
+        if nbytes != info.file_size - header_bytes:
+            raise self._fail(f"member {key!r}: its .npy header declares {nbytes} bytes of data, the archive "
+                             f"{info.file_size - header_bytes}")
+        out = np.empty(count, dtype=dtype)
+        view = memoryview(out.view(np.uint8)) if nbytes else None
+        filled = 0
+        while filled < nbytes:
+            got = stream.readinto(view[filled: filled + _READ_BLOCK])
+            if not got:
+                raise self._fail(f"member {key!r} is truncated")
+            filled += got
+        if fortran_order:
+            return out.reshape(shape[::-1]).transpose()
+        return out.reshape(shape)
+
+    # ---- lifetime --------------------------------------------------------------------------------
+    def close(self) -> None:
+        self._zip.close()
+
+    def __enter__(self) -> "LazyNpz":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def error_factory(error_type, **kwargs) -> Callable[[str], Exception]:
+    """``fail(message) -> error_type(message, **kwargs)``, recognised by :class:`LazyNpz` as its own."""
+    def fail(message: str) -> Exception:
+        return error_type(message, **kwargs)
+
+    fail.error_type = error_type
+    return fail
+
+
+# ---- writing ----------------------------------------------------------------------------------------
+def temporary_prefix(name: str) -> str:
+    """Prefix of a temporary file or folder standing in for ``name``: ``.NAME.tmp-PID-``."""
+    return f".{name}.tmp-{os.getpid()}-"
+
+
+def _pid_alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError, OSError):
+        return True  # exists but belongs to someone else, or cannot tell: leave it
+    return True
+
+
+def remove_stale_temporaries(folder) -> list:
+    """Remove the temporaries in ``folder`` whose writing process is gone; returns what was removed.
+
+    A temporary is a hidden entry whose name holds ``.tmp-PID-`` (see :func:`temporary_prefix`);
+    ones without a process id (``.tmp-XXXX.npz``, ``.NAME.XXXX.part``, from older versions) count
+    as stale an hour after their last change.
+    """
+    import shutil
+
+    removed = []
+    try:
+        entries = list(os.scandir(folder))
+    except OSError:
+        return removed
+    now = time.time()
+    for entry in entries:
+        name = entry.name
+        if not name.startswith("."):
+            continue
+        match = _TEMP_PATTERN.search(name)
+        if match:
+            stale = not _pid_alive(int(match.group(1)))
+        elif name.startswith(".tmp-") or name.endswith(".part"):
+            try:
+                stale = now - entry.stat(follow_symlinks=False).st_mtime > _LEGACY_STALE_SECONDS
+            except OSError:
+                continue
+        else:
+            continue
+        if not stale:
+            continue
+        try:
+            if entry.is_dir(follow_symlinks=False):
+                shutil.rmtree(entry.path)
+            else:
+                os.unlink(entry.path)
+            removed.append(entry.path)
+        except OSError:
+            pass
+    return removed
+
+
+def _umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def apply_umask_mode(path, directory: bool = False) -> None:
+    """Give ``path`` the permissions a plain ``open``/``mkdir`` would (``mkstemp``/``mkdtemp`` make
+    private ones): 0666 (0777 for a folder) less the umask."""
+    os.chmod(path, (0o777 if directory else 0o666) & ~_umask())
+
+
+def make_temporary_file(folder, name: str, suffix: str = "") -> tuple[int, str]:
+    """``(fd, path)`` of a new temporary for ``folder/name``, with the umask's permissions."""
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=temporary_prefix(name), suffix=suffix)
+    try:
+        apply_umask_mode(tmp)
+    except OSError:
+        pass
+    return fd, tmp
