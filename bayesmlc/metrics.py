@@ -847,12 +847,14 @@ def expected_calibration_error(Y_true, proba, n_bins: int = 15, label_mask=None)
 
 
 # ---- calibration of the top-k predictions --------------------------------------------------------
-def _topk_pairs(Y_true, proba, k: int, label_mask):
-    """The top-``k`` (probability, is-relevant) pairs of every row, ranked by probability.
+def _topk_pairs(Y_true, proba, k: int, label_mask, scores=None):
+    """The top-``k`` (probability, is-relevant) pairs of every row.
 
     ``proba`` is a dense (n, L) array in [0, 1] or a top-k pair ``(indices, probabilities)`` of shape
-    (n, k') with k' >= min(k, L), best first. Ties go to the lower label index, as in :func:`topk`.
-    Pairs that ``label_mask`` marks unobserved are dropped (their relevance is unknown).
+    (n, k') with k' >= min(k, L), best first. The top k are ranked by ``scores`` when given (dense
+    (n, L) or a top-k pair, with a dense ``proba`` to read the probabilities from), else by ``proba``;
+    ties go to the lower label index, as in :func:`topk`. Pairs that ``label_mask`` marks unobserved are
+    dropped (their relevance is unknown).
 
     Returns
     -------
@@ -863,7 +865,13 @@ def _topk_pairs(Y_true, proba, k: int, label_mask):
     k = _check_k(k)
     Y = _check_y_true(Y_true)
     mask = _check_mask(label_mask, Y.shape)
-    if isinstance(proba, tuple):
+    if scores is not None:
+        if isinstance(proba, tuple):
+            raise ValidationError("with scores to rank by, proba must be the dense (n, L) probabilities")
+        dense = _check_proba(proba, Y.shape)
+        indices = _ranked_indices(scores, k, Y.shape)
+        values = np.take_along_axis(dense, indices, axis=1).astype(np.float64)
+    elif isinstance(proba, tuple):
         indices = _ranked_indices(proba, k, Y.shape)
         values = np.asarray(proba[1])[:, : indices.shape[1]].astype(np.float64)
         if values.size and (values.min() < 0 or values.max() > 1):
@@ -874,6 +882,13 @@ def _topk_pairs(Y_true, proba, k: int, label_mask):
         dense = _check_proba(proba, Y.shape)
         indices, values = _topk(dense, k)
         values = values.astype(np.float64)
+    return _pairs_at(Y, mask, indices, values, k)
+
+
+def _pairs_at(Y: sp.csr_matrix, mask, indices: np.ndarray, values: np.ndarray, k: int):
+    """(values, relevant, observed) of the ranked ``indices`` (n, k'), cut to the first min(k, L)."""
+    needed = min(k, Y.shape[1])
+    indices, values = indices[:, :needed], values[:, :needed]
     relevant = _hits(Y, indices)
     observed = None
     if mask is not None:
@@ -892,19 +907,20 @@ def _flat_pairs(values, relevant, observed):
     return values[observed], relevant[observed]
 
 
-def topk_reliability_curve(Y_true, proba, k: int, n_bins: int = 15, label_mask=None) -> ReliabilityCurve:
+def topk_reliability_curve(Y_true, proba, k: int, n_bins: int = 15, label_mask=None, scores=None) -> ReliabilityCurve:
     """Reliability diagram data over the flattened top-``k`` (probability, is-relevant) pairs.
 
-    Each row contributes its ``k`` most probable labels (ties to the lower label index); the n k
-    pairs are binned as in :func:`reliability_curve`. Pairs unobserved under ``label_mask`` are left
-    out. ``proba``: dense (n, L) in [0, 1], or a top-k pair ``(indices, probabilities)``, best first.
+    Each row contributes its ``k`` best labels (by ``scores`` when given, else by ``proba``; ties to the
+    lower label index); the n k pairs are binned as in :func:`reliability_curve`. Pairs unobserved
+    under ``label_mask`` are left out. ``proba``: dense (n, L) in [0, 1], or a top-k pair ``(indices,
+    probabilities)``, best first.
     """
     n_bins = _check_n_bins(n_bins)
-    p, y = _flat_pairs(*_topk_pairs(Y_true, proba, k, label_mask))
+    p, y = _flat_pairs(*_topk_pairs(Y_true, proba, k, label_mask, scores))
     return _curve(*_pair_bin_sums(p, y, n_bins), n_bins)
 
 
-def ece_at_k(Y_true, proba, k: int, n_bins: int = 15, label_mask=None) -> float:
+def ece_at_k(Y_true, proba, k: int, n_bins: int = 15, label_mask=None, scores=None) -> float:
     """ECE@k: binary L1 calibration error of the flattened top-``k`` (probability, is-relevant) pairs.
 
     ``ECE@k = sum_b (n_b / N) |freq_b - conf_b|`` over ``n_bins`` equal-width bins of [0, 1] (bin b
@@ -912,8 +928,9 @@ def ece_at_k(Y_true, proba, k: int, n_bins: int = 15, label_mask=None) -> float:
     each row's ``k`` most probable labels with their predicted probability and whether the label is
     relevant; conf_b is the mean probability and freq_b the fraction relevant in bin b. This is the
     definition of Ullah, Schultheis, Zhang and Babbar, "How Well Calibrated are Extreme Multi-label
-    Classifiers?" (arXiv 2411.04276), with 15 bins. The top k are chosen by ``proba`` (ties to the
-    lower label index); pairs unobserved under ``label_mask`` are dropped from N.
+    Classifiers?" (arXiv 2411.04276), with 15 bins. The top k are the labels ranked first by
+    ``scores`` when given (the ranking P@k evaluates), else by ``proba`` (ties to the lower label
+    index); pairs unobserved under ``label_mask`` are dropped from N.
 
     Parameters
     ----------
@@ -922,24 +939,30 @@ def ece_at_k(Y_true, proba, k: int, n_bins: int = 15, label_mask=None) -> float:
     k : int >= 1 (clipped to L)
     n_bins : int, 15 as in the paper
     label_mask : optional 0/1, shape (n, L), 1 = observed
+    scores : optional dense (n, L) or top-k pair: rank by these instead of ``proba`` (then ``proba``
+        must be dense)
 
     Returns
     -------
     float in [0, 1]
     """
     n_bins = _check_n_bins(n_bins)
-    p, y = _flat_pairs(*_topk_pairs(Y_true, proba, k, label_mask))
+    return _ece_of_pairs(*_flat_pairs(*_topk_pairs(Y_true, proba, k, label_mask, scores)), n_bins)
+
+
+def _ece_of_pairs(p: np.ndarray, y: np.ndarray, n_bins: int = 15) -> float:
     counts, predicted, positives = _pair_bin_sums(p, y, n_bins)
+    # n_b |freq_b - conf_b| = |positives_b - predicted_b|
     return float(np.abs(positives - predicted).sum() / counts.sum())
 
 
-def brier_at_k(Y_true, proba, k: int, label_mask=None) -> float:
+def brier_at_k(Y_true, proba, k: int, label_mask=None, scores=None) -> float:
     """Brier score of the top-``k`` predictions: mean over the flattened top-k pairs of (p - y)^2.
 
-    Pairs as in :func:`ece_at_k` (each row's ``k`` most probable labels; unobserved ones dropped).
-    Unlike ECE@k it has no bins and rewards sharpness as well as calibration.
+    Pairs as in :func:`ece_at_k` (each row's ``k`` best labels; unobserved ones dropped). Unlike
+    ECE@k it has no bins and rewards sharpness as well as calibration.
     """
-    p, y = _flat_pairs(*_topk_pairs(Y_true, proba, k, label_mask))
+    p, y = _flat_pairs(*_topk_pairs(Y_true, proba, k, label_mask, scores))
     return float(np.mean((p - y) ** 2))
 
 
@@ -953,10 +976,11 @@ class RiskCoverage(NamedTuple):
     threshold: np.ndarray
 
 
-def risk_coverage_curve(Y_true, proba, label_mask=None) -> RiskCoverage:
+def risk_coverage_curve(Y_true, proba, label_mask=None, scores=None) -> RiskCoverage:
     """The risk-coverage curve of the top-1 label (Geifman and El-Yaniv 2017).
 
-    Rows are ordered by their highest probability, most confident first; the top-1 label of a row is
+    The top-1 label of a row is its best by ``scores`` when given, else by ``proba``; its probability
+    is the row's confidence. Rows are ordered by confidence, most confident first; the top-1 label of a row is
     an error when it is not a true label of the row (a row without true labels is always an error, so
     the risk at full coverage is ``1 - P@1`` when ranking by ``proba``). ``risk[m-1]`` is the error
     rate among the first m rows. Rows whose top-1 probabilities tie are interchangeable: the curve is
@@ -972,7 +996,7 @@ def risk_coverage_curve(Y_true, proba, label_mask=None) -> RiskCoverage:
     -------
     :class:`RiskCoverage` of arrays of length n (rows evaluated).
     """
-    values, relevant, observed = _topk_pairs(Y_true, proba, 1, label_mask)
+    values, relevant, observed = _topk_pairs(Y_true, proba, 1, label_mask, scores)
     confidence, correct = values[:, 0], relevant[:, 0]
     if observed is not None:
         confidence, correct = confidence[observed[:, 0]], correct[observed[:, 0]]
@@ -988,7 +1012,7 @@ def risk_coverage_curve(Y_true, proba, label_mask=None) -> RiskCoverage:
     return RiskCoverage(kept / confidence.size, np.cumsum(errors) / kept, confidence)
 
 
-def aurc(Y_true, proba, label_mask=None) -> float:
+def aurc(Y_true, proba, label_mask=None, scores=None) -> float:
     """Area under the top-1 risk-coverage curve: ``AURC = (1/n) sum_{m=1..n} risk(m/n)``.
 
     Lower is better; it mixes how often the top-1 label is wrong with how well confidence orders the
@@ -996,7 +1020,7 @@ def aurc(Y_true, proba, label_mask=None) -> float:
     top-1 error rate; one whose confidence puts every error last reaches the minimum for that error
     rate. Arguments as for :func:`risk_coverage_curve`.
     """
-    return float(np.mean(risk_coverage_curve(Y_true, proba, label_mask).risk))
+    return float(np.mean(risk_coverage_curve(Y_true, proba, label_mask, scores).risk))
 
 
 def _curve_json(curve: ReliabilityCurve) -> dict:
@@ -1004,18 +1028,20 @@ def _curve_json(curve: ReliabilityCurve) -> dict:
             for key, value in zip(("bin_centers", "mean_predicted", "observed", "counts"), curve)}
 
 
-def calibration_curves(Y_true, proba, label_mask=None, ks=(1, 5), n_bins: int = 15, max_points: int = 200) -> dict:
+def calibration_curves(Y_true, proba, label_mask=None, ks=(1, 5), n_bins: int = 15, max_points: int = 200,
+                       scores=None) -> dict:
     """The calibration plots' data as plain lists (JSON-ready), for a run's ``reliability.json``.
 
     Keys: ``bin_centers``, ``mean_predicted``, ``observed``, ``counts`` (all pairs, as
     :func:`reliability_curve`; NaN as None); ``"top{k}"`` for each k in ``ks``, the same four keys for
     :func:`topk_reliability_curve`; ``"risk_coverage"``: ``coverage`` and ``risk`` of
     :func:`risk_coverage_curve` at about ``max_points`` evenly spaced coverages (the last one 1).
+    The top-k labels are ranked by ``scores`` when given, else by ``proba``.
     """
     out = _curve_json(reliability_curve(Y_true, proba, n_bins=n_bins, label_mask=label_mask))
     for k in ks:
-        out[f"top{k}"] = _curve_json(topk_reliability_curve(Y_true, proba, k, n_bins=n_bins, label_mask=label_mask))
-    curve = risk_coverage_curve(Y_true, proba, label_mask)
+        out[f"top{k}"] = _curve_json(topk_reliability_curve(Y_true, proba, k, n_bins, label_mask, scores))
+    curve = risk_coverage_curve(Y_true, proba, label_mask, scores)
     n = curve.coverage.size
     keep = np.unique(np.linspace(0, n - 1, min(n, max_points)).round().astype(np.int64))
     out["risk_coverage"] = {"coverage": curve.coverage[keep].tolist(), "risk": curve.risk[keep].tolist()}
@@ -1044,8 +1070,9 @@ def evaluate(
       is None or a top-k tuple;
     * ``F1_example``, ``F1_micro``, ``F1_macro`` (zero_division=1), ``exact_match``,
       ``hamming_loss``: need ``Y_pred`` (sparse 0/1);
-    * ``ECE`` (15 bins, all pairs), ``ECE@k`` and ``Brier@k`` for each k in ``ks`` (the top-k pairs by
-      ``proba``, 15 bins), ``AURC`` (top-1 risk-coverage area): need ``proba``.
+    * ``ECE`` (15 bins, all pairs), ``ECE@k`` and ``Brier@k`` for each k in ``ks`` (15 bins; the top-k
+      labels of the ranking P@k uses, i.e. by ``scores`` when given, with their ``proba``), ``AURC``
+      (top-1 risk-coverage area, same ranking): need ``proba``.
 
     ``label_mask`` (1 = observed) applies to AUC, F1, exact match, Hamming loss and the calibration
     figures; the ranking metrics rank all labels. An undefined AUC is NaN (with a warning).
@@ -1056,6 +1083,7 @@ def evaluate(
         raise ValidationError("ks must name at least one k")
     results: dict[str, float] = {}
     ranking = scores if scores is not None else proba
+    indices = None
     if ranking is not None:
         indices = _ranked_indices(ranking, max(ks), Y.shape)
         hits = _hits(Y, indices)
@@ -1084,10 +1112,13 @@ def evaluate(
         results["hamming_loss"] = hamming_loss(Y, Y_pred, label_mask)
     if proba is not None:
         results["ECE"] = expected_calibration_error(Y, proba, label_mask=label_mask)
-        top = _topk(_check_proba(proba, Y.shape), max(ks))
+        mask = _check_mask(label_mask, Y.shape)
+        dense = _check_proba(proba, Y.shape)
+        values = np.take_along_axis(dense, indices, axis=1).astype(np.float64)  # the ranking of P@k
         for k in ks:
-            results[f"ECE@{k}"] = ece_at_k(Y, top, k, label_mask=label_mask)
+            results[f"ECE@{k}"] = _ece_of_pairs(*_flat_pairs(*_pairs_at(Y, mask, indices, values, k)))
         for k in ks:
-            results[f"Brier@{k}"] = brier_at_k(Y, top, k, label_mask=label_mask)
-        results["AURC"] = aurc(Y, top, label_mask=label_mask)
+            p, y = _flat_pairs(*_pairs_at(Y, mask, indices, values, k))
+            results[f"Brier@{k}"] = float(np.mean((p - y) ** 2))
+        results["AURC"] = aurc(Y, dense, label_mask=label_mask, scores=(indices[:, :1], values[:, :1]))
     return results

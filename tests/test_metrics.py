@@ -696,6 +696,15 @@ def test_evaluate_keys_and_values():
     assert result["ECE@3"] == pytest.approx(brute_ece_at_k(dense_y, proba, 3, 15), abs=1e-12)
     assert result["Brier@5"] == pytest.approx(M.brier_at_k(Y, proba, 5))
     assert result["AURC"] == pytest.approx(M.aurc(Y, proba))
+    # the top-k pairs follow the ranking P@k uses: by scores when they are given, with proba's values
+    other = np.random.default_rng(6).random(Y.shape)
+    with_scores = M.evaluate(Y, scores=other, proba=proba)
+    assert with_scores["ECE@1"] == pytest.approx(M.ece_at_k(Y, proba, 1, scores=other))
+    assert with_scores["ECE@1"] != pytest.approx(M.ece_at_k(Y, proba, 1))
+    assert with_scores["AURC"] == pytest.approx(M.aurc(Y, proba, scores=other))
+    top_by_scores = [ranking_of(s)[0] for s in other]
+    pairs = [(proba[i, j], dense_y[i, j]) for i, j in enumerate(top_by_scores)]
+    assert with_scores["Brier@1"] == pytest.approx(np.mean([(p - y) ** 2 for p, y in pairs]))
     assert only_proba["P@2"] == M.precision_at_k(Y, proba, 2)
 
 
