@@ -52,7 +52,8 @@ COST_COLUMNS = (
 SCALE_COLUMNS = (
     ("n_epochs", "epochs", "int"), ("seconds_per_epoch", "s / epoch", "sec"),
 ) + COST_COLUMNS
-_TOP_LEVEL = {"train_seconds", "predict_seconds", "peak_rss_mb", "n_epochs", "seconds_per_epoch", "calibration_seconds"}
+_TOP_LEVEL = {"train_seconds", "predict_seconds", "peak_rss_mb", "n_epochs", "seconds_per_epoch", "calibration_seconds",
+              "cpu_seconds"}
 
 
 def _value(record: dict, key: str):
