@@ -46,9 +46,10 @@ from scipy.optimize import minimize, minimize_scalar
 from sklearn.base import clone
 from sklearn.isotonic import IsotonicRegression
 
-from .base import MultiLabelEstimator
+from .base import PREDICT_BATCH_ROWS, MultiLabelEstimator
 from .exceptions import ValidationError
 from .metrics import topk
+from .utils import iter_batches
 
 __all__ = ["CalibratedClassifier", "CALIBRATION_METHODS"]
 
@@ -206,36 +207,46 @@ class CalibratedClassifier(MultiLabelEstimator):
         model.fit(X[kept], Y[kept], mask_kept, **fit_params)
         self.fit_seconds_ = time.perf_counter() - start
         start = time.perf_counter()
-        proba = model.predict_proba(X[held_out]).astype(np.float64)
-        Y_held, mask_held = Y[held_out], None if label_mask is None else label_mask[held_out]
-        # the global map: the held-out top-k pairs of the estimator's own ranking
+        X_held, Y_held = X[held_out], Y[held_out]
+        mask_held = None if label_mask is None else label_mask[held_out]
+        # labels that may get a map of their own: enough positives and negatives among observed entries
+        candidates = np.zeros(0, dtype=np.int64)
+        if self.min_label_positives is not None:
+            positives = np.bincount(Y_held.indices, minlength=Y.shape[1])
+            observed = (np.full(Y.shape[1], n_held_out) if mask_held is None
+                        else np.bincount(mask_held.indices, minlength=Y.shape[1]))
+            candidates = np.flatnonzero((positives >= self.min_label_positives)
+                                        & (observed - positives >= self.min_label_positives))
+        # held-out predictions batch by batch: the top-k pairs of the estimator's own ranking, and the
+        # candidate labels' columns
         k = min(int(self.top_k), Y.shape[1])
-        indices, _ = topk(model.decision_function(X[held_out]), k)
-        rows = np.repeat(np.arange(n_held_out), k)
-        labels = indices.ravel()
-        p = proba[rows, labels]
-        y = np.asarray(Y_held[rows, labels]).ravel()
-        if mask_held is not None:
-            observed = np.asarray(mask_held[rows, labels]).ravel() > 0
-            p, y = p[observed], y[observed]
+        top_p, top_y, columns = [], [], []
+        for rows in iter_batches(n_held_out, PREDICT_BATCH_ROWS):
+            proba = model.predict_proba(X_held[rows]).astype(np.float64)
+            indices, _ = topk(model.decision_function(X_held[rows]), k)
+            labels = indices.ravel()
+            row_of = np.repeat(np.arange(indices.shape[0]), k)
+            p = proba[row_of, labels]
+            y = np.asarray(Y_held[rows][row_of, labels]).ravel()
+            if mask_held is not None:
+                seen = np.asarray(mask_held[rows][row_of, labels]).ravel() > 0
+                p, y = p[seen], y[seen]
+            top_p.append(p)
+            top_y.append(y)
+            columns.append(proba[:, candidates])
+        p, y = np.concatenate(top_p), np.concatenate(top_y)
         if p.size == 0:
             raise ValidationError("no held-out top-k prediction is observed under label_mask: nothing to calibrate on")
         self.global_map_ = self._fit_map(p, y)
-        # per-label maps where a label's held-out entries have enough of both classes
-        label_maps, calibrated = [], []
-        if self.min_label_positives is not None:
-            Y_dense_pos = np.asarray(Y_held.sum(axis=0)).ravel()
-            n_observed = (np.full(Y.shape[1], n_held_out) if mask_held is None
-                          else np.asarray(mask_held.sum(axis=0)).ravel())
-            enough = (Y_dense_pos >= self.min_label_positives) & (n_observed - Y_dense_pos >= self.min_label_positives)
-            for label in np.flatnonzero(enough):
-                column_p = proba[:, label]
-                column_y = Y_held[:, label].toarray().ravel()
-                if mask_held is not None:
-                    seen = mask_held[:, label].toarray().ravel() > 0
-                    column_p, column_y = column_p[seen], column_y[seen]
-                label_maps.append(self._fit_map(column_p, column_y))
-                calibrated.append(label)
+        label_maps = []
+        if candidates.size:
+            column_proba = np.vstack(columns)
+            column_truth = Y_held[:, candidates].toarray()
+            seen = None if mask_held is None else mask_held[:, candidates].toarray() > 0
+            for j in range(candidates.size):
+                keep = slice(None) if seen is None else seen[:, j]
+                label_maps.append(self._fit_map(column_proba[keep, j], column_truth[keep, j]))
+        calibrated = candidates
         self.label_maps_ = label_maps
         self.calibrated_labels_ = np.asarray(calibrated, dtype=np.int64)
         self.calibration_seconds_ = time.perf_counter() - start
