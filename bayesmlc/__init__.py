@@ -3,6 +3,7 @@
 Models: :class:`MLGPF` (multi-label Gaussian-process factor model), :class:`BMLS` (Bernoulli-Poisson
 label factorisation, Gibbs sampling), :class:`BNMC` (Dirichlet-process mixture with Bayesian per-label
 classifiers), and the baseline :class:`LogisticRegression` (one logistic regression per label).
+:class:`CalibratedClassifier` recalibrates any of them on held-out rows.
 """
 
 __version__ = "0.1.0"
@@ -20,6 +21,7 @@ __all__ = [
     "BMLS",
     "BNMC",
     "MLGPF",
+    "CalibratedClassifier",
     "__version__",
 ]
 
@@ -28,6 +30,10 @@ def __getattr__(name):
     # Models import torch and their own modules lazily, so `import bayesmlc` stays light.
     from .models import MODEL_CLASSES, get_model_class
 
+    if name == "CalibratedClassifier":
+        from .calibration import CalibratedClassifier
+
+        return CalibratedClassifier
     for key, path in MODEL_CLASSES.items():
         if path.endswith(":" + name):
             return get_model_class(key)

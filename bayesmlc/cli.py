@@ -213,9 +213,7 @@ def evaluate_model(model, test, inv_propensity) -> tuple[dict, float, dict]:
     values = metrics.evaluate(test.Y, scores=scores, proba=proba, Y_pred=predicted, inv_propensity=inv_propensity,
                               label_mask=test.label_mask)
     values = {k: (None if np.isnan(v) else float(v)) for k, v in values.items()}
-    curve = metrics.reliability_curve(test.Y, proba, n_bins=15, label_mask=test.label_mask)
-    reliability = {key: [None if np.isnan(v) else float(v) for v in np.asarray(value, dtype=float)]
-                   for key, value in zip(("bin_centers", "mean_predicted", "observed", "counts"), curve)}
+    reliability = metrics.calibration_curves(test.Y, proba, label_mask=test.label_mask, scores=scores)
     return values, seconds, reliability
 
 
@@ -325,6 +323,10 @@ def _train(args, parallel) -> int:
         check_training_data(train, n_rows, args.train)
         device = args.device if args.device is not None or parallel is None else str(parallel.device)
         model = build_model(args.model, args.set, args.seed, device, quiet)
+        if args.calibrate:
+            from .calibration import CalibratedClassifier
+
+            model = CalibratedClassifier(model, method=args.calibrate, random_state=args.seed)
         name = dataset_name(args.train)
         a, b = propensity_constants(name)
         _progress(f"training {args.model} on {name}: {n_rows} rows, {train.n_features} features, "
@@ -571,6 +573,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="data-parallel training under torchrun (mlgpf; see docs/scaling.md)")
     p.add_argument("--resume", action="store_true",
                    help="continue from the model's checkpoint (mlgpf: --set checkpoint_path=...)")
+    p.add_argument("--calibrate", choices=("isotonic", "temperature", "platt"),
+                   help="fit on 80%% of the training rows and recalibrate the probabilities on the other 20%% "
+                        "(bayesmlc.calibration.CalibratedClassifier)")
     common(p)
     p.set_defaults(func=cmd_train)
 

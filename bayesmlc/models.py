@@ -28,6 +28,7 @@ LOADABLE_CLASSES = frozenset({
     "bayesmlc.bnmc.model:BNMC",
     "bayesmlc.gp.model:MLGPF",
     "bayesmlc.ensemble:AveragingEnsemble",
+    "bayesmlc.calibration:CalibratedClassifier",
     "bayesmlc.bench.baselines:KNNBaseline",
     "bayesmlc.bench.baselines:NapkinXCPLT",
     "bayesmlc.bench.baselines:OmikujiParabel",

@@ -17,6 +17,8 @@ from bayesmlc.bench.runner import (
     CLIRunner, RunFailure, RunSpec, epoch_timing, plan_runs, read_results, run_suite,
 )
 from bayesmlc.bench.suites import SUITES, DatasetSpec, ModelConfig, Suite
+from bayesmlc.persistence import write_npz_atomically
+from bayesmlc.exceptions import ValidationError
 
 # ---- a tiny suite with a fake "run one" ---------------------------------------------------------
 TINY = Suite(
@@ -42,10 +44,19 @@ def fake_run_one(spec: RunSpec, run_dir):
     p1, seconds = FAKE[(spec.dataset, spec.model, spec.seed)]
     history = {"wall_time": [0.1, 0.2, 0.3, 0.4], "objective": [-9.0, -5.0, -4.0, -3.5], "epoch": [1, 1, 2, 2]}
     (run_dir / "history.json").write_text(json.dumps(history))
-    reliability = {"bin_centers": [0.25, 0.75], "mean_predicted": [0.2, 0.8], "observed": [0.1, 0.7], "counts": [30, 10]}
+    reliability = {"bin_centers": [0.25, 0.75], "mean_predicted": [0.2, 0.8], "observed": [0.1, 0.7], "counts": [30, 10],
+                   "top1": {"bin_centers": [0.25, 0.75], "mean_predicted": [None, 0.8], "observed": [None, 0.6],
+                            "counts": [0, 10]},
+                   "top5": {"bin_centers": [0.25, 0.75], "mean_predicted": [0.3, 0.7], "observed": [0.2, 0.5],
+                            "counts": [30, 20]},
+                   "risk_coverage": {"coverage": [0.5, 1.0], "risk": [0.2, 1 - p1]}}
     (run_dir / "reliability.json").write_text(json.dumps(reliability))
+    metrics = {"P@1": p1, "AUC_micro": 0.9, "ECE": 0.05, "ECE@1": 0.2, "AURC": 0.3}
+    if spec.calibrate is not None:  # what a calibrated run reports and saves
+        metrics.update({"ECE@1": 0.1, "AURC": 0.25})
+        write_npz_atomically(run_dir / "model.npz", {"state": {"calibration_seconds_": 0.25, "fit_seconds_": 0.75}}, {})
     return {"model": spec.model, "dataset": spec.dataset, "params": dict(spec.params),
-            "metrics": {"P@1": p1, "AUC_micro": 0.9, "ECE": 0.05}, "train_seconds": seconds,
+            "metrics": metrics, "train_seconds": seconds,
             "predict_seconds": 0.1, "peak_rss_mb": 100.0, "device": "cpu"}
 
 
@@ -130,22 +141,57 @@ def test_report_tables_medians_spreads_ratios_and_published_rows(tiny_records):
     ranking = _row(text, "## alpha", "slowmodel (small)")
     assert ranking[2] == "66.00 ±10.00"
     other = _row(text, "Probabilities and cost", "slowmodel (small)")
-    # columns: AUC micro, AUC macro, F1, exact, ECE, train s, predict s, peak MB, ratio
+    # columns: AUC micro, AUC macro, F1, exact, ECE all pairs, ECE@1, ECE@5, AURC, train s, predict s,
+    # peak MB, ratio
     assert other[2] == "0.9000 ±0.0000" and other[3] == "–" and other[6] == "0.0500 ±0.0000"
-    assert other[7] == "7 ±3"
+    assert other[7] == "0.2000 ±0.0000" and other[8] == "–" and other[9] == "0.3000 ±0.0000"
+    assert other[10] == "7 ±3"
     # ratios to the fastest baseline's median (2 s): 10/2, 4/2, 7/2 -> 3.5 ±1.5
-    assert other[10] == "3.5 ±1.5×"
-    assert _row(text, "Probabilities and cost", "logistic (default)")[10] == "1 ±0.5×"
+    assert other[13] == "3.5 ±1.5×"
+    assert _row(text, "Probabilities and cost", "logistic (default)")[13] == "1 ±0.5×"
     # beta: identical repeats show a zero spread; 5 s / 0.5 s = 10x
     beta = text[text.index("## beta"):]
     assert _row(beta, "Ranking", "slowmodel (small)")[2] == "40.00 ±0.00"
-    assert _row(beta, "Probabilities and cost", "slowmodel (small)")[10] == "10 ±0×"
+    assert _row(beta, "Probabilities and cost", "slowmodel (small)")[13] == "10 ±0×"
+    assert "Calibration, raw and recalibrated" not in text  # no calibrated runs, no calibration table
     assert "fastest baseline: logistic (default)" in beta
     # not completed: skipped optional baseline and failed model are listed with their reasons
     done = text[text.index("## Runs not completed"):]
     assert "alpha/napkinxc_plt-default/r0 | skipped" in done
     assert "alpha/brokenmodel-default/r2 | failed | exit code 2 | `ValueError: broken on purpose`" in done
     assert "bayesmlc bench --suite tiny" in text
+
+
+def test_calibrated_runs_are_planned_run_and_reported_side_by_side(tmp_path, tiny_data_root, no_napkinxc):
+    runs = plan_runs(TINY, tmp_path, datasets=["alpha"], models=["logistic"], calibrate=["isotonic", "platt"],
+                     data_root=tiny_data_root)
+    assert [(r.config, r.calibrate) for r in runs] == [("default", None), ("default+isotonic", "isotonic"),
+                                                       ("default+platt", "platt")]
+    command = CLIRunner(threads=1).command(runs[1], tmp_path)
+    assert command[-2:] == ["--calibrate", "isotonic"] and "--calibrate" not in CLIRunner(threads=1).command(runs[0], tmp_path)
+    with pytest.raises(ValidationError, match="--calibrate beta"):
+        plan_runs(TINY, tmp_path, calibrate=["beta"], data_root=tiny_data_root)
+    out = tmp_path / "bench"
+    records = run_suite(TINY, out, repeats=2, data_root=tiny_data_root, run_one=fake_run_one, availability=_availability,
+                        threads=1, log=lambda message: None, calibrate=("isotonic",), datasets=["alpha"])
+    calibrated = [r for r in records if r.get("calibrate") == "isotonic" and r["status"] == "ok"]
+    assert {r["config"] for r in calibrated} == {"default+isotonic", "small+isotonic"}
+    assert all(r["calibration_seconds"] == 0.25 and r["calibrated_fit_seconds"] == 0.75 for r in calibrated)
+    text = render_report(records, suite="tiny")
+    table = text[text.index("Calibration, raw and recalibrated"):]
+    # model, method, P@1 raw, P@1 cal, P@5 raw, P@5 cal, ECE@1 raw, ECE@1 cal, ECE@5 raw, ECE@5 cal, AURC raw,
+    # AURC cal, train s raw, train s cal, calibration s
+    row = _row(table, "Calibration", "slowmodel (small)")
+    assert row[1] == "isotonic" and row[2] == "60.00 ±10.00" and row[3] == "60.00 ±10.00"
+    assert row[6] == "**0.2000 ±0.0000**" and row[7] == "**0.1000 ±0.0000**" and row[8] == "–"
+    assert row[10] == "**0.3000 ±0.0000**" and row[11] == "**0.2500 ±0.0000**"
+    assert row[12] == "7 ±3" and row[14] == "0.25 ±0"
+    # calibrated configurations stay out of the ranking table and of the fastest-baseline choice
+    ranking = text[text.index("Ranking"):text.index("Probabilities and cost")]
+    assert "+isotonic" not in ranking
+    pytest.importorskip("matplotlib")
+    plots = make_plots(records, out)
+    assert ("alpha: risk-coverage curves", "plots/alpha-risk-coverage.png") in plots["alpha"]
 
 
 def test_report_marks_published_numbers():
@@ -172,7 +218,8 @@ def test_plots_are_written_and_embedded(tiny_records):
     plots = make_plots(records, out)
     assert set(plots) == {"alpha", "beta"}
     for dataset, entries in plots.items():
-        assert [path for _, path in entries] == [f"plots/{dataset}-{kind}.png" for kind in ("objective", "p1-time", "reliability")]
+        assert [path for _, path in entries] == [f"plots/{dataset}-{kind}.png" for kind in
+                                                 ("objective", "p1-time", "reliability", "risk-coverage")]
         for _, path in entries:
             assert (out / path).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     text = render_report(records, suite="tiny", plots=plots)

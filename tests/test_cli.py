@@ -12,8 +12,8 @@ from bayesmlc.linear import LogisticRegression
 
 from conftest import shared_dataset_dir
 
-METRIC_KEYS = {f"{m}@{k}" for m in ("P", "nDCG", "PSP", "PSnDCG") for k in (1, 3, 5)} | {
-    "AUC_micro", "AUC_macro", "AUC_instance", "F1_example", "F1_micro", "F1_macro", "exact_match", "hamming_loss", "ECE",
+METRIC_KEYS = {f"{m}@{k}" for m in ("P", "nDCG", "PSP", "PSnDCG", "ECE", "Brier") for k in (1, 3, 5)} | {
+    "AUC_micro", "AUC_macro", "AUC_instance", "F1_example", "F1_micro", "F1_macro", "exact_match", "hamming_loss", "ECE", "AURC",
 }
 
 

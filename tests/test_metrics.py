@@ -513,6 +513,160 @@ def test_ece_matches_brute_force(n_bins):
     assert M.expected_calibration_error(Y, constant, n_bins=n_bins) == pytest.approx(0.0, abs=1e-12)
 
 
+# ---- calibration of the top-k predictions ----------------------------------------------------------------
+def topk_pairs_by_loop(dense_y, proba, k, mask=None):
+    """(p, y) of each row's k most probable labels (ties to the lower index), unobserved pairs dropped."""
+    pairs = []
+    for i, (y, p) in enumerate(zip(dense_y, proba)):
+        for j in ranking_of(p)[:k]:
+            if mask is None or mask[i][j]:
+                pairs.append((float(p[j]), int(y[j])))
+    return pairs
+
+
+def brute_ece_at_k(dense_y, proba, k, n_bins, mask=None):
+    """ECE@k from scikit-learn's calibration_curve (uniform bins) and the bin sizes from np.histogram."""
+    from sklearn.calibration import calibration_curve
+
+    pairs = topk_pairs_by_loop(dense_y, proba, k, mask)
+    p = np.array([pair[0] for pair in pairs])
+    y = np.array([pair[1] for pair in pairs])
+    frequency, confidence = calibration_curve(y, p, n_bins=n_bins, strategy="uniform")
+    counts, _ = np.histogram(p, bins=np.linspace(0, 1, n_bins + 1))
+    return float(np.sum(counts[counts > 0] * np.abs(frequency - confidence)) / len(p))
+
+
+def brute_aurc(dense_y, proba, mask=None):
+    """AURC as the mean over every order of the tied rows, by enumerating the orders (small inputs)."""
+    import itertools
+
+    rows = []
+    for i, (y, p) in enumerate(zip(dense_y, proba)):
+        top = ranking_of(p)[0]
+        if mask is None or mask[i][top]:
+            rows.append((float(p[top]), 0 if y[top] else 1))
+    groups = [[e for c, e in rows if c == value] for value in sorted({c for c, _ in rows}, reverse=True)]
+    areas = []
+    for orders in itertools.product(*(list(itertools.permutations(g)) for g in groups)):
+        errors = [e for order in orders for e in order]
+        areas.append(np.mean([sum(errors[:m]) / m for m in range(1, len(errors) + 1)]))
+    return float(np.mean(areas))
+
+
+def test_topk_calibration_hand_example():
+    # HAND_Y rows {0, 2}, {1}, {} with probabilities:
+    #   row 0 [0.9, 0.8, 0.1, 0.3] -> top-2 (0.9, y=1), (0.8, y=0)
+    #   row 1 [0.2, 0.4, 0.6, 0.1] -> top-2 (0.6, y=0), (0.4, y=1)
+    #   row 2 [0.5, 0.1, 0.2, 0.3] -> top-2 (0.5, y=0), (0.3, y=0)
+    P = np.array([[0.9, 0.8, 0.1, 0.3], [0.2, 0.4, 0.6, 0.1], [0.5, 0.1, 0.2, 0.3]])
+    # ECE@1, 2 bins [0, .5) [.5, 1]: all three in bin 1, conf (0.9+0.6+0.5)/3 = 2/3, freq 1/3 -> 1/3
+    assert M.ece_at_k(HAND_Y, P, 1, n_bins=2) == pytest.approx(1 / 3)
+    # 15 bins: each pair alone: |1-0.9| + |0-0.6| + |0-0.5| = 1.2 over 3 pairs
+    assert M.ece_at_k(HAND_Y, P, 1) == pytest.approx(0.4)
+    # ECE@2, 2 bins: bin0 {0.4 (y=1), 0.3 (y=0)}: |1 - 0.7| = 0.3; bin1 {0.9 (1), 0.8, 0.6, 0.5 (0)}:
+    # |1 - 2.8| = 1.8; (0.3 + 1.8) / 6
+    assert M.ece_at_k(HAND_Y, P, 2, n_bins=2) == pytest.approx(2.1 / 6)
+    assert M.brier_at_k(HAND_Y, P, 1) == pytest.approx((0.01 + 0.36 + 0.25) / 3)
+    assert M.brier_at_k(HAND_Y, P, 2) == pytest.approx((0.01 + 0.64 + 0.36 + 0.36 + 0.25 + 0.09) / 6)
+    curve = M.topk_reliability_curve(HAND_Y, P, 2, n_bins=2)
+    np.testing.assert_array_equal(curve.counts, [2, 4])
+    np.testing.assert_allclose(curve.mean_predicted, [0.35, 0.7])
+    np.testing.assert_allclose(curve.observed_frequency, [0.5, 0.25])
+    # risk-coverage: rows by top-1 probability 0.9 (right), 0.6 (wrong), 0.5 (wrong; empty row)
+    rc = M.risk_coverage_curve(HAND_Y, P)
+    np.testing.assert_allclose(rc.coverage, [1 / 3, 2 / 3, 1])
+    np.testing.assert_allclose(rc.risk, [0, 0.5, 2 / 3])
+    np.testing.assert_allclose(rc.threshold, [0.9, 0.6, 0.5])
+    assert M.aurc(HAND_Y, P) == pytest.approx((0 + 0.5 + 2 / 3) / 3)
+    assert rc.risk[-1] == pytest.approx(1 - M.precision_at_k(HAND_Y, P, 1))
+    # a mask hiding row 1's top label (2): ECE@1 over rows 0 and 2 only, |1-0.9| + |0-0.5|
+    mask = np.ones((3, 4), dtype=int)
+    mask[1, 2] = 0
+    assert M.ece_at_k(HAND_Y, P, 1, label_mask=mask) == pytest.approx(0.3)
+    assert M.aurc(HAND_Y, P, label_mask=mask) == pytest.approx((0 + 0.5) / 2)
+    # the top-k tuple gives the same numbers as the dense probabilities
+    top = M.topk(P, 2)
+    assert M.ece_at_k(HAND_Y, top, 2, n_bins=2) == pytest.approx(2.1 / 6)
+    assert M.aurc(HAND_Y, top) == pytest.approx(M.aurc(HAND_Y, P))
+
+
+def test_aurc_ties_are_averaged_over_orders():
+    # four rows with the same top-1 probability: two right, two wrong. Any order is as good as another,
+    # so AURC is the mean over orders: (1/4) sum_m E[errors among first m] / m = error rate 0.5
+    Y = sp.csr_matrix(np.array([[1, 0], [1, 0], [0, 1], [0, 1]], dtype=np.float32))
+    P = np.array([[0.7, 0.2]] * 4)
+    assert M.aurc(Y, P) == pytest.approx(0.5)
+    np.testing.assert_allclose(M.risk_coverage_curve(Y, P).risk, 0.5)
+    # confidence that orders the errors perfectly: right rows first -> risks 0, 0, 1/3, 1/2
+    P2 = np.array([[0.9, 0.1], [0.8, 0.1], [0.6, 0.1], [0.55, 0.1]])
+    assert M.aurc(Y, P2) == pytest.approx((0 + 0 + 1 / 3 + 1 / 2) / 4)
+    # the worst order: errors first -> 1, 1, 2/3, 1/2
+    P3 = np.array([[0.55, 0.1], [0.6, 0.1], [0.8, 0.1], [0.9, 0.1]])
+    assert M.aurc(Y, P3) == pytest.approx((1 + 1 + 2 / 3 + 1 / 2) / 4)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("k", [1, 3, 5])
+def test_ece_at_k_matches_sklearn_calibration_curve(seed, k):
+    Y, dense_y, scores = random_problem(seed, n=50, n_labels=11, density=0.25)
+    proba = 1 / (1 + np.exp(-1.5 * scores))
+    assert M.ece_at_k(Y, proba, k) == pytest.approx(brute_ece_at_k(dense_y, proba, k, 15), abs=1e-12)
+    pairs = topk_pairs_by_loop(dense_y, proba, k)
+    assert M.brier_at_k(Y, proba, k) == pytest.approx(np.mean([(p - y) ** 2 for p, y in pairs]), abs=1e-12)
+    # with a mask: unobserved top-k pairs are dropped, the ranking still uses every label
+    rng = np.random.default_rng(seed + 100)
+    mask = (rng.random(Y.shape) < 0.7).astype(int)
+    assert M.ece_at_k(Y, proba, k, label_mask=mask) == pytest.approx(
+        brute_ece_at_k(dense_y, proba, k, 15, mask=mask), abs=1e-12)
+    pairs = topk_pairs_by_loop(dense_y, proba, k, mask)
+    assert M.brier_at_k(Y, proba, k, label_mask=mask) == pytest.approx(
+        np.mean([(p - y) ** 2 for p, y in pairs]), abs=1e-12)
+    # a masked-out value of Y changes nothing
+    flipped = dense_y.copy()
+    flipped[mask == 0] = 1 - flipped[mask == 0]
+    assert M.ece_at_k(sp.csr_matrix(flipped), proba, k, label_mask=mask) == pytest.approx(
+        M.ece_at_k(Y, proba, k, label_mask=mask), abs=1e-12)
+
+
+@pytest.mark.parametrize("seed", [3, 4, 5])
+def test_aurc_matches_enumeration_of_tie_orders(seed):
+    # few distinct probabilities, so rows tie at the top-1; 9 rows keep the enumeration small
+    rng = np.random.default_rng(seed)
+    dense_y = (rng.random((9, 4)) < 0.4).astype(int)
+    proba = rng.choice([0.2, 0.5, 0.8], size=(9, 4)) + np.array([0.0, 0.01, 0.02, 0.03]) * (rng.random((9, 1)) < 0.3)
+    mask = (rng.random((9, 4)) < 0.8).astype(int)
+    Y = sp.csr_matrix(dense_y.astype(np.float32))
+    assert M.aurc(Y, proba) == pytest.approx(brute_aurc(dense_y, proba), abs=1e-12)
+    assert M.aurc(Y, proba, label_mask=mask) == pytest.approx(brute_aurc(dense_y, proba, mask), abs=1e-12)
+
+
+def test_calibration_curves_payload():
+    Y, dense_y, scores = random_problem(7, n=300, n_labels=10, density=0.2)
+    proba = 1 / (1 + np.exp(-scores))
+    payload = M.calibration_curves(Y, proba, max_points=50)
+    assert payload["counts"] == M.reliability_curve(Y, proba).counts.tolist()
+    assert payload["top5"]["counts"] == M.topk_reliability_curve(Y, proba, 5).counts.tolist()
+    assert sum(payload["top1"]["counts"]) == 300
+    rc = payload["risk_coverage"]
+    assert len(rc["coverage"]) == 50 and rc["coverage"][-1] == 1.0
+    assert rc["risk"][-1] == pytest.approx(1 - M.precision_at_k(Y, proba, 1))
+
+
+def test_topk_calibration_errors():
+    Y, _, scores = random_problem(8, n=10, n_labels=5)
+    proba = 1 / (1 + np.exp(-scores))
+    with pytest.raises(ValidationError, match="k must be"):
+        M.ece_at_k(Y, proba, 0)
+    with pytest.raises(ValidationError, match=r"\[0, 1\]"):
+        M.ece_at_k(Y, scores, 1)
+    with pytest.raises(ValidationError, match="n_bins"):
+        M.ece_at_k(Y, proba, 1, n_bins=0)
+    only_last = np.zeros(Y.shape, dtype=int)
+    only_last[:, -1] = 1
+    with pytest.raises(ValidationError, match="none of the top-1"):
+        M.aurc(Y, np.tile(np.linspace(0.9, 0.1, 5), (10, 1)), label_mask=only_last)
+
+
 # ---- evaluate --------------------------------------------------------------------------------------------
 def test_evaluate_keys_and_values():
     Y, dense_y, scores = random_problem(5, n=40, n_labels=12, density=0.3)
@@ -523,7 +677,7 @@ def test_evaluate_keys_and_values():
     expected_keys = (
         [f"{name}@{k}" for name in ("P", "nDCG", "PSP", "PSnDCG") for k in (1, 3, 5)]
         + ["AUC_micro", "AUC_macro", "AUC_instance", "F1_example", "F1_micro", "F1_macro"]
-        + ["exact_match", "hamming_loss", "ECE"]
+        + ["exact_match", "hamming_loss", "ECE", "ECE@1", "ECE@3", "ECE@5", "Brier@1", "Brier@3", "Brier@5", "AURC"]
     )
     assert list(result) == expected_keys
     assert all(type(value) is float and 0 <= value <= 1 for value in result.values())
@@ -537,7 +691,20 @@ def test_evaluate_keys_and_values():
     # partial inputs give only the metrics they allow
     assert list(M.evaluate(Y, Y_pred=pred)) == ["F1_example", "F1_micro", "F1_macro", "exact_match", "hamming_loss"]
     only_proba = M.evaluate(Y, proba=proba, ks=(2,))
-    assert list(only_proba) == ["P@2", "nDCG@2", "AUC_micro", "AUC_macro", "AUC_instance", "ECE"]
+    assert list(only_proba) == ["P@2", "nDCG@2", "AUC_micro", "AUC_macro", "AUC_instance", "ECE", "ECE@2", "Brier@2",
+                                "AURC"]
+    assert result["ECE@3"] == pytest.approx(brute_ece_at_k(dense_y, proba, 3, 15), abs=1e-12)
+    assert result["Brier@5"] == pytest.approx(M.brier_at_k(Y, proba, 5))
+    assert result["AURC"] == pytest.approx(M.aurc(Y, proba))
+    # the top-k pairs follow the ranking P@k uses: by scores when they are given, with proba's values
+    other = np.random.default_rng(6).random(Y.shape)
+    with_scores = M.evaluate(Y, scores=other, proba=proba)
+    assert with_scores["ECE@1"] == pytest.approx(M.ece_at_k(Y, proba, 1, scores=other))
+    assert with_scores["ECE@1"] != pytest.approx(M.ece_at_k(Y, proba, 1))
+    assert with_scores["AURC"] == pytest.approx(M.aurc(Y, proba, scores=other))
+    top_by_scores = [ranking_of(s)[0] for s in other]
+    pairs = [(proba[i, j], dense_y[i, j]) for i, j in enumerate(top_by_scores)]
+    assert with_scores["Brier@1"] == pytest.approx(np.mean([(p - y) ** 2 for p, y in pairs]))
     assert only_proba["P@2"] == M.precision_at_k(Y, proba, 2)
 
 

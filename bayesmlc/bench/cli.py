@@ -33,6 +33,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threads", type=int, help="threads per run, via OMP_NUM_THREADS and friends (default: all cores)")
     parser.add_argument("--device", help="--device passed to every run (default: each model's own)")
     parser.add_argument("--timeout", type=float, help="seconds per run (default: the suite's and configuration's)")
+    parser.add_argument("--calibrate", nargs="+", metavar="METHOD", default=(),
+                        help="also run every configuration recalibrated (isotonic, temperature, platt), side by side")
     parser.add_argument("--resume", action="store_true", help="keep finished runs of OUT/results.jsonl, rerun the rest")
     parser.add_argument("--report-only", action="store_true", help="rebuild report and plots from OUT/results.jsonl")
     parser.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
@@ -49,6 +51,8 @@ def _command_line(args) -> str:
             parts += [f"--{option}"] + list(getattr(args, option))
     if args.repeats != 1:
         parts += ["--repeats", str(args.repeats)]
+    if getattr(args, "calibrate", None):
+        parts += ["--calibrate"] + list(args.calibrate)
     for option, flag in (("seed", "--seed"), ("threads", "--threads"), ("device", "--device"), ("timeout", "--timeout")):
         value = getattr(args, option)
         if value is not None and not (option == "seed" and value == 0):
@@ -77,7 +81,7 @@ def run(args) -> int:
             records = run_suite(
                 suite, out, datasets=args.datasets, models=args.models, repeats=args.repeats, seed=args.seed,
                 data_root=args.data_root, threads=args.threads, device=args.device, timeout_s=args.timeout,
-                resume=args.resume, log=log,
+                resume=args.resume, log=log, calibrate=getattr(args, "calibrate", ()),
             )
     except BayesMLCError as exc:
         print(f"bayesmlc bench: error: {exc}", file=sys.stderr)

@@ -8,8 +8,13 @@ Per dataset:
 * ``<dataset>-p1-time.png``: test P@1 against training time, one point per model (median over
   repeats), plus the model's P@1 curve during training when its history logs ``"P@1"``, and hollow
   diamonds for the reference runs of other tools that state both numbers;
-* ``<dataset>-reliability.png``: a reliability diagram per model (observed frequency of a label
-  against the mean predicted probability, per probability bin, from the run's ``reliability.json``).
+* ``<dataset>-reliability.png``: a reliability diagram per model (fraction relevant against the mean
+  predicted probability, per probability bin, from the run's ``reliability.json``) of the top-1 and the
+  top-5 (label, probability) pairs of each row, with the all-pairs diagram in grey; calibrated
+  configurations get panels of their own;
+* ``<dataset>-risk-coverage.png``: the top-1 risk-coverage curve of every model (error of the top-1
+  label among the most confident rows kept, against the share kept), raw models on the left and
+  calibrated ones on the right when the suite ran them.
 
 For the scale suite, ``scale.png``: seconds per epoch and peak memory against N, D and L.
 Curves come from the first finished repeat of each configuration.
@@ -152,6 +157,14 @@ def _p1_plot(dataset, summaries, out_dir, path, colours) -> bool:
     return True
 
 
+def _reliability_points(curve: dict):
+    counts = np.asarray(curve.get("counts") or [], dtype=float)
+    used = counts > 0
+    predicted = np.asarray(curve["mean_predicted"], dtype=float)[used]
+    observed = np.asarray(curve["observed"], dtype=float)[used]
+    return predicted, observed, counts[used] / max(counts.sum(), 1.0)
+
+
 def _reliability_plot(dataset, summaries, out_dir, path, colours) -> bool:
     panels = []
     for summary in summaries:
@@ -162,24 +175,55 @@ def _reliability_plot(dataset, summaries, out_dir, path, colours) -> bool:
         return False
     figure, axes = _figure(len(panels), panel_size=(3.6, 3.4), max_columns=4)
     for ax, (summary, curve) in zip(axes, panels):
-        counts = np.asarray(curve["counts"], dtype=float)
-        used = counts > 0
-        predicted = np.asarray(curve["mean_predicted"], dtype=float)[used]
-        observed = np.asarray(curve["observed"], dtype=float)[used]
-        share = counts[used] / counts.sum()
-        ax.plot([0, 1], [0, 1], ls="--", color="grey", lw=1, label="perfect calibration")
-        ax.plot(predicted, observed, color=colours[summary.label], lw=1.2)
-        ax.scatter(predicted, observed, s=10 + 400 * np.sqrt(share), color=colours[summary.label],
-                   edgecolors="black", linewidths=0.4, zorder=3)
-        ece = summary.median("ECE")
-        ax.set_title(summary.label + (f"\nECE {ece:.4f}" if ece is not None else ""), fontsize=9)
+        ax.plot([0, 1], [0, 1], ls="--", color="grey", lw=1)
+        predicted, observed, _ = _reliability_points(curve)
+        ax.plot(predicted, observed, color="grey", lw=1, alpha=0.6, label="all pairs")
+        colour = colours[summary.label]
+        for key, marker, style in (("top1", "o", "-"), ("top5", "s", ":")):
+            if not (curve.get(key) or {}).get("counts"):
+                continue
+            predicted, observed, share = _reliability_points(curve[key])
+            ax.plot(predicted, observed, color=colour, lw=1.2, ls=style, label=key.replace("top", "top-"))
+            ax.scatter(predicted, observed, s=8 + 300 * np.sqrt(share), color=colour, marker=marker,
+                       edgecolors="black", linewidths=0.4, zorder=3)
+        figures = [f"{name} {value:.3f}" for name, value in
+                   (("ECE@1", summary.median("ECE@1")), ("ECE@5", summary.median("ECE@5"))) if value is not None]
+        ax.set_title(summary.label + ("\n" + ", ".join(figures) if figures else ""), fontsize=9)
         ax.set_xlim(0, 1)
         ax.set_ylim(0, 1)
         ax.set_xlabel("mean predicted probability")
-        ax.set_ylabel("observed frequency")
+        ax.set_ylabel("fraction relevant")
         ax.grid(alpha=0.3)
-    figure.suptitle(f"{dataset}: reliability of predicted label probabilities "
-                    "(marker area grows with the bin's share of label entries)", fontsize=10)
+        ax.legend(fontsize=7, loc="upper left")
+    figure.suptitle(f"{dataset}: reliability of the top-1 and top-5 predictions (marker area grows with the bin's "
+                    "share of pairs; grey: all label pairs)", fontsize=10)
+    _save(figure, path)
+    return True
+
+
+def _risk_coverage_plot(dataset, summaries, out_dir, path, colours) -> bool:
+    groups = {False: [], True: []}
+    for summary in summaries:
+        curve = (_run_file(out_dir, summary, "reliability.json") or {}).get("risk_coverage")
+        if curve and curve.get("coverage"):
+            groups[bool(summary.calibrate)].append((summary, curve))
+    shown = [(calibrated, items) for calibrated, items in groups.items() if items]
+    if not shown:
+        return False
+    figure, axes = _figure(len(shown), panel_size=(5.2, 4.0))
+    for ax, (calibrated, items) in zip(axes, shown):
+        for summary, curve in items:
+            area = summary.median("AURC")
+            ax.plot(curve["coverage"], curve["risk"], color=colours[summary.label], lw=1.4,
+                    label=summary.label + (f", AURC {area:.3f}" if area is not None else ""))
+        ax.set_xlim(0, 1)
+        ax.set_ylim(bottom=0)
+        ax.set_xlabel("coverage (share of rows kept, most confident first)")
+        ax.set_ylabel("risk (top-1 error among rows kept)")
+        ax.set_title("calibrated" if calibrated else "raw", fontsize=10)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7, loc="upper left")
+    figure.suptitle(f"{dataset}: top-1 risk against coverage (lower is better)", fontsize=10)
     _save(figure, path)
     return True
 
@@ -233,7 +277,10 @@ def make_plots(records, out_dir, quality: bool = True) -> dict:
     folder = out_dir / PLOTS_DIR
     folder.mkdir(parents=True, exist_ok=True)
     summaries = [s for s in summarise(records) if s.records]
-    colours = _colours(list(dict.fromkeys(s.label for s in summaries)))
+    # a calibrated configuration CONFIG+METHOD is drawn in the colour of CONFIG
+    base = {s.label: (s.label.replace(f"+{s.calibrate})", ")") if s.calibrate else s.label) for s in summaries}
+    palette = _colours(list(dict.fromkeys(base.values())))
+    colours = {label: palette[plain] for label, plain in base.items()}
     made: dict[str, list] = {}
     if not quality:
         if _scale_plot(summaries, folder / "scale.png"):
@@ -245,6 +292,7 @@ def make_plots(records, out_dir, quality: bool = True) -> dict:
             ("objective", "training objective against wall time", _objective_plot),
             ("p1-time", "P@1 against training time", _p1_plot),
             ("reliability", "reliability diagrams", _reliability_plot),
+            ("risk-coverage", "risk-coverage curves", _risk_coverage_plot),
         ):
             name = f"{dataset}-{suffix}.png"
             if draw(dataset, mine, out_dir, folder / name, colours):

@@ -1,9 +1,11 @@
 """The markdown report of a suite's records.
 
 Per dataset: a ranking table (P@1/3/5, PSP@1/3/5, nDCG@5) and a probabilities-and-cost table (micro and
-macro AUC, example F1, exact match, expected calibration error, train and predict seconds, peak
-memory, and the ratio of the training time to the fastest baseline's), with the published numbers for
-that dataset alongside and marked as such, then the plots. With repeats, a cell is the median over the
+macro AUC, example F1, exact match, the all-pairs ECE, ECE@1, ECE@5, AURC, train and predict seconds,
+peak memory, and the ratio of the training time to the fastest baseline's), with the published numbers
+for that dataset alongside and marked as such; when the suite ran calibrated configurations
+(``bench --calibrate``), a calibration table with each model raw and calibrated side by side; then the
+plots. With repeats, a cell is the median over the
 repeats followed by ``±`` half the range (max - min) / 2. Runs that did not finish are listed with
 their reason.
 """
@@ -19,7 +21,8 @@ import re
 from .published import published_for
 from .suites import BASELINE_MODELS
 
-__all__ = ["Summary", "summarise", "fastest_baselines", "format_cell", "dataset_tables", "render_report",
+__all__ = ["Summary", "summarise", "fastest_baselines", "format_cell", "dataset_tables", "calibration_table",
+           "render_report",
            "write_report", "splice_into_document", "REPORT_FILE"]
 
 REPORT_FILE = "report.md"
@@ -35,7 +38,13 @@ RANKING_COLUMNS = (
 )
 PROBABILITY_COLUMNS = (
     ("AUC_micro", "AUC micro", "frac"), ("AUC_macro", "AUC macro", "frac"),
-    ("F1_example", "F1 example", "pct"), ("exact_match", "exact match", "pct"), ("ECE", "ECE", "frac"),
+    ("F1_example", "F1 example", "pct"), ("exact_match", "exact match", "pct"), ("ECE", "ECE all pairs", "frac"),
+    ("ECE@1", "ECE@1", "frac"), ("ECE@5", "ECE@5", "frac"), ("AURC", "AURC", "frac"),
+)
+#: The calibration table: (key, header, kind) shown raw and calibrated, then the costs.
+CALIBRATION_COLUMNS = (
+    ("P@1", "P@1", "pct"), ("P@5", "P@5", "pct"), ("ECE@1", "ECE@1", "frac"), ("ECE@5", "ECE@5", "frac"),
+    ("AURC", "AURC", "frac"),
 )
 COST_COLUMNS = (
     ("train_seconds", "train s", "sec"), ("predict_seconds", "predict s", "sec"), ("peak_rss_mb", "peak MB", "mb"),
@@ -43,7 +52,8 @@ COST_COLUMNS = (
 SCALE_COLUMNS = (
     ("n_epochs", "epochs", "int"), ("seconds_per_epoch", "s / epoch", "sec"),
 ) + COST_COLUMNS
-_TOP_LEVEL = {"train_seconds", "predict_seconds", "peak_rss_mb", "n_epochs", "seconds_per_epoch"}
+_TOP_LEVEL = {"train_seconds", "predict_seconds", "peak_rss_mb", "n_epochs", "seconds_per_epoch", "calibration_seconds",
+              "cpu_seconds"}
 
 
 def _value(record: dict, key: str):
@@ -59,6 +69,7 @@ class Summary:
     model: str
     config: str
     baseline: bool
+    calibrate: str | None = None  # the calibration method of a calibrated configuration
     statuses: list = field(default_factory=list)
     records: list = field(default_factory=list)  # the records with status "ok"
 
@@ -81,7 +92,8 @@ def summarise(records) -> list[Summary]:
         key = (record["dataset"], record["model"], record["config"])
         if key not in groups:
             groups[key] = Summary(record["dataset"], record["model"], record["config"],
-                                  bool(record.get("baseline", record["model"] in BASELINE_MODELS)))
+                                  bool(record.get("baseline", record["model"] in BASELINE_MODELS)),
+                                  record.get("calibrate"))
         groups[key].statuses.append(record.get("status"))
         if record.get("status") == "ok":
             groups[key].records.append(record)
@@ -93,7 +105,7 @@ def fastest_baselines(summaries) -> dict[str, Summary]:
     best: dict[str, Summary] = {}
     for summary in summaries:
         seconds = summary.median("train_seconds")
-        if not summary.baseline or summary.model in LAZY_MODELS or seconds is None:
+        if not summary.baseline or summary.model in LAZY_MODELS or summary.calibrate or seconds is None:
             continue
         current = best.get(summary.dataset)
         if current is None or seconds < current.median("train_seconds"):
@@ -142,9 +154,43 @@ def _runs_cell(summary: Summary) -> str:
     return f"{len(summary.records)}/{len(summary.statuses)}"
 
 
-def dataset_tables(dataset: str, summaries, quality: bool = True, with_published: bool = True) -> str:
-    """The markdown tables of one dataset: measured rows, then the published ones, marked."""
+def calibration_table(dataset: str, summaries) -> str | None:
+    """Each configuration of ``dataset`` raw and calibrated side by side, one row per calibration method;
+    the lowest ECE and AURC of each column in bold. ``None`` when the dataset has no calibrated run."""
     mine = [s for s in summaries if s.dataset == dataset and s.records]
+    calibrated = [s for s in mine if s.calibrate]
+    if not calibrated:
+        return None
+    raw_of = {(s.model, s.config): s for s in mine if not s.calibrate}
+    pairs = [(raw_of.get((s.model, s.config[: -len(s.calibrate) - 1])), s) for s in calibrated]
+    columns = [(key, f"{header} {which}", kind, which) for key, header, kind in CALIBRATION_COLUMNS
+               for which in ("raw", "cal")]
+    medians = {(key, which): [(raw if which == "raw" else cal).median(key) if (raw if which == "raw" else cal)
+                              else None for raw, cal in pairs] for key, _, _, which in columns}
+    best = {column: min((v for v in values if v is not None), default=None) for column, values in medians.items()}
+    header = ["model", "calibration"] + [h for _, h, _, _ in columns] + ["train s raw", "train s cal",
+                                                                          "calibration s"]
+    rows = []
+    for i, (raw, cal) in enumerate(pairs):
+        cells = []
+        for key, _, kind, which in columns:
+            summary = raw if which == "raw" else cal
+            cell = format_cell(summary.values(key), kind) if summary else "–"
+            value = medians[(key, which)][i]
+            if kind == "frac" and value is not None and value == best[(key, which)]:
+                cell = f"**{cell}**"
+            cells.append(cell)
+        rows.append([(raw or cal).label.replace(f"+{cal.calibrate}", ""), cal.calibrate] + cells + [
+            format_cell(raw.values("train_seconds"), "sec") if raw else "–",
+            format_cell(cal.values("train_seconds"), "sec"), format_cell(cal.values("calibration_seconds"), "sec")])
+    return _table(header, rows)
+
+
+def dataset_tables(dataset: str, summaries, quality: bool = True, with_published: bool = True) -> str:
+    """The markdown tables of one dataset: measured rows, then the published ones, marked; calibrated
+    configurations only in the calibration table."""
+    calibration = calibration_table(dataset, summaries) if quality else None
+    mine = [s for s in summaries if s.dataset == dataset and s.records and not s.calibrate]
     fastest = fastest_baselines(summaries).get(dataset)
     fastest_note = (f"fastest baseline: {fastest.label}, {format_cell(fastest.values('train_seconds'), 'sec')} s"
                     if fastest else "no baseline finished")
@@ -180,6 +226,12 @@ def dataset_tables(dataset: str, summaries, quality: bool = True, with_published
     ]
     if sources:
         parts += ["", "Published and reference rows: " + "; ".join(sources) + "."]
+    if calibration:
+        parts += ["", "Calibration, raw and recalibrated on 20% held-out training rows (`cal`: the model fitted "
+                  "on the other 80%; ECE@k over each row's top-k predictions, 15 bins; AURC: area under the top-1 "
+                  "risk-coverage curve; lowest ECE and AURC of each column in bold; `train s cal` includes the "
+                  "calibration, `calibration s` is predicting the held-out rows and fitting the maps):", "",
+                  calibration]
     return "\n".join(parts)
 
 

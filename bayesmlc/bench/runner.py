@@ -10,6 +10,12 @@ or its optional package missing) is recorded as ``skipped``.
 
 Tests, and callers with their own way to run a model, pass ``run_one(spec, run_dir) -> dict``
 instead of :class:`CLIRunner`; it returns the CLI's JSON record or raises :class:`RunFailure`.
+
+With ``calibrate=("isotonic", ...)`` every configuration also runs wrapped in
+:class:`bayesmlc.calibration.CalibratedClassifier` (``bayesmlc train --calibrate METHOD``), as configuration
+``CONFIG+METHOD``; its record carries ``calibrate``, ``calibration_seconds`` (predicting the held-out rows
+and fitting the maps) and ``calibrated_fit_seconds`` (the wrapped estimator's fit on the other rows), read
+from the saved model file.
 """
 
 from __future__ import annotations
@@ -78,6 +84,7 @@ class RunSpec:
     test_path: Path
     dataset_spec: DatasetSpec = field(default=None, repr=False)
     excluded: str | None = None  # the suite's reason not to run this configuration on this dataset
+    calibrate: str | None = None  # run wrapped in CalibratedClassifier with this method
 
     @property
     def run_id(self) -> str:
@@ -212,6 +219,8 @@ class CLIRunner:
             command += ["--set", f"{key}={_format_value(value)}"]
         if self.device is not None:
             command += ["--device", self.device]
+        if spec.calibrate is not None:
+            command += ["--calibrate", spec.calibrate]
         return command
 
     def environment(self) -> dict:
@@ -261,14 +270,21 @@ def _select(requested, available: list[str], what: str, suite: str) -> list[str]
 
 
 def plan_runs(suite: Suite, out_dir: Path, *, datasets=None, models=None, repeats: int = 1, seed: int = 0,
-              data_root: Path | None = None, timeout_s: float | None = None) -> list[RunSpec]:
+              data_root: Path | None = None, timeout_s: float | None = None, calibrate=()) -> list[RunSpec]:
     """Every run of ``suite`` (restricted to ``datasets`` and ``models`` when given), repeat by repeat.
 
-    Repeat r uses seed ``seed + r``. Real sets are read from ``data_root``; synthetic ones are written
+    Repeat r uses seed ``seed + r``. Each method in ``calibrate`` adds, after a configuration's raw
+    runs, the same runs wrapped in ``CalibratedClassifier(method=...)`` as configuration ``CONFIG+METHOD``. Real sets are read from ``data_root``; synthetic ones are written
     to ``out_dir/data/<name>/`` by :func:`run_suite`.
     """
     if not isinstance(repeats, int) or repeats < 1:
         raise ValidationError(f"--repeats must be a positive integer, got {repeats!r}")
+    from ..calibration import CALIBRATION_METHODS
+
+    calibrate = tuple(dict.fromkeys(calibrate or ()))
+    unknown = [method for method in calibrate if method not in CALIBRATION_METHODS]
+    if unknown:
+        raise ValidationError(f"--calibrate {', '.join(unknown)}: choose from {', '.join(CALIBRATION_METHODS)}")
     data_root = Path(data_root) if data_root is not None else default_data_root()
     dataset_names = _select(datasets, suite.dataset_names, "datasets", suite.name)
     model_names = _select(models, suite.model_names, "models", suite.name)
@@ -279,14 +295,16 @@ def plan_runs(suite: Suite, out_dir: Path, *, datasets=None, models=None, repeat
         for config in suite.configs:
             if config.model not in model_names:
                 continue
-            for repeat in range(repeats):
-                runs.append(RunSpec(
-                    suite=suite.name, dataset=name, model=config.model, config=config.config,
-                    params=config.params_for(name), seed=seed + repeat, repeat=repeat, baseline=config.baseline,
-                    timeout_s=float(timeout_s or config.timeout_s or suite.timeout_s),
-                    train_path=folder / "train.txt", test_path=folder / "test.txt", dataset_spec=spec,
-                    excluded=config.exclude.get(name),
-                ))
+            for method in (None,) + calibrate:
+                for repeat in range(repeats):
+                    runs.append(RunSpec(
+                        suite=suite.name, dataset=name, model=config.model,
+                        config=config.config if method is None else f"{config.config}+{method}",
+                        params=config.params_for(name), seed=seed + repeat, repeat=repeat, baseline=config.baseline,
+                        timeout_s=float(timeout_s or config.timeout_s or suite.timeout_s),
+                        train_path=folder / "train.txt", test_path=folder / "test.txt", dataset_spec=spec,
+                        excluded=config.exclude.get(name), calibrate=method,
+                    ))
     return runs
 
 
@@ -363,6 +381,20 @@ def _history_fields(run_dir: Path) -> dict:
     return {"n_epochs": n_epochs, "seconds_per_epoch": per_epoch}
 
 
+def _calibration_fields(run_dir: Path) -> dict:
+    """``calibration_seconds`` and ``calibrated_fit_seconds`` of a calibrated run, from the fitted state
+    in its ``model.npz`` (only the JSON entry is read; ``{}`` when there is no such file)."""
+    import numpy as np
+
+    try:
+        with np.load(run_dir / "model.npz", allow_pickle=False) as archive:
+            meta = json.loads(archive["__meta__"].tobytes().decode("utf-8"))
+    except (OSError, KeyError, ValueError):
+        return {}
+    state = meta.get("state") or {}
+    return {"calibration_seconds": state.get("calibration_seconds_"), "calibrated_fit_seconds": state.get("fit_seconds_")}
+
+
 # ---- the suite -----------------------------------------------------------------------------------
 def read_results(path: Path) -> list[dict]:
     """The records of a ``results.jsonl`` file."""
@@ -392,7 +424,7 @@ def _summary(record: dict) -> str:
 def run_suite(suite: Suite, out_dir, *, datasets=None, models=None, repeats: int = 1, seed: int = 0,
               data_root=None, run_one: RunOne | None = None, availability: Callable[[str], str | None] | None = None,
               threads: int | None = None, device: str | None = None, timeout_s: float | None = None,
-              resume: bool = False, log: Callable[[str], None] = _stderr_log) -> list[dict]:
+              resume: bool = False, log: Callable[[str], None] = _stderr_log, calibrate=()) -> list[dict]:
     """Run ``suite`` and return its records (also appended, one JSON line each, to ``OUT/results.jsonl``).
 
     Parameters
@@ -401,6 +433,7 @@ def run_suite(suite: Suite, out_dir, *, datasets=None, models=None, repeats: int
     availability : callable ``model -> reason or None``, default :func:`model_unavailable_reason`
     threads : threads per run (default: every core)
     resume : keep the records already in ``results.jsonl`` and rerun only what is not ``ok`` there
+    calibrate : calibration methods; each adds calibrated runs of every configuration (:func:`plan_runs`)
     """
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -408,7 +441,7 @@ def run_suite(suite: Suite, out_dir, *, datasets=None, models=None, repeats: int
     run_one = run_one or CLIRunner(threads=threads, device=device)
     availability = availability or model_unavailable_reason
     runs = plan_runs(suite, out_dir, datasets=datasets, models=models, repeats=repeats, seed=seed,
-                     data_root=data_root, timeout_s=timeout_s)
+                     data_root=data_root, timeout_s=timeout_s, calibrate=calibrate)
     results_path = out_dir / RESULTS_FILE
     kept = []
     if resume and results_path.exists():
@@ -431,7 +464,7 @@ def run_suite(suite: Suite, out_dir, *, datasets=None, models=None, repeats: int
         record = {
             "suite": suite.name, "run_id": spec.run_id, "dataset": spec.dataset, "model": spec.model,
             "config": spec.config, "baseline": spec.baseline, "repeat": spec.repeat, "seed": spec.seed,
-            "settings": spec.params, **environment,
+            "settings": spec.params, "calibrate": spec.calibrate, **environment,
             # per run, not per suite: a tree edited while a long suite runs must show up in its records
             "git": _git_info(),
             "load_avg_1m": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
@@ -485,5 +518,7 @@ def _run(spec: RunSpec, out_dir: Path, run_one: RunOne) -> dict:
         fields["cli_dataset"] = result.get("dataset")
         fields["status"] = "ok"
         fields.update(_history_fields(run_dir))
+        if spec.calibrate is not None:
+            fields.update(_calibration_fields(run_dir))
     fields["wall_seconds"] = time.perf_counter() - start
     return fields

@@ -1,0 +1,277 @@
+"""Post-hoc calibration of any bayesmlc estimator on held-out rows.
+
+:class:`CalibratedClassifier` fits a clone of an estimator on part of the training rows and, on the
+rows held out, a map from the estimator's predicted probabilities to calibrated ones. This is the repair
+that Ullah, Schultheis, Zhang and Babbar ("How Well Calibrated are Extreme Multi-label Classifiers?",
+arXiv 2411.04276) apply to extreme multi-label classifiers: isotonic regression fitted on the held-out
+top-k predictions. Three maps:
+
+``isotonic``
+    scikit-learn's ``IsotonicRegression`` of is-relevant on the predicted probability (non-decreasing,
+    in [0, 1]), applied by linear interpolation between its thresholds. Below the smallest fitted
+    probability p_0 the map is ``g(p_0) p / p_0`` (a straight line to 0), so the probabilities of
+    labels far below any top-k prediction stay small and ordered; above the largest it is constant.
+``temperature``
+    ``sigmoid(logit(p) / T)`` with one T > 0 minimising the binary log-loss (Guo et al. 2017, on
+    logits; fitted by 1-D bounded minimisation over log T).
+``platt``
+    ``sigmoid(a logit(p) + b)`` with a > 0 and b minimising the binary log-loss (Platt 1999).
+
+**Which pairs.** The *global* map is fitted on the held-out (probability, is-relevant) pairs of each
+row's ``top_k`` best labels, over all labels at once (unobserved pairs under ``label_mask`` are left
+out). It is non-decreasing, so it keeps the order of every row's probabilities (strictly for
+temperature and Platt scaling; isotonic regression may tie neighbours).
+
+**Per label.** A label gets a map of its own, fitted on *all* its held-out entries, when those
+entries hold at least ``min_label_positives`` positives and as many negatives; every other label uses
+the global map. ``min_label_positives=None`` turns per-label maps off. Per-label maps are monotone in
+each label, but they can reorder labels within a row: ranking always uses the wrapped estimator's
+scores (``decision_function`` is the estimator's own), so P@k, nDCG@k and PSP@k are those of the
+estimator trained on the ``1 - calibration_fraction`` share of the rows.
+
+Example
+-------
+>>> from bayesmlc import LogisticRegression
+>>> from bayesmlc.calibration import CalibratedClassifier
+>>> model = CalibratedClassifier(LogisticRegression(), method="isotonic", random_state=0)
+>>> model.fit(X, Y).predict_proba(X_test)  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+from scipy.optimize import minimize, minimize_scalar
+from sklearn.base import clone
+from sklearn.isotonic import IsotonicRegression
+
+from .base import PREDICT_BATCH_ROWS, MultiLabelEstimator
+from .exceptions import ValidationError
+from .metrics import topk
+from .utils import iter_batches
+
+__all__ = ["CalibratedClassifier", "CALIBRATION_METHODS"]
+
+CALIBRATION_METHODS = ("isotonic", "temperature", "platt")
+
+# probabilities are kept this far from 0 and 1 before the logit, so logits stay finite
+_PROBA_FLOOR = 1e-7
+# the slope a of Platt scaling is kept at least this large, so the map stays increasing
+_MIN_SLOPE = 1e-3
+
+
+def _logit(p: np.ndarray) -> np.ndarray:
+    p = np.clip(p, _PROBA_FLOOR, 1.0 - _PROBA_FLOOR)
+    return np.log(p) - np.log1p(-p)
+
+
+def _sigmoid(z: np.ndarray) -> np.ndarray:
+    return 0.5 * (1.0 + np.tanh(0.5 * z))
+
+
+def _log_loss(z: np.ndarray, y: np.ndarray) -> float:
+    """Mean binary log-loss of logits ``z`` against 0/1 ``y``: mean of log(1 + e^z) - y z."""
+    return float(np.mean(np.logaddexp(0.0, z) - y * z))
+
+
+# ---- the maps ---------------------------------------------------------------------------------
+def fit_isotonic(p: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Isotonic regression of ``y`` on ``p``: its thresholds as a (2, m) array (x row, then g(x) row)."""
+    regression = IsotonicRegression(y_min=0.0, y_max=1.0, increasing=True, out_of_bounds="clip").fit(p, y)
+    return np.vstack([regression.X_thresholds_, regression.y_thresholds_]).astype(np.float64)
+
+
+def apply_isotonic(thresholds: np.ndarray, p: np.ndarray) -> np.ndarray:
+    """The isotonic map of :func:`fit_isotonic` at ``p``; below the first threshold x_0 a line from
+    (0, 0) to (x_0, g(x_0)), above the last one constant."""
+    x, g = thresholds
+    out = np.interp(p, x, g)
+    if x[0] > 0:
+        below = p < x[0]
+        out[below] = g[0] * p[below] / x[0]
+    return out
+
+
+def fit_temperature(p: np.ndarray, y: np.ndarray) -> float:
+    """The temperature T > 0 minimising the log-loss of ``sigmoid(logit(p) / T)``."""
+    z = _logit(p)
+    result = minimize_scalar(lambda log_t: _log_loss(z * np.exp(-log_t), y), bounds=(-7.0, 7.0), method="bounded",
+                             options={"xatol": 1e-6})
+    return float(np.exp(result.x))
+
+
+def fit_platt(p: np.ndarray, y: np.ndarray) -> tuple[float, float]:
+    """(a, b), a >= 1e-3, minimising the log-loss of ``sigmoid(a logit(p) + b)`` (L-BFGS-B with the
+    exact gradient, started at the identity a = 1, b = 0)."""
+    z = _logit(p)
+
+    def loss_and_gradient(theta):
+        a, b = theta
+        t = a * z + b
+        residual = _sigmoid(t) - y  # d loss / d t per pair
+        return _log_loss(t, y), np.array([np.mean(residual * z), np.mean(residual)])
+
+    result = minimize(loss_and_gradient, x0=np.array([1.0, 0.0]), jac=True, method="L-BFGS-B",
+                      bounds=[(_MIN_SLOPE, None), (None, None)])
+    return float(result.x[0]), float(result.x[1])
+
+
+class CalibratedClassifier(MultiLabelEstimator):
+    """An estimator whose probabilities are recalibrated on held-out rows.
+
+    Parameters
+    ----------
+    estimator : an unfitted bayesmlc estimator
+        ``fit`` fits a clone (the object given is never changed); the fitted clone is ``estimator_``.
+    method : "isotonic", "temperature" or "platt"
+        The calibration map (module docstring).
+    calibration_fraction : float in (0, 1)
+        Share of the training rows held out to fit the maps (at least one row each way).
+    top_k : int
+        The global map is fitted on each held-out row's ``top_k`` best labels.
+    min_label_positives : int or None
+        A label gets its own map when its held-out entries hold at least this many positives and as
+        many negatives; ``None``: the global map for every label.
+    random_state : int or None
+        Seeds the choice of held-out rows. The wrapped estimator keeps its own ``random_state``.
+
+    Fitted attributes
+    -----------------
+    estimator_ : the estimator fitted on the rows not held out
+    calibration_rows_ : ndarray of int (n_held_out,), the held-out training rows
+    global_map_ : ndarray; isotonic: (2, m) thresholds; temperature: [1 / T, 0]; platt: [a, b]
+    label_maps_ : list of ndarrays, one per label in ``calibrated_labels_``, same forms
+    calibrated_labels_ : ndarray of int, the labels with a map of their own
+    fit_seconds_ : float, wall time of the estimator's fit
+    calibration_seconds_ : float, wall time of predicting the held-out rows and fitting the maps
+    history_ : the estimator's ``history_``
+
+    ``decision_function`` is the estimator's; ``predict_proba`` applies the maps to its probabilities.
+    """
+
+    def __init__(self, estimator=None, method="isotonic", calibration_fraction=0.2, top_k=5,
+                 min_label_positives=50, random_state=None):
+        self.estimator = estimator
+        self.method = method
+        self.calibration_fraction = calibration_fraction
+        self.top_k = top_k
+        self.min_label_positives = min_label_positives
+        self.random_state = random_state
+
+    # ---- fitting ----------------------------------------------------------------------------
+    def _check_params(self) -> None:
+        if not isinstance(self.estimator, MultiLabelEstimator):
+            raise ValidationError(f"estimator must be a bayesmlc estimator, got {type(self.estimator).__name__}")
+        if self.method not in CALIBRATION_METHODS:
+            raise ValidationError(f"method must be one of {', '.join(CALIBRATION_METHODS)}, got {self.method!r}")
+        fraction = self.calibration_fraction
+        if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not 0.0 < fraction < 1.0:
+            raise ValidationError(f"calibration_fraction must be in (0, 1), got {fraction!r}")
+        if isinstance(self.top_k, bool) or not isinstance(self.top_k, (int, np.integer)) or self.top_k < 1:
+            raise ValidationError(f"top_k must be a positive integer, got {self.top_k!r}")
+        minimum = self.min_label_positives
+        if minimum is not None and (isinstance(minimum, bool) or not isinstance(minimum, (int, np.integer))
+                                    or minimum < 1):
+            raise ValidationError(f"min_label_positives must be None or a positive integer, got {minimum!r}")
+        if self.random_state is not None and not isinstance(self.random_state, (int, np.integer)):
+            raise ValidationError(f"random_state must be None or an int, got {self.random_state!r}")
+
+    def _fit_map(self, p: np.ndarray, y: np.ndarray) -> np.ndarray:
+        if self.method == "isotonic":
+            return fit_isotonic(p, y)
+        if self.method == "temperature":
+            return np.array([1.0 / fit_temperature(p, y), 0.0])
+        return np.array(fit_platt(p, y))
+
+    def _apply_map(self, calibration_map: np.ndarray, p: np.ndarray) -> np.ndarray:
+        if self.method == "isotonic":
+            return apply_isotonic(calibration_map, p)
+        slope, offset = calibration_map
+        return _sigmoid(slope * _logit(p) + offset)
+
+    def _fit(self, X, Y, label_mask, **fit_params):
+        self._check_params()
+        n = X.shape[0]
+        n_held_out = int(round(self.calibration_fraction * n))
+        if n_held_out < 1 or n_held_out >= n:
+            raise ValidationError(
+                f"calibration_fraction={self.calibration_fraction} of {n} rows leaves no rows to "
+                f"{'calibrate on' if n_held_out < 1 else 'train on'}"
+            )
+        order = np.random.RandomState(self.random_state).permutation(n)
+        held_out, kept = np.sort(order[:n_held_out]), np.sort(order[n_held_out:])
+        mask_kept = None if label_mask is None else label_mask[kept]
+        model = clone(self.estimator)
+        start = time.perf_counter()
+        model.fit(X[kept], Y[kept], mask_kept, **fit_params)
+        self.fit_seconds_ = time.perf_counter() - start
+        start = time.perf_counter()
+        X_held, Y_held = X[held_out], Y[held_out]
+        mask_held = None if label_mask is None else label_mask[held_out]
+        # labels that may get a map of their own: enough positives and negatives among observed entries
+        candidates = np.zeros(0, dtype=np.int64)
+        if self.min_label_positives is not None:
+            positives = np.bincount(Y_held.indices, minlength=Y.shape[1])
+            observed = (np.full(Y.shape[1], n_held_out) if mask_held is None
+                        else np.bincount(mask_held.indices, minlength=Y.shape[1]))
+            candidates = np.flatnonzero((positives >= self.min_label_positives)
+                                        & (observed - positives >= self.min_label_positives))
+        # held-out predictions batch by batch: the top-k pairs of the estimator's own ranking, and the
+        # candidate labels' columns
+        k = min(int(self.top_k), Y.shape[1])
+        top_p, top_y, columns = [], [], []
+        for rows in iter_batches(n_held_out, PREDICT_BATCH_ROWS):
+            proba = model.predict_proba(X_held[rows]).astype(np.float64)
+            indices, _ = topk(model.decision_function(X_held[rows]), k)
+            labels = indices.ravel()
+            row_of = np.repeat(np.arange(indices.shape[0]), k)
+            p = proba[row_of, labels]
+            y = np.asarray(Y_held[rows][row_of, labels]).ravel()
+            if mask_held is not None:
+                seen = np.asarray(mask_held[rows][row_of, labels]).ravel() > 0
+                p, y = p[seen], y[seen]
+            top_p.append(p)
+            top_y.append(y)
+            columns.append(proba[:, candidates])
+        p, y = np.concatenate(top_p), np.concatenate(top_y)
+        if p.size == 0:
+            raise ValidationError("no held-out top-k prediction is observed under label_mask: nothing to calibrate on")
+        self.global_map_ = self._fit_map(p, y)
+        label_maps = []
+        if candidates.size:
+            column_proba = np.vstack(columns)
+            column_truth = Y_held[:, candidates].toarray()
+            seen = None if mask_held is None else mask_held[:, candidates].toarray() > 0
+            for j in range(candidates.size):
+                keep = slice(None) if seen is None else seen[:, j]
+                label_maps.append(self._fit_map(column_proba[keep, j], column_truth[keep, j]))
+        calibrated = candidates
+        self.label_maps_ = label_maps
+        self.calibrated_labels_ = np.asarray(calibrated, dtype=np.int64)
+        self.calibration_seconds_ = time.perf_counter() - start
+        self.estimator_ = model
+        self.calibration_rows_ = held_out
+        self.history_ = {key: list(values) for key, values in getattr(model, "history_", {}).items()}
+
+    # ---- prediction -------------------------------------------------------------------------
+    def _decision_function(self, X) -> np.ndarray:
+        return self.estimator_.decision_function(X)
+
+    def calibrate(self, proba: np.ndarray) -> np.ndarray:
+        """The calibrated probabilities of raw ones ``proba`` (b, L) from ``estimator_``: (b, L) float64."""
+        proba = np.asarray(proba, dtype=np.float64)
+        out = self._apply_map(self.global_map_, proba.ravel()).reshape(proba.shape)
+        for label, calibration_map in zip(self.calibrated_labels_, self.label_maps_):
+            out[:, label] = self._apply_map(calibration_map, proba[:, label])
+        return np.clip(out, 0.0, 1.0)
+
+    def _predict_proba(self, X) -> np.ndarray:
+        return self.calibrate(self.estimator_.predict_proba(X)).astype(np.float32)
+
+    # ---- persistence: the fitted estimator is stored whole (bayesmlc.persistence nests it) ---
+    def _set_state(self, state: dict) -> None:
+        super()._set_state(state)
+        self.label_maps_ = [np.asarray(m, dtype=np.float64) for m in self.label_maps_]
+        self.global_map_ = np.asarray(self.global_map_, dtype=np.float64)
+        self.calibrated_labels_ = np.asarray(self.calibrated_labels_, dtype=np.int64)
