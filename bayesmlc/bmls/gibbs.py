@@ -45,6 +45,7 @@ from .samplers import (
     allocate_pair_tokens,
     crt,
     dirichlet_columns,
+    gamma_variates,
     zero_truncated_poisson,
 )
 
@@ -396,7 +397,7 @@ def gibbs_sweep(
     exposure = exposure_matrix(data, state.phi)
     n_features = state.h.shape[0]
     shape_increment = feature_token_counts(data.x_csr_indptr, data.x_csr_indices, tokens_nk, n_features)
-    gamma_draws = rng.standard_gamma(mu0 + shape_increment)
+    gamma_draws = gamma_variates(mu0 + shape_increment, rng)  # Gamma(mu0 + c_dk, 1), eq. (22)
     sweep_feature_weights(
         data.x_csc_indptr,
         data.x_csc_indices,
