@@ -145,7 +145,8 @@ def auc_run(setting: str, train, test, seed: int, params: dict, save_dir: Path |
         "s_per_sweep": float(np.mean(model.history_["sweep_time"])),
         "n_sweeps": int(model.n_sweeps_),
         "beta0": model.beta0_,
-        "phi_acceptance": float(np.mean(model.history_["phi_acceptance"][int(model.n_burnin):])),
+        "n_burnin": int(model.n_burnin_),
+        "phi_acceptance": float(np.mean(model.history_["phi_acceptance"][int(model.n_burnin_):] or [1.0])),
         "load": load_average(),
         "params": {**model.get_params(), "cooccurrence": bool(co)},
     }
