@@ -20,6 +20,15 @@ __all__ = ["BMLS", "cooccurrence_matrix"]
 AUTO_WINDOW = 20  # sweeps per window of the "auto" schedule's plateau and collection rules
 AUTO_MAX_DRAWS = 50  # draws kept by the "auto" schedule (for predict_interval), at most ...
 AUTO_DRAW_BYTES = 64 * 2**20  # ... and at most this many bytes of them
+# max_sweeps="auto": as many sweeps as a budget of about one minute of one core buys, predicted from the
+# data's shape (deterministic, so the same seed gives the same chain on any machine). Cost model of one
+# sweep, fitted to one-thread CPU times on Bibtex (0.033 s) and the AmazonCat-13K shape at 1% (0.8 s):
+# seconds = K (SECONDS_PER_ENTRY nnz(X') + SECONDS_PER_FEATURE D'), the second term being the h step's
+# D' K gamma draws and the passes over (D', K) arrays. docs/bmls.md, "Schedules".
+AUTO_BUDGET_SECONDS = 60.0
+SECONDS_PER_ENTRY = 7e-10
+SECONDS_PER_FEATURE = 5.5e-8
+AUTO_SWEEP_RANGE = (5 * AUTO_WINDOW, 2000)  # the fewest sweeps the rules can use, and the most
 
 
 def _window_gain(series) -> float:
@@ -184,7 +193,9 @@ class BMLS(MultiLabelEstimator):
     schedule : ``"auto"`` or ``"fixed"`` (see above).
     n_burnin, n_samples, thin : int, the ``"fixed"`` schedule: sweeps discarded, draws kept, sweeps
         between kept draws (each draw costs (L + D + 1) K values of ``sample_dtype``). Unused by ``"auto"``.
-    max_sweeps : int, the ``"auto"`` schedule's most sweeps in all; burn-in takes at most half of them.
+    max_sweeps : ``"auto"`` or int >= 40, the ``"auto"`` schedule's most sweeps in all; burn-in takes at
+        most half of them. ``"auto"``: the sweeps that about one minute of one core buys by a cost model
+        of the sweep in the data's shape (deterministic), at least 100 and at most 2000.
     plateau_tol : float, ``"auto"``: burn-in ends at the end of a window of 20 sweeps whose mean
         log-likelihood gained less than ``plateau_tol`` x |mean| over the previous window (training and,
         with ``validation_fraction``, held-out).
@@ -250,7 +261,7 @@ class BMLS(MultiLabelEstimator):
         n_burnin=200,
         n_samples=250,
         thin=10,
-        max_sweeps=2000,
+        max_sweeps="auto",
         plateau_tol=1e-3,
         predictive_tol=0.015,
         validation_fraction=None,
@@ -303,7 +314,8 @@ class BMLS(MultiLabelEstimator):
         positive_int("n_burnin", 0)
         positive_int("n_samples")
         positive_int("thin")
-        positive_int("max_sweeps", 2 * AUTO_WINDOW)
+        if self.max_sweeps != "auto":
+            positive_int("max_sweeps", 2 * AUTO_WINDOW)
         positive_int("recompute_theta_every")
         for name in ("mu0", "nu0", "beta0", "plateau_tol", "predictive_tol"):
             positive_float(name)
@@ -419,7 +431,7 @@ class BMLS(MultiLabelEstimator):
             history[key] = []
         trace = {"window_end": [], "burnin_gain": [], "heldout_gain": [], "predictive_change": []}
         timings: dict = {}
-        total = int(self.max_sweeps) if auto else int(self.n_burnin) + int(self.n_samples) * int(self.thin)
+        total = self._auto_sweeps(X_bias, n_topics) if auto else int(self.n_burnin) + int(self.n_samples) * int(self.thin)
         progress = None
         if self.verbose:
             from tqdm.auto import tqdm
@@ -511,6 +523,15 @@ class BMLS(MultiLabelEstimator):
         if data.uses_cooccurrence:
             self.cooccurrence_weights_ = np.asarray(state.r, dtype=np.float64)
         return self
+
+    def _auto_sweeps(self, X_bias: sp.csr_matrix, n_topics: int) -> int:
+        """The ``"auto"`` schedule's most sweeps: ``max_sweeps``, or for ``"auto"`` the sweeps that the
+        budget buys by the cost model above, within AUTO_SWEEP_RANGE."""
+        if self.max_sweeps != "auto":
+            return int(self.max_sweeps)
+        seconds = n_topics * (SECONDS_PER_ENTRY * X_bias.nnz + SECONDS_PER_FEATURE * X_bias.shape[1])
+        low, high = AUTO_SWEEP_RANGE
+        return int(np.clip(AUTO_BUDGET_SECONDS // max(seconds, 1e-12), low, high))
 
     def _draw_capacity(self, n_labels: int, n_features_bias: int, n_topics: int) -> int:
         """Draws to keep: all ``n_samples`` with ``"fixed"``; with ``"auto"``, ``max_kept_draws`` or, for
