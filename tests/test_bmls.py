@@ -490,3 +490,18 @@ def test_heldout_log_likelihood_and_validation_fraction():
     assert heldout.size == model.n_sweeps_ and np.all(np.isfinite(heldout)) and np.std(heldout) > 0
     with pytest.raises(ValidationError, match="label_mask"):
         BMLS(validation_fraction=0.2).fit(X, Y, label_mask=np.ones_like(Y))
+
+
+def test_auto_sweep_budget_follows_the_cost_model():
+    """max_sweeps='auto' = 60 s / (K (7e-10 nnz(X') + 5.5e-8 D')) sweeps, within [100, 2000], where X' is
+    the binary training pattern restricted to the features that occur, plus the bias column."""
+    rng = np.random.default_rng(16)
+    model = BMLS(n_topics=50)
+    for n_rows, n_features, density in [(200, 30, 0.3), (3000, 200_000, 0.0005), (20_000, 2000, 0.2)]:
+        X = sp.random(n_rows, n_features, density=density, format="csr", random_state=rng)
+        X.data[:] = 1.0
+        occurring = np.unique(X.indices).size
+        X_bias = model._with_bias(X[:, np.unique(X.indices)])
+        seconds = 50 * (7e-10 * (X.nnz + n_rows) + 5.5e-8 * (occurring + 1))
+        assert model._auto_sweeps(X_bias, 50) == int(np.clip(60.0 // seconds, 100, 2000))
+    assert BMLS(max_sweeps=300)._auto_sweeps(X_bias, 50) == 300
