@@ -82,7 +82,8 @@ def speed(train, n_sweeps: int, seed: int):
     results = []
 
     def measure(rows, n_topics):
-        model = BMLS(n_topics=n_topics, mu0=10, nu0=10, n_burnin=n_sweeps + 3, n_samples=1, thin=1, random_state=seed)
+        model = BMLS(n_topics=n_topics, mu0=10, nu0=10, schedule="fixed", n_burnin=n_sweeps + 3, n_samples=1, thin=1,
+                     random_state=seed)
         model.fit(train.X[rows], train.Y[rows])
         times = np.asarray(model.history_["sweep_time"][3:])
         return float(times.mean()), float(np.median(times))
