@@ -6,6 +6,16 @@ Usage (from the repository root; ../shared/datasets/bibtex is the BMLS split)::
     python benchmarks/bench_bmls.py auc --settings full        # the headline run
     python benchmarks/bench_bmls.py auc --settings full,labels20,labels20-co,inst20,inst20-co
     python benchmarks/bench_bmls.py all --out bmls-results.jsonl
+    python benchmarks/bench_bmls.py scale                      # "BMLS at scale": default fit vs omikuji
+    python benchmarks/bench_bmls.py scale --datasets amazoncat-13k-0.01,eurlex-4k-1.0
+
+Part ``scale`` (docs/benchmarks.md, "BMLS at scale"): on each data set the BMLS default
+(``schedule="auto"``), omikuji Parabel (``bayesmlc.bench.baselines.OmikujiParabel``, 3 trees) and, where
+cheap, one-vs-rest logistic regression are trained in the same process with one thread; the table gives
+wall and CPU seconds of ``fit``, BMLS's ratio to omikuji, global AUC (where every label is scored), P@1
+and P@5 on the test rows, and BMLS's seconds per sweep split by step (topics, labels, features,
+co-occurrence, likelihood). Synthetic shapes: ``make_preset(name, scale * 1.25)`` split 80/20 with seed
+0, so the training part has the preset's row count (AmazonCat-13K at 1%: 11,862 rows; EURLex-4K: 15,539).
 
 Settings (paper Sec. 6.1-6.2, Tables 2-4; test set always the full test split):
 
@@ -72,7 +82,8 @@ def speed(train, n_sweeps: int, seed: int):
     results = []
 
     def measure(rows, n_topics):
-        model = BMLS(n_topics=n_topics, mu0=10, nu0=10, n_burnin=n_sweeps + 3, n_samples=1, thin=1, random_state=seed)
+        model = BMLS(n_topics=n_topics, mu0=10, nu0=10, schedule="fixed", n_burnin=n_sweeps + 3, n_samples=1, thin=1,
+                     random_state=seed)
         model.fit(train.X[rows], train.Y[rows])
         times = np.asarray(model.history_["sweep_time"][3:])
         return float(times.mean()), float(np.median(times))
@@ -135,7 +146,8 @@ def auc_run(setting: str, train, test, seed: int, params: dict, save_dir: Path |
         "s_per_sweep": float(np.mean(model.history_["sweep_time"])),
         "n_sweeps": int(model.n_sweeps_),
         "beta0": model.beta0_,
-        "phi_acceptance": float(np.mean(model.history_["phi_acceptance"][int(model.n_burnin):])),
+        "n_burnin": int(model.n_burnin_),
+        "phi_acceptance": float(np.mean(model.history_["phi_acceptance"][int(model.n_burnin_):] or [1.0])),
         "load": load_average(),
         "params": {**model.get_params(), "cooccurrence": bool(co)},
     }
@@ -145,9 +157,83 @@ def auc_run(setting: str, train, test, seed: int, params: dict, save_dir: Path |
     return row
 
 
+SCALE_SETS = ["bibtex", "amazoncat-13k-0.01", "eurlex-4k-1.0", "hmc_cellcycle_go", "goemotions"]
+LOGISTIC_SETS = {"bibtex", "hmc_cellcycle_go", "goemotions"}  # sets where one-vs-rest logistic is cheap
+STEPS = ("topics", "labels", "features", "cooccurrence", "likelihood")
+
+
+def scale_data(name: str, shared: Path):
+    """(train X, train Y, test X, test Y, all_labels_scored) of a real set or a synthetic shape ``preset-scale``."""
+    if (shared / name / "train.txt").exists():
+        train, test = load(shared / name)
+        return train.X, train.Y, test.X, test.Y
+    from bayesmlc.data.synthetic import make_preset, split
+
+    preset, _, scale = name.rpartition("-")
+    train, test = split(make_preset(preset, scale=float(scale) * 1.25, random_state=0), 0.2, random_state=0)
+    return train.X, train.Y, test.X, test.Y
+
+
+def timed_fit(model, X, Y):
+    wall, cpu = time.perf_counter(), time.process_time()
+    model.fit(X, Y)
+    return time.perf_counter() - wall, time.process_time() - cpu
+
+
+def scale_run(name: str, shared: Path, seed: int, bmls_params: dict):
+    """Rows of the ``scale`` table for one data set (see the module docstring)."""
+    import torch
+
+    from bayesmlc.bench.baselines import OmikujiParabel
+    from bayesmlc.linear import LogisticRegression
+    from bayesmlc.metrics import auc_micro
+
+    torch.set_num_threads(1)
+    X, Y, X_test, Y_test = scale_data(name, shared)
+    many_labels = Y.shape[1] > 1000
+    models = {
+        "omikuji_parabel": OmikujiParabel(n_threads=1, predict_top_k=100 if many_labels else None, random_state=seed),
+        "bmls": BMLS(random_state=seed, **bmls_params),
+    }
+    if name in LOGISTIC_SETS:
+        models["logistic"] = LogisticRegression(standardize=name == "hmc_cellcycle_go", random_state=seed)
+    rows = []
+    for model_name, model in models.items():
+        fit_wall, fit_cpu = timed_fit(model, X, Y)
+        scores = model.decision_function(X_test)
+        row = {"part": "scale", "dataset": name, "model": model_name, "n_train": int(X.shape[0]),
+               "n_labels": int(Y.shape[1]), "fit_wall_s": round(fit_wall, 1), "fit_cpu_s": round(fit_cpu, 1),
+               "p@1": float(precision_at_k(Y_test, scores, 1)), "p@5": float(precision_at_k(Y_test, scores, 5)),
+               "auc": None if model_name == "omikuji_parabel" and many_labels else float(auc_micro(Y_test, scores)),
+               "load": load_average()}
+        if model_name == "bmls":
+            row.update(n_sweeps=int(model.n_sweeps_), n_burnin=int(model.n_burnin_),
+                       kept_draws=int(model.phi_samples_.shape[0]),
+                       step_s_per_sweep={step: model.sweep_step_seconds_.get(step, 0.0) / model.n_sweeps_ for step in STEPS})
+        rows.append(row)
+    base = next(row for row in rows if row["model"] == "omikuji_parabel")
+    for row in rows:
+        row["wall_vs_omikuji"] = round(row["fit_wall_s"] / max(base["fit_wall_s"], 1e-9), 2)
+        row["cpu_vs_omikuji"] = round(row["fit_cpu_s"] / max(base["fit_cpu_s"], 1e-9), 2)
+    return rows
+
+
+def print_scale_rows(rows):
+    for row in rows:
+        auc = "-" if row["auc"] is None else f"{row['auc']:.4f}"
+        extra = ""
+        if row["model"] == "bmls":
+            steps = " ".join(f"{step} {value:.4f}" for step, value in row["step_s_per_sweep"].items())
+            extra = f"  sweeps {row['n_sweeps']} (burn-in {row['n_burnin']}), s/sweep: {steps}"
+        print(f"{row['dataset']:<20}{row['model']:<17}{row['fit_wall_s']:>9.1f}{row['fit_cpu_s']:>9.1f}"
+              f"{row['wall_vs_omikuji']:>7.2f}{row['cpu_vs_omikuji']:>7.2f}{auc:>8}{row['p@1'] * 100:>7.2f}"
+              f"{row['p@5'] * 100:>7.2f}{row['load']:>6}{extra}", flush=True)
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("part", choices=["speed", "auc", "all"])
+    parser.add_argument("part", choices=["speed", "auc", "all", "scale"])
+    parser.add_argument("--datasets", default=",".join(SCALE_SETS), help="data sets of the scale part")
     parser.add_argument("--data", type=Path, default=DEFAULT_DATA, help="folder with train.txt / test.txt")
     parser.add_argument("--settings", default="full,labels20,labels20-co,inst20,inst20-co")
     parser.add_argument("--seed", type=int, default=0)
@@ -161,9 +247,20 @@ def main(argv=None):
     args = parser.parse_args(argv)
 
     params = {"n_topics": 100, "mu0": 10.0, "nu0": 10.0}
+    overrides = {}
     for item in args.set:
         key, _, value = item.partition("=")
-        params[key] = json.loads(value)
+        overrides[key] = json.loads(value)
+    params.update(overrides)
+    if args.part == "scale":
+        print(f"{'dataset':<20}{'model':<17}{'fit s':>9}{'CPU s':>9}{'wall x':>7}{'CPU x':>7}{'AUC':>8}{'P@1':>7}{'P@5':>7}{'load':>6}")
+        for name in args.datasets.split(","):
+            rows = scale_run(name.strip(), args.data.parent, args.seed, overrides)
+            print_scale_rows(rows)
+            if args.out:
+                with open(args.out, "a") as handle:
+                    handle.writelines(json.dumps(row) + "\n" for row in rows)
+        return 0
     train, test = load(args.data)
     if args.part in ("speed", "all"):
         speed_rows = speed(train, args.speed_sweeps, args.seed)

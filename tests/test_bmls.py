@@ -131,7 +131,7 @@ def test_recovers_planted_probabilities():
     draw = _planted_problem(rng, 0)
     X, Y, _ = draw(600)
     X_test, Y_test, proba_test = draw(600)
-    model = BMLS(n_topics=4, mu0=1.5, nu0=1.5, beta0=0.3, sample_beta0=False, n_burnin=150, n_samples=40,
+    model = BMLS(n_topics=4, mu0=1.5, nu0=1.5, beta0=0.3, sample_beta0=False, schedule="fixed", n_burnin=150, n_samples=40,
                  thin=3, random_state=0).fit(X, Y)
     predicted = model.predict_proba(X_test)
     oracle = roc_auc_score(Y_test.ravel(), proba_test.ravel())
@@ -150,7 +150,7 @@ def test_missing_labels_are_integrated_out_not_negatives():
     X, Y, _ = draw(800)
     X_test, _, proba_test = draw(400)
     Y_obs, mask = remove_labels(Y, fraction=0.5, random_state=3)
-    params = dict(n_topics=4, mu0=1.5, nu0=1.5, beta0=0.3, sample_beta0=False, n_burnin=150, n_samples=30,
+    params = dict(n_topics=4, mu0=1.5, nu0=1.5, beta0=0.3, sample_beta0=False, schedule="fixed", n_burnin=150, n_samples=30,
                   thin=3, random_state=0)
     masked = BMLS(**params).fit(X, Y_obs, label_mask=mask).predict_proba(X_test)
     as_zeros = BMLS(**params).fit(X, Y_obs).predict_proba(X_test)
@@ -166,7 +166,7 @@ def test_flipping_masked_entries_changes_nothing():
     X, Y, _ = draw(150)
     mask = (rng.random(Y.shape) < 0.6).astype(float)
     flipped = np.where(mask == 1, Y, 1 - Y)
-    params = dict(n_topics=3, n_burnin=20, n_samples=5, thin=2, random_state=5)
+    params = dict(n_topics=3, schedule="fixed", n_burnin=20, n_samples=5, thin=2, random_state=5)
     first = BMLS(**params).fit(X, Y, label_mask=mask)
     second = BMLS(**params).fit(X, flipped, label_mask=mask)
     np.testing.assert_array_equal(first.predict_proba(X), second.predict_proba(X))
@@ -179,7 +179,7 @@ def test_flipping_masked_entries_changes_nothing():
 def test_all_observed_mask_equals_no_mask():
     rng = np.random.default_rng(3)
     X, Y, _ = _planted_problem(rng, 0, n_labels=6)(80)
-    params = dict(n_topics=3, n_burnin=10, n_samples=3, thin=2, random_state=1)
+    params = dict(n_topics=3, schedule="fixed", n_burnin=10, n_samples=3, thin=2, random_state=1)
     a = BMLS(**params).fit(X, Y).predict_proba(X)
     b = BMLS(**params).fit(X, Y, label_mask=np.ones_like(Y)).predict_proba(X)
     np.testing.assert_array_equal(a, b)
@@ -191,7 +191,7 @@ def test_log_likelihood_history_matches_direct_computation():
     rng = np.random.default_rng(4)
     X, Y, _ = _planted_problem(rng, 0, n_labels=6)(60)
     mask = (rng.random(Y.shape) < 0.7).astype(float)
-    model = BMLS(n_topics=3, n_burnin=5, n_samples=1, thin=1, recompute_theta_every=1, random_state=2)
+    model = BMLS(n_topics=3, schedule="fixed", n_burnin=5, n_samples=1, thin=1, recompute_theta_every=1, random_state=2)
     model.fit(X, Y, label_mask=mask)
     phi, log_h = model.phi_samples_[0].astype(float), model.log_h_samples_[0].astype(float)
     rate = np.exp(np.hstack([X, np.ones((60, 1))]) @ log_h) @ phi.T
@@ -203,7 +203,7 @@ def test_log_likelihood_history_matches_direct_computation():
 def test_same_seed_same_result_and_save_load(tmp_path):
     rng = np.random.default_rng(5)
     X, Y, _ = _planted_problem(rng, 0, n_labels=6)(70)
-    params = dict(n_topics=3, n_burnin=10, n_samples=4, thin=2, random_state=11, cooccurrence=True)
+    params = dict(n_topics=3, schedule="fixed", n_burnin=10, n_samples=4, thin=2, random_state=11, cooccurrence=True)
     a = BMLS(**params).fit(X, Y)
     b = BMLS(**params).fit(X, Y)
     np.testing.assert_array_equal(a.predict_proba(X), b.predict_proba(X))
@@ -214,7 +214,7 @@ def test_same_seed_same_result_and_save_load(tmp_path):
     assert loaded.topics(3) == a.topics(3)
     # a user co-occurrence matrix as a parameter survives the round trip too
     C = cooccurrence_matrix(Y)
-    c_model = BMLS(n_topics=3, n_burnin=4, n_samples=2, thin=1, random_state=0, cooccurrence=C).fit(X, Y)
+    c_model = BMLS(n_topics=3, schedule="fixed", n_burnin=4, n_samples=2, thin=1, random_state=0, cooccurrence=C).fit(X, Y)
     c_model.save(tmp_path / "c.npz")
     np.testing.assert_array_equal(BMLS.load(tmp_path / "c.npz").predict_proba(X), c_model.predict_proba(X))
 
@@ -222,7 +222,7 @@ def test_same_seed_same_result_and_save_load(tmp_path):
 def test_float16_samples_halve_the_file_and_keep_the_predictions(tmp_path):
     rng = np.random.default_rng(8)
     X, Y, _ = _planted_problem(rng, 0, d=60, n_labels=6)(80)
-    params = dict(n_topics=5, n_burnin=10, n_samples=20, thin=1, random_state=3)
+    params = dict(n_topics=5, schedule="fixed", n_burnin=10, n_samples=20, thin=1, random_state=3)
     full = BMLS(**params).fit(X, Y)
     half = BMLS(sample_dtype="float16", **params).fit(X, Y)
     assert half.log_h_samples_.dtype == np.float16 and half.phi_samples_.dtype == np.float16
@@ -241,7 +241,7 @@ def test_float16_samples_halve_the_file_and_keep_the_predictions(tmp_path):
 def test_user_matrix_equal_to_default_gives_same_chain():
     rng = np.random.default_rng(6)
     X, Y, _ = _planted_problem(rng, 0, n_labels=6)(70)
-    params = dict(n_topics=3, n_burnin=10, n_samples=3, thin=2, random_state=4)
+    params = dict(n_topics=3, schedule="fixed", n_burnin=10, n_samples=3, thin=2, random_state=4)
     a = BMLS(cooccurrence=True, **params).fit(X, Y).predict_proba(X)
     full = cooccurrence_matrix(Y).toarray()
     b = BMLS(cooccurrence=full + full.T, **params).fit(X, Y).predict_proba(X)  # symmetric form
@@ -284,16 +284,21 @@ def test_cooccurrence_matrix_and_pairs():
         SweepData.build(X_bias, Y_csr, None, ([2], [1], [2]), pair_diagonal=True)
 
 
-def test_non_binary_features_need_a_threshold():
+def test_non_binary_features_are_binarised_at_zero_by_default():
     rng = np.random.default_rng(7)
-    X = rng.random((40, 5))
+    X = rng.random((40, 5)) - 0.3  # real values, some negative
     Y = (rng.random((40, 3)) < 0.3).astype(float)
     Y[0] = 1
+    params = dict(n_topics=2, schedule="fixed", n_burnin=5, n_samples=2, thin=1, random_state=0)
+    with pytest.warns(UserWarning, match="x > 0") as caught:
+        auto = BMLS(**params).fit(X, Y)
+    assert sum("x > 0" in str(w.message) for w in caught) == 1  # one warning line
+    explicit = BMLS(**params).fit((X > 0).astype(float), Y)
+    np.testing.assert_array_equal(auto.predict_proba(X), explicit.predict_proba((X > 0).astype(float)))
     with pytest.raises(ValidationError, match="binarize_threshold"):
-        BMLS(n_burnin=2, n_samples=1).fit(X, Y)
-    params = dict(n_topics=2, n_burnin=5, n_samples=2, thin=1, random_state=0)
+        BMLS(binarize_threshold=None, **params).fit(X, Y)
     thresholded = BMLS(binarize_threshold=0.5, **params).fit(X, Y)
-    explicit = BMLS(**params).fit((X > 0.5).astype(float), Y)
+    explicit = BMLS(binarize_threshold=None, **params).fit((X > 0.5).astype(float), Y)
     np.testing.assert_array_equal(thresholded.predict_proba(X), explicit.predict_proba((X > 0.5).astype(float)))
     with pytest.raises(ValidationError, match="binarize_threshold"):
         explicit.predict_proba(X)
@@ -317,13 +322,13 @@ def test_invalid_parameters_are_named(params, match):
     X = np.eye(4)
     Y = np.array([[1, 0], [0, 1], [1, 1], [0, 1]])
     with pytest.raises(ValidationError, match=match):
-        BMLS(n_burnin=1, n_samples=1, **params).fit(X, Y)
+        BMLS(schedule="fixed", n_burnin=1, n_samples=1, **params).fit(X, Y)
 
 
 def test_predict_interval_brackets_the_mean():
     rng = np.random.default_rng(8)
     X, Y, _ = _planted_problem(rng, 0, n_labels=6)(80)
-    model = BMLS(n_topics=3, n_burnin=20, n_samples=20, thin=2, random_state=0).fit(X, Y)
+    model = BMLS(n_topics=3, schedule="fixed", n_burnin=20, n_samples=20, thin=2, random_state=0).fit(X, Y)
     lower, upper = model.predict_interval(X[:10], coverage=0.8)
     mean = model.predict_proba(X[:10])
     assert np.all(lower <= mean + 1e-6) and np.all(mean <= upper + 1e-6)
@@ -338,7 +343,7 @@ def test_predict_interval_brackets_the_mean():
 def test_topics_and_format_topics():
     rng = np.random.default_rng(9)
     X, Y, _ = _planted_problem(rng, 0, n_labels=6, d=5)(80)
-    model = BMLS(n_topics=3, n_burnin=10, n_samples=4, thin=2, random_state=0).fit(X, Y)
+    model = BMLS(n_topics=3, schedule="fixed", n_burnin=10, n_samples=4, thin=2, random_state=0).fit(X, Y)
     topics = model.topics(2)
     assert [t["topic"] for t in topics] == list(np.argsort(-model.topic_usage_, kind="stable"))
     first = topics[0]
@@ -387,7 +392,116 @@ def test_bibtex_full_labels_auc():
 def test_verbose_shows_a_progress_bar(capsys):
     rng = np.random.default_rng(11)
     X, Y, _ = _planted_problem(rng, 0, n_labels=4)(30)
-    model = BMLS(n_topics=2, n_burnin=3, n_samples=2, thin=1, random_state=0, verbose=True).fit(X, Y)
+    model = BMLS(n_topics=2, schedule="fixed", n_burnin=3, n_samples=2, thin=1, random_state=0, verbose=True).fit(X, Y)
     err = capsys.readouterr().err
     assert "BMLS Gibbs" in err and "5/5" in err
     assert model.history_["sweep"] == [1, 2, 3, 4, 5]
+
+
+def test_auto_schedule_follows_its_documented_rules():
+    """The burn-in ends at the first window of 20 sweeps whose mean log-likelihood gained at most
+    plateau_tol (relative) over the window before, recomputed here from the history; collection ends
+    at the first window (after 3) where the posterior-mean rates moved by less than predictive_tol."""
+    rng = np.random.default_rng(12)
+    X, Y, _ = _planted_problem(rng, 0, n_labels=6)(150)
+    model = BMLS(n_topics=3, max_sweeps=400, plateau_tol=5e-3, predictive_tol=0.05, random_state=0).fit(X, Y)
+    objective = np.asarray(model.history_["objective"])
+    window = 20
+    expected_burnin = None
+    for end in range(2 * window, 200 + 1, window):
+        last, previous = objective[end - window:end].mean(), objective[end - 2 * window:end - window].mean()
+        if (last - previous) / abs(last) <= 5e-3 or end >= 200:
+            expected_burnin = end
+            break
+    assert model.n_burnin_ == expected_burnin
+    assert model.n_collected_ == model.n_sweeps_ - model.n_burnin_
+    changes = model.schedule_trace_["predictive_change"]
+    collection = changes[~np.isnan(changes)]
+    if model.n_sweeps_ < 400:  # stopped by the rule: the last move is below the tolerance, earlier ones not
+        assert collection[-1] < 0.05 and model.n_collected_ >= 3 * window
+        windows_before = collection[: max(0, model.n_collected_ // window - 3)]
+        assert np.all(windows_before[1:] >= 0.05) or model.n_collected_ == 3 * window
+    assert len(objective) == model.n_sweeps_
+
+
+def test_auto_moments_and_moment_predictor_match_numpy():
+    """With room for every draw, the stored moments are the mean and variance of the collected draws, and
+    predict_proba is 1 - exp(-E[phi] exp(x'(E[log h] + Var[log h] / 2))) computed here with NumPy;
+    features never on in training keep log h = log(mu0 / nu0) with variance 0."""
+    rng = np.random.default_rng(13)
+    X, Y, _ = _planted_problem(rng, 0, n_labels=5, d=6)(90)
+    X[:, 2] = 0  # never on in training
+    model = BMLS(n_topics=3, max_sweeps=120, max_kept_draws=10_000, mu0=4.0, nu0=2.0, random_state=1).fit(X, Y)
+    assert model.log_h_samples_.shape[0] == model.n_collected_
+    log_h = model.log_h_samples_.astype(np.float64)
+    np.testing.assert_allclose(model.log_h_, log_h.mean(axis=0), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(model.log_h_var_, log_h.var(axis=0), rtol=1e-3, atol=1e-6)
+    np.testing.assert_allclose(model.phi_, model.phi_samples_.astype(np.float64).mean(axis=0), rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(model.log_h_[2], np.log(2.0))
+    np.testing.assert_array_equal(model.log_h_var_[2], 0.0)
+    X_test = (rng.random((30, 6)) < 0.5).astype(float)
+    theta = np.exp(np.hstack([X_test, np.ones((30, 1))]) @ (model.log_h_ + 0.5 * model.log_h_var_))
+    expected = -np.expm1(-theta @ model.phi_.T)
+    np.testing.assert_allclose(model.predict_proba(X_test), expected, rtol=1e-4, atol=1e-6)
+
+
+def test_auto_keeps_a_bounded_spread_set_of_draws():
+    from bayesmlc.bmls.model import _DrawStore
+
+    class State:
+        def __init__(self, value):
+            self.phi = np.full((2, 1), float(value))
+            self.h = np.full((1, 1), np.exp(value))
+
+    store = _DrawStore(capacity=8, thin=1)
+    for sweep in range(100):
+        store.offer(State(sweep))
+    phi, log_h = store.arrays()
+    kept = phi[:, 0, 0]
+    assert 4 <= kept.size <= 8
+    np.testing.assert_allclose(log_h[:, 0, 0], kept, atol=1e-4)
+    steps = np.diff(kept)
+    assert np.all(steps == steps[0]) and kept[0] < 100 / 8 and kept[-1] >= 100 - steps[0]  # evenly spread
+    rng = np.random.default_rng(14)
+    X, Y, _ = _planted_problem(rng, 0, n_labels=4)(60)
+    model = BMLS(n_topics=2, max_sweeps=200, max_kept_draws=6, random_state=0).fit(X, Y)
+    assert 3 <= model.phi_samples_.shape[0] <= 6
+    none = BMLS(n_topics=2, max_sweeps=100, max_kept_draws=0, random_state=0).fit(X, Y)
+    assert none.phi_samples_.shape[0] == 0 and none.predict_proba(X).shape == (60, 4)
+    with pytest.raises(ValidationError, match="max_kept_draws"):
+        none.predict_interval(X)
+
+
+def test_heldout_log_likelihood_and_validation_fraction():
+    from bayesmlc.bmls.gibbs import heldout_log_likelihood
+
+    rng = np.random.default_rng(15)
+    X, Y, _ = _planted_problem(rng, 0, n_labels=5)(40)
+    phi = rng.dirichlet(np.ones(5), size=3).T
+    h = rng.gamma(2.0, 0.5, size=(X.shape[1] + 1, 3))
+    Xb = np.hstack([X, np.ones((40, 1))])
+    rate = np.exp(Xb @ np.log(h)) @ phi.T
+    expected = np.sum(np.where(Y == 1, np.log(-np.expm1(-rate)), -rate))
+    rows, cols = (a.astype(np.int64) for a in np.nonzero(Y))
+    assert heldout_log_likelihood(sp.csr_matrix(Xb), rows, cols, phi, h) == pytest.approx(expected, rel=1e-10)
+    X, Y, _ = _planted_problem(rng, 0, n_labels=5)(120)
+    model = BMLS(n_topics=3, max_sweeps=100, validation_fraction=0.25, random_state=0).fit(X, Y)
+    heldout = np.asarray(model.history_["heldout"])
+    assert heldout.size == model.n_sweeps_ and np.all(np.isfinite(heldout)) and np.std(heldout) > 0
+    with pytest.raises(ValidationError, match="label_mask"):
+        BMLS(validation_fraction=0.2).fit(X, Y, label_mask=np.ones_like(Y))
+
+
+def test_auto_sweep_budget_follows_the_cost_model():
+    """max_sweeps='auto' = 60 s / (K (7e-10 nnz(X') + 5.5e-8 D')) sweeps, within [100, 2000], where X' is
+    the binary training pattern restricted to the features that occur, plus the bias column."""
+    rng = np.random.default_rng(16)
+    model = BMLS(n_topics=50)
+    for n_rows, n_features, density in [(200, 30, 0.3), (3000, 200_000, 0.0005), (20_000, 2000, 0.2)]:
+        X = sp.random(n_rows, n_features, density=density, format="csr", random_state=rng)
+        X.data[:] = 1.0
+        occurring = np.unique(X.indices).size
+        X_bias = model._with_bias(X[:, np.unique(X.indices)])
+        seconds = 50 * (7e-10 * (X.nnz + n_rows) + 5.5e-8 * (occurring + 1))
+        assert model._auto_sweeps(X_bias, 50) == int(np.clip(60.0 // seconds, 100, 2000))
+    assert BMLS(max_sweeps=300)._auto_sweeps(X_bias, 50) == 300

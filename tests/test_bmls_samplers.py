@@ -21,6 +21,7 @@ from bayesmlc.bmls.samplers import (
     allocate_pair_tokens,
     crt,
     dirichlet_columns,
+    gamma_variates,
     log_gamma_variates,
     zero_truncated_poisson,
 )
@@ -93,6 +94,25 @@ def test_log_gamma_variates_distribution(shape):
 
     assert np.all(np.isfinite(log_draws))
     assert stats.kstest(log_draws, log_space_cdf).pvalue > 1e-3
+
+
+@pytest.mark.parametrize("shape", [1.0, 1.7, 10.0, 55.0])
+def test_gamma_variates_distribution(shape):
+    """KS test of the Marsaglia-Tsang sampler against scipy's gamma CDF, a mixed-shape array (each
+    part against its own CDF), and blocks running out of pre-drawn variates (tiny arrays)."""
+    rng = np.random.default_rng(4)
+    draws = gamma_variates(np.full(40_000, shape), rng)
+    assert stats.kstest(draws, stats.gamma(shape).cdf).pvalue > 1e-3
+    mixed = np.where(np.arange(30_000) % 2 == 0, shape, shape + 3.0).reshape(100, 300)
+    out = gamma_variates(mixed, rng)
+    assert out.shape == mixed.shape
+    assert stats.kstest(out[mixed == shape], stats.gamma(shape).cdf).pvalue > 1e-3
+    assert stats.kstest(out[mixed != shape], stats.gamma(shape + 3.0).cdf).pvalue > 1e-3
+    small = np.concatenate([gamma_variates(np.full(3, shape), rng) for _ in range(5000)])
+    assert stats.kstest(small, stats.gamma(shape).cdf).pvalue > 1e-3
+    # shapes below 1 go to NumPy's sampler and stay exact
+    tiny = gamma_variates(np.full(20_000, 0.3), rng)
+    assert stats.kstest(tiny, stats.gamma(0.3).cdf).pvalue > 1e-3
 
 
 def test_dirichlet_columns_moments_and_tiny_concentrations():

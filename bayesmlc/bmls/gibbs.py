@@ -32,6 +32,7 @@ E_k = sum_{i<j} phi_ik phi_jk = (1 - |phi_k|^2) / 2, or (1 + |phi_k|^2) / 2 with
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -44,6 +45,7 @@ from .samplers import (
     allocate_pair_tokens,
     crt,
     dirichlet_columns,
+    gamma_variates,
     zero_truncated_poisson,
 )
 
@@ -56,6 +58,7 @@ __all__ = [
     "theta_from_log_h",
     "label_log_likelihood",
     "gibbs_sweep",
+    "heldout_log_likelihood",
     "init_state",
 ]
 
@@ -348,22 +351,33 @@ def gibbs_sweep(
     sample_beta0_flag: bool,
     recompute_theta: bool,
     phi_step: str = "dirichlet",
+    timings: Optional[dict] = None,
 ) -> float:
     """One full Gibbs sweep, in place. Returns the log-likelihood of the observed labels afterwards.
 
     Order: label tokens (eqs. (13)-(16)) -> unobserved-label augmentation (missing labels only) ->
     co-occurrence tokens (eqs. (17)-(18)) -> beta0 (phi collapsed, optional) -> phi (eqs. (24)/(26)) ->
     lambda, gamma0, f0 -> h and theta (eqs. (21)-(23)) -> rates at the positives for the next sweep.
+
+    ``timings``: a dict to which the seconds of each step are added under ``"topics"`` (latent counts
+    at the positives and their allocation to topics), ``"cooccurrence"`` (C's tokens, lambda, gamma0,
+    f0), ``"labels"`` (unobserved-label augmentation, beta0, phi), ``"features"`` (c, the gamma draws,
+    the h sweep, theta) and ``"likelihood"`` (rates at the positives and the log-likelihood).
     """
+    clock = time.perf_counter
+    tic = clock()
     tokens_nk, tokens_lk = sample_label_tokens(data, state, rng)
+    tic = _lap(timings, "topics", tic)
     label_topic = tokens_lk
     if data.mask_obs is not None:
         label_topic = label_topic + sample_unobserved_label_tokens(data, state, rng)
+    tic = _lap(timings, "labels", tic)
     endpoint = None
     if data.uses_cooccurrence:
         uniforms = rng.random(int(data.pair_counts.sum()))
         endpoint = allocate_pair_tokens(data.pair_first, data.pair_second, data.pair_counts, state.phi, state.r, uniforms)
         label_topic = label_topic + endpoint
+    tic = _lap(timings, "cooccurrence", tic)
     if sample_beta0_flag:
         state.beta0 = sample_beta0(label_topic, state.beta0, rng)
     if endpoint is not None and phi_step == "metropolis":
@@ -375,13 +389,15 @@ def gibbs_sweep(
     else:
         # eq. (24) / (26): phi_k ~ Dir(beta0 + z_{l.k} (+ c_{l.k})); with C this drops the exposure
         state.phi = dirichlet_columns(state.beta0 + label_topic, rng)
+    tic = _lap(timings, "labels", tic)
     if endpoint is not None:
         sample_cooccurrence_hyper(state, endpoint, rng, data.pair_diagonal)
+    tic = _lap(timings, "cooccurrence", tic)
 
     exposure = exposure_matrix(data, state.phi)
     n_features = state.h.shape[0]
     shape_increment = feature_token_counts(data.x_csr_indptr, data.x_csr_indices, tokens_nk, n_features)
-    gamma_draws = rng.standard_gamma(mu0 + shape_increment)
+    gamma_draws = gamma_variates(mu0 + shape_increment, rng)  # Gamma(mu0 + c_dk, 1), eq. (22)
     sweep_feature_weights(
         data.x_csc_indptr,
         data.x_csc_indices,
@@ -394,6 +410,28 @@ def gibbs_sweep(
     )
     if recompute_theta:
         state.theta = theta_from_log_h(data.x_csr, state.h)
+    tic = _lap(timings, "features", tic)
     state.topic_tokens = tokens_lk.sum(axis=0)
     state.rates = positive_rates(data.pos_rows, data.pos_cols, state.phi, state.theta)
-    return label_log_likelihood(data, state, exposure)
+    log_lik = label_log_likelihood(data, state, exposure)
+    _lap(timings, "likelihood", tic)
+    return log_lik
+
+
+def _lap(timings: Optional[dict], step: str, tic: float) -> float:
+    """Add the seconds since ``tic`` to ``timings[step]`` (when timing); return the new start."""
+    toc = time.perf_counter()
+    if timings is not None:
+        timings[step] = timings.get(step, 0.0) + toc - tic
+    return toc
+
+
+def heldout_log_likelihood(x_csr: sp.csr_matrix, pos_rows, pos_cols, phi: np.ndarray, h: np.ndarray) -> float:
+    """log p(Y_val | phi, h) of held-out rows with all labels observed (eq. (3)), without any
+    (N_val, L) array: theta_val = exp(X'_val log h) (N_val, K), rates at the positives only, and the
+    total rate sum_nl rho_ln = sum_nk theta_nk because the columns of phi sum to 1.
+    Cost O(nnz(X_val) K + nnz(Y_val) K). ``x_csr`` (N_val, D') binary with the bias column; ``pos_rows``,
+    ``pos_cols`` (E_val,) the positives."""
+    theta = theta_from_log_h(x_csr, h)
+    rates = positive_rates(pos_rows, pos_cols, phi, theta)
+    return float(np.sum(np.log(-np.expm1(-np.maximum(rates, 1e-300)))) - (theta.sum() - rates.sum()))

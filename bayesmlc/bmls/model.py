@@ -4,6 +4,7 @@ optional label co-occurrence (Zhao, Rai, Du & Buntine, AISTATS 2018), trained by
 from __future__ import annotations
 
 import time
+import warnings
 
 import numpy as np
 import scipy.sparse as sp
@@ -12,11 +13,100 @@ import torch
 from ..base import MultiLabelEstimator
 from ..exceptions import ValidationError
 from ..utils import iter_batches, numpy_rng, resolve_device
-from .gibbs import SweepData, gibbs_sweep, init_state
+from .gibbs import SweepData, gibbs_sweep, heldout_log_likelihood, init_state, positive_rates
 
 __all__ = ["BMLS", "cooccurrence_matrix"]
 
-SAMPLE_CHUNK = 16  # posterior samples evaluated together at prediction time
+AUTO_WINDOW = 20  # sweeps per window of the "auto" schedule's plateau and collection rules
+AUTO_MAX_DRAWS = 50  # draws kept by the "auto" schedule (for predict_interval), at most ...
+AUTO_DRAW_BYTES = 64 * 2**20  # ... and at most this many bytes of them
+# max_sweeps="auto": as many sweeps as a budget of about one minute of one core buys, predicted from the
+# data's shape (deterministic, so the same seed gives the same chain on any machine). Cost model of one
+# sweep, fitted to one-thread CPU times on Bibtex (0.033 s) and the AmazonCat-13K shape at 1% (0.8 s):
+# seconds = K (SECONDS_PER_ENTRY nnz(X') + SECONDS_PER_FEATURE D'), the second term being the h step's
+# D' K gamma draws and the passes over (D', K) arrays. docs/bmls.md, "Schedules".
+AUTO_BUDGET_SECONDS = 60.0
+SECONDS_PER_ENTRY = 7e-10
+SECONDS_PER_FEATURE = 5.5e-8
+AUTO_SWEEP_RANGE = (5 * AUTO_WINDOW, 2000)  # the fewest sweeps the rules can use, and the most
+
+
+def _window_gain(series) -> float:
+    """Relative gain of the mean of the last AUTO_WINDOW values over the mean of the window before:
+    (m_last - m_previous) / |m_last|; +inf until two windows exist."""
+    values = np.asarray(series[-2 * AUTO_WINDOW:], dtype=np.float64)
+    if values.size < 2 * AUTO_WINDOW:
+        return np.inf
+    previous, last = values[:AUTO_WINDOW].mean(), values[AUTO_WINDOW:].mean()
+    return float((last - previous) / max(abs(last), np.finfo(float).tiny))
+
+
+class _PosteriorMoments:
+    """Running sums over the collected sweeps: E[phi] (L, K), E[log h] and E[(log h)^2] (D', K), the
+    label tokens per topic. Memory independent of the number of sweeps."""
+
+    def __init__(self, n_labels: int, n_features_bias: int, n_topics: int):
+        self.count = 0
+        self.phi_sum = np.zeros((n_labels, n_topics))
+        self.log_h_sum = np.zeros((n_features_bias, n_topics))
+        self.log_h_square_sum = np.zeros((n_features_bias, n_topics))
+        self.usage_sum = np.zeros(n_topics)
+
+    def add(self, state) -> None:
+        log_h = np.log(state.h)
+        self.count += 1
+        self.phi_sum += state.phi
+        self.log_h_sum += log_h
+        log_h *= log_h
+        self.log_h_square_sum += log_h
+        self.usage_sum += state.topic_tokens
+
+    def phi_mean(self) -> np.ndarray:
+        return self.phi_sum / self.count
+
+    def log_h_mean(self) -> np.ndarray:
+        return self.log_h_sum / self.count
+
+    def log_h_var(self) -> np.ndarray:
+        mean = self.log_h_mean()
+        return np.maximum(self.log_h_square_sum / self.count - mean * mean, 0.0)
+
+    def rates_at(self, data) -> np.ndarray:
+        """Posterior-mean rates E[phi_l.] . E[theta_.n] at the training positives (the moment predictor,
+        see :class:`BMLS`), (E,). Cost O(nnz(X) K + nnz(Y) K)."""
+        theta = np.exp(np.asarray(data.x_csr @ (self.log_h_mean() + 0.5 * self.log_h_var())))
+        return np.maximum(positive_rates(data.pos_rows, data.pos_cols, self.phi_mean(), theta), 1e-300)
+
+
+class _DrawStore:
+    """At most ``capacity`` draws of (phi, log h), float32. Offer i (from 0) is kept when i is a multiple
+    of ``thin``; when the store is full, the draws off the grid of 2 ``thin`` are dropped and ``thin``
+    doubles, so the kept draws stay evenly spread over the whole collection however long it runs."""
+
+    def __init__(self, capacity: int, thin: int):
+        self.capacity = capacity
+        self.thin = thin
+        self.offers = 0
+        self.phi: list = []
+        self.log_h: list = []
+
+    def offer(self, state) -> None:
+        self.offers += 1
+        if self.capacity == 0 or (self.offers - 1) % self.thin:
+            return
+        if len(self.phi) == self.capacity:
+            self.phi, self.log_h = self.phi[::2], self.log_h[::2]  # the draws on the doubled grid
+            self.thin *= 2
+            if (self.offers - 1) % self.thin:
+                return
+        self.phi.append(state.phi.astype(np.float32))
+        self.log_h.append(np.log(state.h).astype(np.float32))
+
+    def arrays(self):
+        """(S, L, K) and (S, D', K) float32 arrays of the kept draws (S may be 0)."""
+        if not self.phi:
+            return np.empty((0, 0, 0), dtype=np.float32), np.empty((0, 0, 0), dtype=np.float32)
+        return np.stack(self.phi), np.stack(self.log_h)
 
 
 def cooccurrence_matrix(Y, diagonal: bool = False) -> sp.csr_matrix:
@@ -67,8 +157,18 @@ class BMLS(MultiLabelEstimator):
     phi_k ~ Dirichlet_L(beta0), theta_kn = b_k prod_d h_dk^{x_nd} over binary features with
     h_dk, b_k ~ Gamma(mu0, rate nu0); optionally the label co-occurrence counts c_ij ~
     Poisson(sum_k phi_ik lambda_k phi_jk) share phi. Trained by the Gibbs sweep of
-    :mod:`bayesmlc.bmls.gibbs`, whose cost grows with nnz(Y), nnz(X) and nnz(C). Predictions are
-    1 - exp(-phi theta(x)) averaged over the kept posterior samples.
+    :mod:`bayesmlc.bmls.gibbs`, whose cost grows with nnz(Y), nnz(X) and nnz(C).
+
+    Two schedules (docs/bmls.md, "Schedules"):
+
+    * ``"auto"`` (default): burn-in stops when the training log-likelihood (and the held-out one, with
+      ``validation_fraction``) plateaus; collection stops when the posterior-mean predictions at the
+      training positives stop moving. Predictions use the posterior means of phi and log h and the
+      posterior variance of log h: Pr(y_l = 1 | x) = 1 - exp(-sum_k E[phi_lk] E[theta_k(x)]) with
+      E[theta_k(x)] = exp(sum_d x_d (E[log h_dk] + Var[log h_dk] / 2)) (log h treated as Gaussian and
+      independent across d). The model stores those moments and at most ``max_kept_draws`` draws.
+    * ``"fixed"``: the authors' demo protocol, ``n_burnin`` sweeps then ``n_samples`` draws every
+      ``thin`` sweeps; predictions average 1 - exp(-phi theta(x)) over the kept draws (paper and code).
 
     Parameters
     ----------
@@ -90,16 +190,28 @@ class BMLS(MultiLabelEstimator):
         draws phi from eq. (26), which ignores it (an approximation); ``"metropolis"`` uses that draw
         as an independence proposal and accepts it with the exposure ratio (exact). Without C both are
         the exact Gibbs step of eq. (24).
-    n_burnin : int, sweeps discarded before collecting.
-    n_samples : int, posterior samples kept (each costs (L + D + 1) K values of ``sample_dtype`` in
-        memory and on disk).
-    thin : int, sweeps between kept samples.
-    binarize_threshold : None or float. The model needs binary features; with ``None`` any other value
-        is an error, with a number t a feature is on when x > t.
-    sample_dtype : ``"float32"`` or ``"float16"``, storage of the kept samples. float16 halves the
-        fitted model (Bibtex, 250 samples: about 100 MB instead of 200 MB) at a rounding error of at
-        most 2^-11 relative per stored value (<= 0.001 absolute for |log h| < 4); ``phi_`` and
-        ``log_h_`` are averaged before rounding. Predictions are computed in float32 either way.
+    schedule : ``"auto"`` or ``"fixed"`` (see above).
+    n_burnin, n_samples, thin : int, the ``"fixed"`` schedule: sweeps discarded, draws kept, sweeps
+        between kept draws (each draw costs (L + D + 1) K values of ``sample_dtype``). Unused by ``"auto"``.
+    max_sweeps : ``"auto"`` or int >= 40, the ``"auto"`` schedule's most sweeps in all; burn-in takes at
+        most half of them. ``"auto"``: the sweeps that about one minute of one core buys by a cost model
+        of the sweep in the data's shape (deterministic), at least 100 and at most 2000.
+    plateau_tol : float, ``"auto"``: burn-in ends at the end of a window of 20 sweeps whose mean
+        log-likelihood gained less than ``plateau_tol`` x |mean| over the previous window (training and,
+        with ``validation_fraction``, held-out).
+    predictive_tol : float, ``"auto"``: collection ends at the end of a window (after at least 3) where
+        the posterior-mean rates at the training positives moved by less than ``predictive_tol`` in mean
+        absolute log since the previous window.
+    validation_fraction : None or float in (0, 0.5], ``"auto"``: hold out this share of the training rows
+        (drawn from ``random_state``; not trained on) and require their log-likelihood to plateau too.
+        Not available with ``label_mask``.
+    max_kept_draws : ``"auto"`` or int >= 0, ``"auto"`` schedule: draws kept for
+        :meth:`predict_interval`, spread over the collection (thinning doubles whenever the store is
+        full). ``"auto"``: at most 50 and at most 64 MB of ``sample_dtype``.
+    binarize_threshold : ``"auto"``, None or float. The model needs binary features. ``"auto"``: a
+        feature is on when x > 0 (one warning at fit when X is not already 0/1); a number t: on when
+        x > t; None: any non-binary value is an error.
+    sample_dtype : ``"float32"`` or ``"float16"``, storage of the kept draws (the moments stay float64).
     recompute_theta_every : int, sweeps between recomputing theta = exp(X log h) from scratch in log
         space (between them theta is updated multiplicatively, eq. (23)).
     random_state : int, Generator or None.
@@ -110,20 +222,28 @@ class BMLS(MultiLabelEstimator):
     Attributes
     ----------
     phi_ : (L, K) posterior mean of the topics.
-    log_h_ : (D + 1, K) posterior mean of log h; the last row is the bias log b.
-    phi_samples_ : (S, L, K) kept samples of phi (``sample_dtype``).
-    log_h_samples_ : (S, D + 1, K) kept samples of log h (``sample_dtype``).
-    beta0_ : float, the last beta0. topic_usage_ : (K,) mean label tokens per topic over kept sweeps.
+    log_h_ : (D + 1, K) posterior mean of log h; the last row is the bias log b. Features never on in
+        the training rows keep their prior and are fixed at h = E[h] = mu0 / nu0 (not sampled).
+    log_h_var_ : (D + 1, K) posterior variance of log h (0 for features never on in training).
+    phi_samples_ : (S, L, K) kept draws of phi (``sample_dtype``); S may be 0 with ``"auto"``.
+    log_h_samples_ : (S, D + 1, K) kept draws of log h (``sample_dtype``).
+    n_sweeps_, n_burnin_, n_collected_ : sweeps in all, burn-in sweeps, sweeps averaged into the moments.
+    sweep_step_seconds_ : dict, seconds per step summed over the fit ("topics", "labels", "features",
+        "cooccurrence", "likelihood"; see :func:`bayesmlc.bmls.gibbs.gibbs_sweep`).
+    beta0_ : float, the last beta0. topic_usage_ : (K,) mean label tokens per topic over collected sweeps.
     history_ : per sweep "objective" (log-likelihood of the observed training labels), "wall_time",
         "sweep", "sweep_time", "beta0", "phi_acceptance" (share of topics whose phi proposal was
-        accepted; always 1 with ``phi_step="dirichlet"`` or without C).
+        accepted; always 1 with ``phi_step="dirichlet"`` or without C), and "heldout" (held-out
+        log-likelihood, NaN without ``validation_fraction``).
+    schedule_trace_ : dict, ``"auto"``: the window ends ("window_end"), the relative gains of the
+        burn-in windows ("burnin_gain", "heldout_gain") and the collection's moves ("predictive_change").
 
     Examples
     --------
     >>> import numpy as np
     >>> rng = np.random.default_rng(0)
     >>> X = (rng.random((60, 8)) < 0.3).astype(float); Y = X[:, :3]
-    >>> model = BMLS(n_topics=4, n_burnin=20, n_samples=5, thin=2, random_state=0).fit(X, Y)
+    >>> model = BMLS(n_topics=4, max_sweeps=200, random_state=0).fit(X, Y)
     >>> model.predict_proba(X).shape
     (60, 3)
     """
@@ -137,10 +257,16 @@ class BMLS(MultiLabelEstimator):
         sample_beta0=True,
         cooccurrence=False,
         cooccurrence_diagonal=False,
+        schedule="auto",
         n_burnin=200,
         n_samples=250,
         thin=10,
-        binarize_threshold=None,
+        max_sweeps="auto",
+        plateau_tol=1e-3,
+        predictive_tol=0.015,
+        validation_fraction=None,
+        max_kept_draws="auto",
+        binarize_threshold="auto",
         recompute_theta_every=10,
         phi_step="dirichlet",
         sample_dtype="float32",
@@ -155,9 +281,15 @@ class BMLS(MultiLabelEstimator):
         self.sample_beta0 = sample_beta0
         self.cooccurrence = cooccurrence
         self.cooccurrence_diagonal = cooccurrence_diagonal
+        self.schedule = schedule
         self.n_burnin = n_burnin
         self.n_samples = n_samples
         self.thin = thin
+        self.max_sweeps = max_sweeps
+        self.plateau_tol = plateau_tol
+        self.predictive_tol = predictive_tol
+        self.validation_fraction = validation_fraction
+        self.max_kept_draws = max_kept_draws
         self.binarize_threshold = binarize_threshold
         self.recompute_theta_every = recompute_theta_every
         self.phi_step = phi_step
@@ -182,9 +314,20 @@ class BMLS(MultiLabelEstimator):
         positive_int("n_burnin", 0)
         positive_int("n_samples")
         positive_int("thin")
+        if self.max_sweeps != "auto":
+            positive_int("max_sweeps", 2 * AUTO_WINDOW)
         positive_int("recompute_theta_every")
-        for name in ("mu0", "nu0", "beta0"):
+        for name in ("mu0", "nu0", "beta0", "plateau_tol", "predictive_tol"):
             positive_float(name)
+        if self.schedule not in ("auto", "fixed"):
+            raise ValidationError(f"schedule must be 'auto' or 'fixed', got {self.schedule!r}")
+        fraction = self.validation_fraction
+        if fraction is not None and (
+            isinstance(fraction, bool) or not isinstance(fraction, (int, float, np.number)) or not 0 < fraction <= 0.5
+        ):
+            raise ValidationError(f"validation_fraction must be None or a number in (0, 0.5], got {fraction!r}")
+        if self.max_kept_draws != "auto":
+            positive_int("max_kept_draws", 0)
         if self.sample_dtype not in ("float32", "float16"):
             raise ValidationError(f"sample_dtype must be 'float32' or 'float16', got {self.sample_dtype!r}")
         if self.phi_step not in ("dirichlet", "metropolis"):
@@ -193,23 +336,37 @@ class BMLS(MultiLabelEstimator):
             if not isinstance(getattr(self, name), (bool, np.bool_)):
                 raise ValidationError(f"{name} must be True or False, got {getattr(self, name)!r}")
         threshold = self.binarize_threshold
-        if threshold is not None and (isinstance(threshold, bool) or not isinstance(threshold, (int, float, np.number))):
-            raise ValidationError(f"binarize_threshold must be None or a number, got {threshold!r}")
+        if threshold is not None and threshold != "auto" and (
+            isinstance(threshold, bool) or not isinstance(threshold, (int, float, np.number))
+        ):
+            raise ValidationError(f"binarize_threshold must be 'auto', None or a number, got {threshold!r}")
         resolve_device(self.device)
 
-    def _binary_features(self, X: sp.csr_matrix) -> sp.csr_matrix:
-        """The 0/1 feature pattern the model uses; non-binary input is an error unless binarised."""
+    def _binary_features(self, X: sp.csr_matrix, warn: bool = False) -> sp.csr_matrix:
+        """The 0/1 feature pattern the model uses (CSR float32, same shape as ``X``).
+
+        ``binarize_threshold="auto"``: x > 0 is on (with one warning when ``warn`` and X is not 0/1);
+        a number t: x > t; None: non-binary input is an error."""
         X = sp.csr_matrix(X, dtype=np.float32, copy=True)
-        if self.binarize_threshold is None:
-            X.eliminate_zeros()
+        X.eliminate_zeros()
+        threshold = self.binarize_threshold
+        if threshold is None or threshold == "auto":
             if X.nnz and not np.all(X.data == 1):
-                bad = np.unique(X.data[X.data != 1])[:3].tolist()
-                raise ValidationError(
-                    f"BMLS needs binary (0/1) features; X holds other values such as {bad}. "
-                    "Set binarize_threshold=t to turn on every feature with x > t."
-                )
-            return X
-        X.data = (X.data > float(self.binarize_threshold)).astype(np.float32)
+                if threshold is None:
+                    bad = np.unique(X.data[X.data != 1])[:3].tolist()
+                    raise ValidationError(
+                        f"BMLS needs binary (0/1) features; X holds other values such as {bad}. "
+                        "Set binarize_threshold=t to turn on every feature with x > t, or 'auto' for x > 0."
+                    )
+                if warn:
+                    warnings.warn(
+                        "BMLS models binary features: X is not 0/1, so a feature is taken as on where x > 0 "
+                        "(binarize_threshold='auto'; pass a number t for x > t)",
+                        UserWarning,
+                        stacklevel=4,
+                    )
+            threshold = 0.0
+        X.data = (X.data > float(threshold)).astype(np.float32)
         X.eliminate_zeros()
         return X
 
@@ -235,106 +392,197 @@ class BMLS(MultiLabelEstimator):
         if fit_params:
             raise ValidationError(f"BMLS.fit takes no extra arguments, got {sorted(fit_params)}")
         self._check_params()
-        X_bias = self._with_bias(self._binary_features(X))
+        auto = self.schedule == "auto"
+        if auto and self.validation_fraction is not None and label_mask is not None:
+            raise ValidationError("validation_fraction cannot be combined with label_mask")
+        rng = numpy_rng(self.random_state)
+        X_binary = self._binary_features(X, warn=True)
+        n_rows = X_binary.shape[0]
+        Y = sp.csr_matrix(Y)
+        validation = None
+        if auto and self.validation_fraction is not None:
+            n_val = max(1, int(round(float(self.validation_fraction) * n_rows)))
+            if n_val >= n_rows:
+                raise ValidationError("validation_fraction leaves no training rows")
+            order = rng.permutation(n_rows)
+            val_rows, train_rows = np.sort(order[:n_val]), np.sort(order[n_val:])
+            validation = (X_binary[val_rows], Y[val_rows])
+            X_binary, Y = X_binary[train_rows], Y[train_rows]
+        # features never on in the training rows keep their prior: they are not sampled (h = E[h])
+        seen = np.flatnonzero(np.diff(X_binary.tocsc().indptr) > 0)
+        X_bias = self._with_bias(X_binary[:, seen])
         if label_mask is not None and label_mask.nnz == label_mask.shape[0] * label_mask.shape[1]:
             label_mask = None  # everything observed: the exact fast path
         data = SweepData.build(
             X_bias, Y, label_mask, self._cooccurrence_pairs(Y), pair_diagonal=bool(self.cooccurrence_diagonal)
         )
-        rng = numpy_rng(self.random_state)
+        val_data = None
+        if validation is not None:
+            val_x = sp.csr_matrix(self._with_bias(validation[0][:, seen]), dtype=np.float64)
+            val_y = sp.coo_matrix(validation[1])
+            val_data = (val_x, val_y.row.astype(np.int64), val_y.col.astype(np.int64))
         n_topics = int(self.n_topics)
         state = init_state(data, n_topics, X_bias.shape[1], float(self.beta0), rng)
+        moments = _PosteriorMoments(data.n_labels, X_bias.shape[1], n_topics)
+        draws = _DrawStore(self._draw_capacity(data.n_labels, X_bias.shape[1], n_topics), thin=1)
 
-        n_sweeps = int(self.n_burnin) + int(self.n_samples) * int(self.thin)
-        phi_samples = np.empty((int(self.n_samples), data.n_labels, n_topics), dtype=np.float32)
-        log_h_samples = np.empty((int(self.n_samples), X_bias.shape[1], n_topics), dtype=np.float32)
-        usage = np.zeros(n_topics)
-        kept = 0
         history = self.history_
-        for key in ("sweep", "sweep_time", "beta0", "phi_acceptance"):
+        for key in ("sweep", "sweep_time", "beta0", "phi_acceptance", "heldout"):
             history[key] = []
+        trace = {"window_end": [], "burnin_gain": [], "heldout_gain": [], "predictive_change": []}
+        timings: dict = {}
+        total = self._auto_sweeps(X_bias, n_topics) if auto else int(self.n_burnin) + int(self.n_samples) * int(self.thin)
         progress = None
         if self.verbose:
             from tqdm.auto import tqdm
 
-            progress = tqdm(total=n_sweeps, desc="BMLS Gibbs", unit="sweep")
+            progress = tqdm(total=total, desc="BMLS Gibbs", unit="sweep")
+        burnin_end = None if auto else int(self.n_burnin)
+        previous_rates = None
         start = time.perf_counter()
+        sweep = 0
         try:
-            for sweep in range(1, n_sweeps + 1):
+            while sweep < total:
+                sweep += 1
                 tic = time.perf_counter()
                 log_lik = gibbs_sweep(
-                    data,
-                    state,
-                    rng,
-                    float(self.mu0),
-                    float(self.nu0),
-                    bool(self.sample_beta0),
-                    recompute_theta=sweep % int(self.recompute_theta_every) == 0,
-                    phi_step=self.phi_step,
+                    data, state, rng, float(self.mu0), float(self.nu0), bool(self.sample_beta0),
+                    recompute_theta=sweep % int(self.recompute_theta_every) == 0, phi_step=self.phi_step,
+                    timings=timings,
                 )
+                heldout = np.nan
+                if val_data is not None:
+                    heldout = heldout_log_likelihood(val_data[0], val_data[1], val_data[2], state.phi, state.h)
                 toc = time.perf_counter()
-                history["objective"].append(log_lik)
-                history["wall_time"].append(toc - start)
-                history["sweep"].append(sweep)
-                history["sweep_time"].append(toc - tic)
-                history["beta0"].append(state.beta0)
-                history["phi_acceptance"].append(state.phi_acceptance)
-                past_burnin = sweep - int(self.n_burnin)
-                if past_burnin > 0 and past_burnin % int(self.thin) == 0:
-                    phi_samples[kept] = state.phi
-                    log_h_samples[kept] = np.log(state.h)
-                    usage += state.topic_tokens
-                    kept += 1
+                for key, value in (("objective", log_lik), ("wall_time", toc - start), ("sweep", sweep),
+                                   ("sweep_time", toc - tic), ("beta0", state.beta0),
+                                   ("phi_acceptance", state.phi_acceptance), ("heldout", heldout)):
+                    history[key].append(value)
+                if burnin_end is not None and sweep > burnin_end:
+                    collected = sweep - burnin_end
+                    moments.add(state)
+                    if auto or collected % int(self.thin) == 0:
+                        draws.offer(state)
                 if progress is not None:
                     progress.update(1)
-                    if sweep % 10 == 0 or sweep == n_sweeps:
+                    if sweep % 10 == 0:
                         progress.set_postfix(loglik=f"{log_lik:.1f}", beta0=f"{state.beta0:.3g}")
+                if not auto or sweep % AUTO_WINDOW:
+                    continue
+                # the "auto" rules, checked at the end of every window of AUTO_WINDOW sweeps
+                trace["window_end"].append(sweep)
+                if burnin_end is None:
+                    gain = _window_gain(history["objective"])
+                    held_gain = _window_gain(history["heldout"]) if val_data is not None else -np.inf
+                    trace["burnin_gain"].append(gain)
+                    trace["heldout_gain"].append(held_gain)
+                    trace["predictive_change"].append(np.nan)
+                    if (gain <= float(self.plateau_tol) and held_gain <= float(self.plateau_tol)) or sweep >= total // 2:
+                        burnin_end = sweep
+                    continue
+                trace["burnin_gain"].append(np.nan)
+                trace["heldout_gain"].append(np.nan)
+                rates = moments.rates_at(data)
+                change = np.nan if previous_rates is None else float(np.mean(np.abs(np.log(rates / previous_rates))))
+                trace["predictive_change"].append(change)
+                previous_rates = rates
+                if moments.count >= 3 * AUTO_WINDOW and change < float(self.predictive_tol):
+                    break
         finally:
             if progress is not None:
                 progress.close()
-        self.phi_ = phi_samples.mean(axis=0, dtype=np.float64)
-        self.log_h_ = log_h_samples.mean(axis=0, dtype=np.float64)
+        if moments.count == 0:  # max_sweeps reached inside the burn-in: use the last sweep
+            moments.add(state)
+            draws.offer(state)
+
+        prior_log_h = float(np.log(float(self.mu0) / float(self.nu0)))
+        n_features = X.shape[1]
+        rows = np.append(seen, n_features)  # the seen features and the bias, in the full (D + 1) layout
+        self.phi_ = moments.phi_mean()
+        self.log_h_ = np.full((n_features + 1, n_topics), prior_log_h)
+        self.log_h_[rows] = moments.log_h_mean()
+        self.log_h_var_ = np.zeros((n_features + 1, n_topics))
+        self.log_h_var_[rows] = moments.log_h_var()
+        phi_samples, log_h_seen = draws.arrays()
+        n_draws = phi_samples.shape[0]
+        log_h_samples = np.full((n_draws, n_features + 1, n_topics), prior_log_h, dtype=np.float32)
+        if n_draws:
+            log_h_samples[:, rows] = log_h_seen
+        else:
+            phi_samples = np.empty((0, data.n_labels, n_topics), dtype=np.float32)
         self.phi_samples_ = phi_samples.astype(self.sample_dtype, copy=False)
         self.log_h_samples_ = log_h_samples.astype(self.sample_dtype, copy=False)
+        self.predictor_ = "moments" if auto else "draws"
         self.beta0_ = float(state.beta0)
-        self.topic_usage_ = usage / kept
-        self.n_sweeps_ = n_sweeps
+        self.topic_usage_ = moments.usage_sum / moments.count
+        self.n_sweeps_ = sweep
+        self.n_burnin_ = int(burnin_end) if burnin_end is not None else sweep
+        self.n_collected_ = moments.count
+        self.sweep_step_seconds_ = {key: float(value) for key, value in timings.items()}
+        self.schedule_trace_ = {key: np.asarray(value, dtype=np.float64) for key, value in trace.items()}
         if data.uses_cooccurrence:
             self.cooccurrence_weights_ = np.asarray(state.r, dtype=np.float64)
         return self
 
+    def _auto_sweeps(self, X_bias: sp.csr_matrix, n_topics: int) -> int:
+        """The ``"auto"`` schedule's most sweeps: ``max_sweeps``, or for ``"auto"`` the sweeps that the
+        budget buys by the cost model above, within AUTO_SWEEP_RANGE."""
+        if self.max_sweeps != "auto":
+            return int(self.max_sweeps)
+        seconds = n_topics * (SECONDS_PER_ENTRY * X_bias.nnz + SECONDS_PER_FEATURE * X_bias.shape[1])
+        low, high = AUTO_SWEEP_RANGE
+        return int(np.clip(AUTO_BUDGET_SECONDS // max(seconds, 1e-12), low, high))
+
+    def _draw_capacity(self, n_labels: int, n_features_bias: int, n_topics: int) -> int:
+        """Draws to keep: all ``n_samples`` with ``"fixed"``; with ``"auto"``, ``max_kept_draws`` or, for
+        ``"auto"``, at most 50 and at most 64 MB of ``sample_dtype``."""
+        if self.schedule == "fixed":
+            return int(self.n_samples)
+        if self.max_kept_draws != "auto":
+            return int(self.max_kept_draws)
+        per_draw = (n_labels + n_features_bias) * n_topics * np.dtype(self.sample_dtype).itemsize
+        return int(min(AUTO_MAX_DRAWS, AUTO_DRAW_BYTES // per_draw))
+
     # ---- prediction ---------------------------------------------------------------------------
-    def _sample_probabilities(self, X: sp.csr_matrix, device: torch.device):
-        """Yield (chunk of samples) probabilities 1 - exp(-phi theta(x)), tensors (c, b, L) on ``device``."""
+    def _feature_tensor(self, X: sp.csr_matrix, device: torch.device) -> torch.Tensor:
+        """The binary X' = [x, 1] of a batch as a sparse torch tensor (b, D + 1) on ``device``."""
         X_bias = self._with_bias(self._binary_features(X)).tocoo()
-        x = torch.sparse_coo_tensor(
+        return torch.sparse_coo_tensor(
             torch.from_numpy(np.vstack([X_bias.row, X_bias.col]).astype(np.int64)),
             torch.from_numpy(X_bias.data.astype(np.float32)),
             size=X_bias.shape,
             device=device,
             check_invariants=False,  # built from a valid scipy matrix
         ).coalesce()
-        n_samples, n_features, n_topics = self.log_h_samples_.shape
-        for lo in range(0, n_samples, SAMPLE_CHUNK):
-            hi = min(lo + SAMPLE_CHUNK, n_samples)
-            log_h = torch.as_tensor(self.log_h_samples_[lo:hi], device=device, dtype=torch.float32)  # (c, D', K)
-            phi = torch.as_tensor(self.phi_samples_[lo:hi], device=device, dtype=torch.float32)  # (c, L, K)
-            stacked = log_h.permute(1, 0, 2).reshape(n_features, (hi - lo) * n_topics)
-            theta = torch.exp(torch.sparse.mm(x, stacked)).reshape(-1, hi - lo, n_topics)  # (b, c, K), eq. (8)
-            rate = torch.einsum("bck,clk->cbl", theta, phi)
-            yield -torch.expm1(-rate)
+
+    def _draw_probabilities(self, X: sp.csr_matrix, device: torch.device):
+        """Yield, per kept draw, the probabilities 1 - exp(-phi theta(x)) of the batch, (b, L) on ``device``."""
+        x = self._feature_tensor(X, device)
+        for s in range(self.log_h_samples_.shape[0]):
+            log_h = torch.as_tensor(self.log_h_samples_[s], device=device, dtype=torch.float32)  # (D', K)
+            phi = torch.as_tensor(self.phi_samples_[s], device=device, dtype=torch.float32)  # (L, K)
+            theta = torch.exp(torch.sparse.mm(x, log_h))  # (b, K), eq. (8)
+            yield -torch.expm1(-(theta @ phi.T))
 
     def _mean_probability(self, X) -> np.ndarray:
+        """Posterior predictive of a batch, (b, L) float64: one (b, L) buffer plus the current draw's."""
         device = resolve_device(self.device)
-        total = None
         with torch.no_grad():
-            for probs in self._sample_probabilities(X, device):
-                part = probs.to(torch.float64).sum(dim=0)
-                total = part if total is None else total + part
-        return (total / self.log_h_samples_.shape[0]).cpu().numpy()
+            if self.predictor_ == "moments":
+                # E[theta_k(x)] = exp(x' (E[log h_k] + Var[log h_k] / 2)) (log h Gaussian, independent over d)
+                x = self._feature_tensor(X, device)
+                log_mean_h = torch.as_tensor(self.log_h_ + 0.5 * self.log_h_var_, device=device, dtype=torch.float32)
+                theta = torch.exp(torch.sparse.mm(x, log_mean_h))
+                phi = torch.as_tensor(self.phi_, device=device, dtype=torch.float32)
+                return (-torch.expm1(-(theta @ phi.T))).to(torch.float64).cpu().numpy()
+            total = None
+            for probs in self._draw_probabilities(X, device):
+                total = probs.to(torch.float64) if total is None else total.add_(probs)
+            return (total / self.log_h_samples_.shape[0]).cpu().numpy()
 
     def _predict_proba(self, X) -> np.ndarray:
-        """Posterior predictive Pr(y_l = 1 | x) = mean over kept samples of 1 - exp(-sum_k phi_lk theta_k(x))."""
+        """Posterior predictive Pr(y_l = 1 | x): from the posterior moments (``"auto"``) or the mean over
+        kept draws of 1 - exp(-sum_k phi_lk theta_k(x)) (``"fixed"``)."""
         return self._mean_probability(X).astype(np.float32)
 
     def _decision_function(self, X) -> np.ndarray:
@@ -343,21 +591,26 @@ class BMLS(MultiLabelEstimator):
         return (np.log(proba) - np.log1p(-proba)).astype(np.float32)
 
     def predict_interval(self, X, coverage: float = 0.9, batch_size: int = 256):
-        """Equal-tailed posterior interval of Pr(y_l = 1 | x, phi, h) over the kept samples.
+        """Equal-tailed posterior interval of Pr(y_l = 1 | x, phi, h) over the kept draws.
 
         Returns (lower, upper), each float32 (n_samples, n_labels). Labels without a training positive
-        get the base's prior for both bounds.
+        get the base's prior for both bounds. Needs kept draws (``max_kept_draws`` > 0 with ``"auto"``).
         """
         if not isinstance(coverage, (int, float)) or not 0.0 < float(coverage) < 1.0:
             raise ValidationError(f"coverage must be in (0, 1), got {coverage!r}")
         X = self._validated(X)
+        if self.log_h_samples_.shape[0] < 2:
+            raise ValidationError(
+                f"predict_interval needs kept posterior draws; this model kept {self.log_h_samples_.shape[0]} "
+                "(fit with max_kept_draws >= 2, or schedule='fixed')"
+            )
         device = resolve_device(self.device)
         tail = (1.0 - float(coverage)) / 2.0
         lower = np.empty((X.shape[0], self.n_labels_), dtype=np.float32)
         upper = np.empty_like(lower)
         with torch.no_grad():
             for rows in iter_batches(X.shape[0], batch_size):
-                draws = torch.cat(list(self._sample_probabilities(X[rows], device)), dim=0)  # (S, b, L)
+                draws = torch.stack(list(self._draw_probabilities(X[rows], device)), dim=0)  # (S, b, L)
                 quantiles = torch.quantile(draws, torch.tensor([tail, 1.0 - tail], device=device, dtype=draws.dtype), dim=0)
                 lower[rows] = quantiles[0].cpu().numpy()
                 upper[rows] = quantiles[1].cpu().numpy()

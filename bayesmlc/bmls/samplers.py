@@ -19,6 +19,7 @@ __all__ = [
     "zero_truncated_poisson",
     "crt",
     "log_gamma_variates",
+    "gamma_variates",
     "dirichlet_columns",
     "allocate_label_tokens",
     "allocate_pair_tokens",
@@ -82,6 +83,53 @@ def log_gamma_variates(shape: np.ndarray, rng: np.random.Generator) -> np.ndarra
     """
     shape = np.asarray(shape, dtype=np.float64)
     return np.log(rng.standard_gamma(shape + 1.0)) + np.log(rng.random(shape.shape)) / shape
+
+
+@numba.njit(cache=True, nogil=True)
+def _marsaglia_tsang_fill(shape, out, start, normals, uniforms):
+    """Gamma(shape[i], 1) into out[i] for i = start, start+1, ... by Marsaglia & Tsang's (2000) squeeze
+    and rejection method (exact for shape >= 1), consuming the pre-drawn standard normals and uniforms
+    in order. Returns the first index not filled (== shape.size when done; smaller when the draws ran out)."""
+    j = 0
+    n_draws = normals.shape[0]
+    for i in range(start, shape.shape[0]):
+        d = shape[i] - 1.0 / 3.0
+        c = 1.0 / np.sqrt(9.0 * d)
+        while True:
+            if j >= n_draws:
+                return i
+            x = normals[j]
+            u = uniforms[j]
+            j += 1
+            v = 1.0 + c * x
+            if v <= 0.0:
+                continue
+            v = v * v * v
+            x2 = x * x
+            if u < 1.0 - 0.0331 * x2 * x2 or np.log(u) < 0.5 * x2 + d * (1.0 - v + np.log(v)):
+                out[i] = d * v
+                break
+    return shape.shape[0]
+
+
+def gamma_variates(shape: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """Gamma(shape, 1) draws of an array of shapes, float64 of the same shape.
+
+    Shapes >= 1 use Marsaglia & Tsang's method on standard normals and uniforms drawn from ``rng`` in
+    blocks (about twice as fast as ``Generator.standard_gamma`` on the h step's millions of draws); any
+    shape < 1 sends the whole array to ``rng.standard_gamma``.
+    """
+    shape = np.asarray(shape, dtype=np.float64)
+    flat = np.ascontiguousarray(shape.ravel())
+    if flat.size == 0 or flat.min() < 1.0:
+        return rng.standard_gamma(shape)
+    out = np.empty_like(flat)
+    done = 0
+    while done < flat.size:
+        remaining = flat.size - done
+        block = remaining + remaining // 16 + 64  # acceptance is above 95% for shape >= 1
+        done = _marsaglia_tsang_fill(flat, out, done, rng.standard_normal(block), rng.random(block))
+    return out.reshape(shape.shape)
 
 
 def dirichlet_columns(alpha: np.ndarray, rng: np.random.Generator) -> np.ndarray:
