@@ -37,7 +37,15 @@ import torch
 
 from .polya_gamma import pg_mean, sample_inverse_gaussian, sample_pg
 
-__all__ = ["Design", "choose_solver", "gibbs_classifier", "SGDClassifier"]
+__all__ = ["Design", "LowRankDesign", "choose_solver", "solver_costs", "gibbs_classifier", "SGDClassifier"]
+
+#: Estimated floating-point operations per sweep above which ``solver="auto"`` leaves the exact
+#: samplers for the shared low-rank representation (``lowrank``).
+EXACT_BUDGET_FLOPS = 3e10
+
+
+def _no_reduce(array):
+    return array
 
 
 class Design:
@@ -49,7 +57,8 @@ class Design:
     n, D1 : rows and columns of Z (D1 = D + 1)
     """
 
-    def __init__(self, X: sp.csr_matrix, device: torch.device, dense: bool):
+    def __init__(self, X: sp.csr_matrix, device: torch.device, dense: bool, reduce=_no_reduce):
+        self.reduce = reduce  # sums a numpy array over processes (identity in one process)
         self.n, D = X.shape
         self.D1 = D + 1
         self.device = device
@@ -70,18 +79,23 @@ class Design:
         return self.X @ W[:-1] + W[-1:]
 
     def rmatmul(self, U: torch.Tensor) -> torch.Tensor:
-        """Z^T @ U for U (n, C) -> (D1, C)."""
-        return torch.cat([self.XT @ U, U.sum(dim=0, keepdim=True)], dim=0)
+        """Z^T @ U for U (n, C) -> (D1, C), summed over processes."""
+        return self.reduce_tensor(torch.cat([self.XT @ U, U.sum(dim=0, keepdim=True)], dim=0))
 
     def precision_diagonal(self, omega: torch.Tensor, prior_prec: torch.Tensor) -> torch.Tensor:
         """diag(P_c) = prior + diag(Z^T diag(omega_c) Z) for every label, (D1, C)."""
-        return prior_prec[:, None] + self.Z_sq_T @ omega
+        return prior_prec[:, None] + self.reduce_tensor(self.Z_sq_T @ omega)
 
     def shared_precision(self, row_weights: np.ndarray, prior_prec: np.ndarray) -> torch.Tensor:
         """diag(prior) + Z^T diag(row_weights) Z as a dense (D1, D1) tensor (one sparse product)."""
-        gram = (self.Z_scipy.T @ sp.diags(row_weights) @ self.Z_scipy).toarray()
+        gram = self.reduce((self.Z_scipy.T @ sp.diags(row_weights) @ self.Z_scipy).toarray())
         gram[np.diag_indices_from(gram)] += prior_prec
         return torch.as_tensor(gram, dtype=torch.float32, device=self.device)
+
+    def reduce_tensor(self, tensor: torch.Tensor) -> torch.Tensor:
+        if self.reduce is _no_reduce:
+            return tensor
+        return torch.as_tensor(self.reduce(tensor.cpu().numpy()), device=tensor.device)
 
     def dense_z(self) -> torch.Tensor:
         Xd = self.X if self.dense else self.X.to_dense()
@@ -100,15 +114,71 @@ def _csr(matrix: sp.csr_matrix, device) -> torch.Tensor:
         ).to(device)
 
 
-def choose_solver(n: int, n_features: int, n_labels: int, density: float) -> str:
-    """``woodbury`` when N < D (and N modest), ``dense`` when the batched D x D factorisations are
-    cheap, else ``cg``."""
+class LowRankDesign(Design):
+    """Z = [X V, 1]: the rows projected on a shared orthonormal basis V (D, r), plus the bias column.
+
+    With w_c = V u_c, the model of eq. (6) restricted to span(V) is the same logistic (or SVM) model
+    on the r projected features, and the prior N(0, I / lambda) on w restricted to span(V) is
+    N(0, I / lambda) on u. Every product is a dense (n, r) by (r, C) one.
+
+    Attributes
+    ----------
+    X : torch tensor (n, r) float32, the projected rows X V
+    """
+
+    def __init__(self, projected: np.ndarray, device: torch.device, reduce=_no_reduce):
+        self.reduce = reduce
+        self.device = device
+        self.dense = True
+        self.n, rank = projected.shape
+        self.D1 = rank + 1
+        self.X = torch.as_tensor(np.ascontiguousarray(projected, dtype=np.float32), device=device)
+        self.XT = self.X.T
+        self.Z_sq = torch.cat([self.X * self.X, torch.ones(self.n, 1, dtype=self.X.dtype, device=device)], dim=1)
+        self.Z_sq_T = self.Z_sq.T
+
+    def shared_precision(self, row_weights: np.ndarray, prior_prec: np.ndarray) -> torch.Tensor:
+        Z = self.dense_z().double()
+        weights = torch.as_tensor(row_weights, dtype=torch.float64, device=self.device)
+        gram = self.reduce_tensor((Z * weights[:, None]).T @ Z)
+        gram.diagonal().add_(torch.as_tensor(prior_prec, dtype=torch.float64, device=self.device))
+        return gram.float()
+
+    def dense_z(self) -> torch.Tensor:
+        return torch.cat([self.X, torch.ones(self.n, 1, dtype=self.X.dtype, device=self.device)], dim=1)
+
+
+def solver_costs(n: int, n_features: int, n_labels: int, nnz: int) -> dict:
+    """Rough floating-point operations of one sweep of each exact sampler (n rows, nnz stored entries
+    of X): ``woodbury`` L n^3 / 3 + n^2 D (n < D + 1 only), ``dense`` n D^2 L + L D^3 / 3, ``cg`` one
+    (D+1)^2 Gram and Cholesky plus about 15 sparse products with (n, L) blocks (Z and Z^T in five CG
+    iterations, margins, variances)."""
+    D1 = n_features + 1
+    nnz_z = nnz + n
+    return {
+        "woodbury": n_labels * n**3 / 3 + n * n * D1 if n < D1 else float("inf"),
+        "dense": n * D1 * D1 * n_labels + n_labels * D1**3 / 3 if n_labels * D1 * D1 <= 2e8 else float("inf"),
+        "cg": D1**3 / 3 + nnz_z**2 / max(n, 1) + 15 * nnz_z * n_labels if D1 <= 12000 else float("inf"),
+    }
+
+
+def choose_solver(n: int, n_features: int, n_labels: int, nnz: int, budget: float = EXACT_BUDGET_FLOPS) -> str:
+    """The small-problem rule (``woodbury`` when n < D + 1 and n <= 3000, else ``dense`` when
+    D + 1 <= 600 and L (D+1)^2 <= 5e7, else ``cg``) when that sampler's estimated sweep
+    (:func:`solver_costs`) is within ``budget``; else the cheapest exact sampler within it; else
+    ``lowrank``, the classifiers on a shared rank-r representation."""
     D1 = n_features + 1
     if n < D1 and n <= 3000:
-        return "woodbury"
-    if D1 <= 600 and n_labels * D1 * D1 <= 5e7:
-        return "dense"
-    return "cg"
+        small = "woodbury"
+    elif D1 <= 600 and n_labels * D1 * D1 <= 5e7:
+        small = "dense"
+    else:
+        small = "cg"
+    costs = solver_costs(n, n_features, n_labels, nnz)
+    if costs[small] <= budget:
+        return small
+    cheapest = min(costs, key=costs.get)
+    return cheapest if costs[cheapest] <= budget else "lowrank"
 
 
 def _sample_dense(Z: torch.Tensor, omega, beta, prior_prec, gen, noise: float = 1.0) -> torch.Tensor:
@@ -291,7 +361,7 @@ def gibbs_classifier(
     for sweep in range(n_mode_steps + n_iter):
         sampling = sweep >= n_mode_steps
         margins = design.matmul(W).double().cpu().numpy()
-        trace.append(_fit_measure(kind, margins, Y, mask))
+        trace.append(float(design.reduce(np.array([_fit_measure(kind, margins, Y, mask)]))[0]))
         if sampling and inference == "variational":
             if variances is None:  # first update from the mode: the curvature there
                 omega_np, _ = _augmentation(kind, margins, Y, mask, None)
@@ -337,9 +407,9 @@ def _expected_augmentation(kind: str, margins, spread, Y, mask):
 
 
 def _log_posterior(design: Design, W: torch.Tensor, Y, mask, prior_prec) -> np.ndarray:
-    """Per-label logistic log posterior (up to constants), (C,)."""
+    """Per-label logistic log posterior (up to constants), (C,), summed over processes."""
     margins = design.matmul(W).double().cpu().numpy()
-    loglik = -(np.logaddexp(0.0, -(2.0 * Y - 1.0) * margins) * mask).sum(axis=0)
+    loglik = -design.reduce((np.logaddexp(0.0, -(2.0 * Y - 1.0) * margins) * mask).sum(axis=0))
     return loglik - 0.5 * (prior_prec[:, None] * W * W).sum(dim=0).double().cpu().numpy()
 
 

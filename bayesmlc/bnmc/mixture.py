@@ -45,10 +45,6 @@ def _dirichlet_kl(conc: np.ndarray, prior: float) -> float:
     )
 
 
-def _dense_rows(X) -> np.ndarray:
-    return X.toarray() if sp.issparse(X) else np.asarray(X)
-
-
 class DirichletEmission:
     """Dirichlet-multinomial emission for non-negative features: x_i ~ Mult(phi_k), phi_k ~ Dir(omega).
 
@@ -258,16 +254,15 @@ class DPMixture:
         n = X.shape[0]
         K = self.truncation
         take = rng.choice(n, size=min(n, 2000), replace=False)
-        Xs = _dense_rows(X[take]).astype(np.float64)
-        Xs = Xs - Xs.mean(axis=0)
-        Xs /= np.linalg.norm(Xs, axis=1, keepdims=True) + 1e-12
+        unit_gram = _centred_unit_gram(X[take])
+        unit_sq = np.clip(np.diag(unit_gram), 0.0, None)  # 1, or 0 for a row equal to the mean
         seeds = [int(rng.integers(len(take)))]
-        dist = np.sum((Xs - Xs[seeds[0]]) ** 2, axis=1)
+        dist = np.clip(unit_sq + unit_sq[seeds[0]] - 2.0 * unit_gram[:, seeds[0]], 0.0, None)
         for _ in range(1, min(K, len(take))):
             probs = dist / dist.sum() if dist.sum() > 0 else np.full(len(take), 1.0 / len(take))
             seeds.append(int(rng.choice(len(take), p=probs)))
-            dist = np.minimum(dist, np.sum((Xs - Xs[seeds[-1]]) ** 2, axis=1))
-        sims = Xs @ Xs[seeds].T
+            dist = np.minimum(dist, np.clip(unit_sq + unit_sq[seeds[-1]] - 2.0 * unit_gram[:, seeds[-1]], 0.0, None))
+        sims = unit_gram[:, seeds]
         resp = np.zeros((len(take), K))
         resp[np.arange(len(take)), np.argmax(sims, axis=1)] = 1.0
         factor = scale / len(take)
@@ -353,6 +348,19 @@ class DPMixture:
         self.label_conc = np.asarray(state["label_conc"], dtype=np.float64)
         self.stick_a = np.asarray(state["stick_a"], dtype=np.float64)
         self.stick_b = np.asarray(state["stick_b"], dtype=np.float64)
+
+
+def _centred_unit_gram(X) -> np.ndarray:
+    """Inner products (m, m) of the rows of X (m, D) after centring (column means of these rows)
+    and scaling each to unit norm, from the sparse Gram X X^T: (x_i - c)^T (x_j - c) =
+    x_i^T x_j - x_i^T c - x_j^T c + c^T c, so a sparse X is never densified (m x D dense rows of a
+    D = 203,882 set would be 3.2 GB)."""
+    gram = np.asarray((X @ X.T).toarray() if sp.issparse(X) else X @ X.T, dtype=np.float64)
+    centre = np.asarray(X.mean(axis=0), dtype=np.float64).ravel()
+    cross = np.asarray(X @ centre, dtype=np.float64).ravel()
+    gram = gram - cross[:, None] - cross[None, :] + centre @ centre
+    norms = np.sqrt(np.clip(np.diag(gram), 0.0, None)) + 1e-12
+    return gram / norms[:, None] / norms[None, :]
 
 
 def _scale_stats(stats, factor: float):
