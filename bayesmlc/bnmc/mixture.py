@@ -186,9 +186,15 @@ class DPMixture:
     n_labels : int, L.
     label_prior : float, omega_psi.
     concentration : float, alpha of the stick-breaking prior.
+    reduce : callable or None, sums a numpy array over processes when the rows are split over
+        processes (:meth:`bayesmlc.distributed.DataParallel.reduce_sum`); None in one process. Every
+        sum over rows (statistics, ELBO, merge profiles) goes through it, so each process holds the
+        same global parameters.
     """
 
-    def __init__(self, truncation: int, emission, n_labels: int, label_prior: float, concentration: float):
+    def __init__(self, truncation: int, emission, n_labels: int, label_prior: float, concentration: float,
+                 reduce=None):
+        self.reduce = _identity if reduce is None else reduce
         self.truncation = int(truncation)
         self.emission = emission
         self.n_labels = n_labels
@@ -250,10 +256,15 @@ class DPMixture:
 
     def initialise(self, X, Y, scale: float, rng: np.random.Generator) -> None:
         """Global parameters from hard assignments to K seeds chosen k-means++-style on a subsample
-        (features standardised by the row norm), scaled to the data size."""
-        n = X.shape[0]
+        of at most 2000 rows (features centred and scaled to unit row norm), scaled to the data size."""
+        take = rng.choice(X.shape[0], size=min(X.shape[0], 2000), replace=False)
+        self.initialise_from_sample(X[take], Y[take], scale, rng)
+
+    def initialise_from_sample(self, X_sample, Y_sample, scale: float, rng: np.random.Generator) -> None:
+        """:meth:`initialise` from given sampled rows (every process passes the same ones)."""
         K = self.truncation
-        take = rng.choice(n, size=min(n, 2000), replace=False)
+        take = np.arange(X_sample.shape[0])
+        X, Y = X_sample, Y_sample
         unit_gram = _centred_unit_gram(X[take])
         unit_sq = np.clip(np.diag(unit_gram), 0.0, None)  # 1, or 0 for a row equal to the mean
         seeds = [int(rng.integers(len(take)))]
@@ -273,22 +284,44 @@ class DPMixture:
         a, b = self._stick_targets(factor * resp.sum(axis=0))
         self.stick_a, self.stick_b = a, b
 
-    def svi_step(self, X, Y, scale: float, rho: float) -> None:
-        """One natural-gradient step (eqs. 2-5) from the minibatch (X, Y); ``scale`` = N / |B|."""
+    def minibatch_statistics(self, X, Y):
+        """Local step (eq. 2) on the rows (X, Y) and their sufficient statistics, summed over
+        processes: (emission statistics, label statistics (K, L), pattern counts (K,))."""
         resp = self.responsibilities(X, Y)
-        stats = self.emission.statistics(X, resp)
+        stats = (self.emission.statistics(X, resp), np.asarray((Y.T @ resp).T), resp.sum(axis=0))
+        return self._reduce_stats(stats)
+
+    def _reduce_stats(self, stats):
+        """Sum a (nested) tuple of arrays over processes with one reduction."""
+        if self.reduce is _identity:
+            return stats
+        parts = _flatten(stats)
+        summed = self.reduce(np.concatenate([np.ravel(np.asarray(p, dtype=np.float64)) for p in parts]))
+        out, start = [], 0
+        for part in parts:
+            size = np.size(part)
+            out.append(summed[start:start + size].reshape(np.shape(part)))
+            start += size
+        return _unflatten(stats, iter(out))
+
+    def svi_step(self, X, Y, scale: float, rho: float) -> None:
+        """One natural-gradient step (eqs. 2-5) from the minibatch (X, Y) (this process's rows of
+        it); ``scale`` = N / |B| with |B| the global minibatch size."""
+        stats, label_stats, counts = self.minibatch_statistics(X, Y)
         self.emission.natural_step(_scale_stats(stats, scale), rho)
-        label_target = self.label_prior + scale * np.asarray((Y.T @ resp).T)
+        label_target = self.label_prior + scale * label_stats
         self.label_conc = (1.0 - rho) * self.label_conc + rho * label_target
-        a, b = self._stick_targets(scale * resp.sum(axis=0))
+        a, b = self._stick_targets(scale * counts)
         self.stick_a = (1.0 - rho) * self.stick_a + rho * a
         self.stick_b = (1.0 - rho) * self.stick_b + rho * b
 
     def set_from_responsibilities(self, X, Y, resp: np.ndarray) -> None:
         """The full-data coordinate-ascent update of every global factor from responsibilities (n, K)."""
-        self.emission.init_from_stats(self.emission.statistics(X, resp))
-        self.label_conc = self.label_prior + np.asarray((Y.T @ resp).T)
-        self.stick_a, self.stick_b = self._stick_targets(resp.sum(axis=0))
+        stats, label_stats, counts = self._reduce_stats(
+            (self.emission.statistics(X, resp), np.asarray((Y.T @ resp).T), resp.sum(axis=0)))
+        self.emission.init_from_stats(stats)
+        self.label_conc = self.label_prior + label_stats
+        self.stick_a, self.stick_b = self._stick_targets(counts)
 
     def merge_moves(self, X, Y, max_trials: int) -> int:
         """Merge moves (in the spirit of Hughes and Sudderth 2013): for the ``max_trials`` most similar
@@ -298,10 +331,10 @@ class DPMixture:
         Returns the number of merges accepted."""
         current = self.local_elbo(X, Y) - self.global_kl()
         resp = self.responsibilities(X, Y)
-        used = np.flatnonzero(resp.sum(axis=0) > 1e-3)
+        used = np.flatnonzero(self.reduce(resp.sum(axis=0)) > 1e-3)
         if used.size < 2:
             return 0
-        profile = np.hstack([np.asarray((X.T @ resp[:, used]).T), np.asarray((Y.T @ resp[:, used]).T)])
+        profile = self.reduce(np.hstack([np.asarray((X.T @ resp[:, used]).T), np.asarray((Y.T @ resp[:, used]).T)]))
         profile = profile / (np.linalg.norm(profile, axis=1, keepdims=True) + 1e-12)
         similarity = profile @ profile.T
         first, second = np.triu_indices(used.size, k=1)
@@ -329,7 +362,7 @@ class DPMixture:
     def local_elbo(self, X, Y) -> float:
         """sum_i max_{q(z_i)} (E[log p(x_i, y_i, z_i | globals)] - E[log q(z_i)]) = sum_i logsumexp_k(scores)."""
         _, log_norm = self._normalise(self.log_scores(X, Y))
-        return float(log_norm.sum())
+        return float(self.reduce(np.array([log_norm.sum()]))[0])
 
     def global_kl(self) -> float:
         a0, b0 = 1.0, self.concentration
@@ -348,6 +381,22 @@ class DPMixture:
         self.label_conc = np.asarray(state["label_conc"], dtype=np.float64)
         self.stick_a = np.asarray(state["stick_a"], dtype=np.float64)
         self.stick_b = np.asarray(state["stick_b"], dtype=np.float64)
+
+
+def _identity(array):
+    return array
+
+
+def _flatten(stats) -> list:
+    if isinstance(stats, tuple):
+        return [leaf for part in stats for leaf in _flatten(part)]
+    return [stats]
+
+
+def _unflatten(template, leaves):
+    if isinstance(template, tuple):
+        return tuple(_unflatten(part, leaves) for part in template)
+    return next(leaves)
 
 
 def _centred_unit_gram(X) -> np.ndarray:

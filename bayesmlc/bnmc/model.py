@@ -11,7 +11,8 @@ import numpy as np
 import scipy.sparse as sp
 from tqdm.auto import tqdm
 
-from ..base import MultiLabelEstimator
+from ..base import MultiLabelEstimator, label_counts
+from ..distributed import ONE_PROCESS, RowShard
 from ..exceptions import ValidationError
 from ..utils import column_mean_and_scale, iter_batches, numpy_rng, resolve_device, resolve_standardize
 from ..validation import check_features, check_fit_inputs
@@ -273,10 +274,13 @@ class BNMC(MultiLabelEstimator):
             raise ValidationError(f"sgd_alpha must be None or positive, got {self.sgd_alpha!r}")
 
     # ---- preprocessing ------------------------------------------------------------------------
-    def _setup_preprocessing(self, X: sp.csr_matrix) -> None:
-        """Choose the emission and the classifier feature scaling from the (first) training data."""
-        standardize = resolve_standardize(self.standardize, X.nnz, X.shape[0] * X.shape[1])
-        has_negative = X.nnz > 0 and X.data.min() < 0
+    def _setup_preprocessing(self, X: sp.csr_matrix, parallel=ONE_PROCESS, n_total: int | None = None) -> None:
+        """Choose the emission and the classifier feature scaling from the (first) training data
+        (this process's rows; counts and sums over processes)."""
+        n_total = X.shape[0] if n_total is None else n_total
+        nnz, negatives = parallel.reduce_sum(np.array([X.nnz, int(np.sum(X.data < 0))], dtype=np.float64))
+        standardize = resolve_standardize(self.standardize, int(nnz), n_total * X.shape[1])
+        has_negative = negatives > 0
         emission = self.emission
         if emission == "auto":
             emission = "gaussian" if has_negative else "dirichlet"
@@ -287,7 +291,8 @@ class BNMC(MultiLabelEstimator):
         self.emission_ = emission
         self.standardized_ = bool(standardize)
         if standardize:
-            self.feature_mean_, self.feature_scale_ = column_mean_and_scale(X)
+            reduce = None if parallel.world_size == 1 else parallel.reduce_sum
+            self.feature_mean_, self.feature_scale_ = column_mean_and_scale(X, n_total, reduce)
         else:
             self.feature_mean_ = np.zeros(X.shape[1])
             self.feature_scale_ = np.ones(X.shape[1])
@@ -304,14 +309,14 @@ class BNMC(MultiLabelEstimator):
             return X.astype(np.float64)
         return (X.toarray() - self.feature_mean_) / self.feature_scale_ if self.standardized_ else X.toarray()
 
-    def _new_mixture(self) -> DPMixture:
+    def _new_mixture(self, reduce=None) -> DPMixture:
         D = self.n_features_in_
         if self.emission_ == "dirichlet":
             emission = DirichletEmission(D, self.feature_prior)
         else:
             prior = float(self.feature_prior)
             emission = GaussianEmission(D, np.zeros(D), kappa0=prior, shape0=prior, rate0=np.full(D, prior))
-        return DPMixture(self.truncation, emission, self.n_labels_, self.label_prior, self.concentration)
+        return DPMixture(self.truncation, emission, self.n_labels_, self.label_prior, self.concentration, reduce)
 
     # ---- label bookkeeping ----------------------------------------------------------------------
     def _entry_mask(self, Y: sp.csr_matrix, label_mask) -> tuple["ObservedEntries", np.ndarray]:
@@ -325,10 +330,10 @@ class BNMC(MultiLabelEstimator):
                 labelled = np.diff(Y.indptr) > 0
         return ObservedEntries(label_mask, labelled, L), labelled
 
-    def _update_count_stats(self, Y, entries: "ObservedEntries", labelled):
+    def _update_count_stats(self, Y, entries: "ObservedEntries", labelled, parallel=ONE_PROCESS):
         complete = labelled & entries.complete_rows()
         counts = np.diff(Y.indptr)[complete].astype(np.float64)
-        self.count_sums_ = self.count_sums_ + np.array([counts.size, counts.sum(), (counts**2).sum()])
+        self.count_sums_ = self.count_sums_ + parallel.reduce_sum(np.array([counts.size, counts.sum(), (counts**2).sum()]))
         n, total, total_sq = self.count_sums_
         if n > 0:
             self.label_count_mean_ = float(total / n)
@@ -359,31 +364,60 @@ class BNMC(MultiLabelEstimator):
         return np.asarray(Z @ basis, dtype=np.float32)
 
     # ---- fit ----------------------------------------------------------------------------------
-    def _fit(self, X, Y, label_mask, **fit_params):
+    def _fit(self, X, Y, label_mask, parallel=None, **fit_params):
+        """``parallel``: a :mod:`bayesmlc.distributed` strategy; None = one process. Under
+        ``DataParallel`` every rank passes the same settings and either its shard of the rows
+        (:func:`bayesmlc.distributed.read_shard`) or the whole data set (it then keeps its shard);
+        every sum over rows (mixture statistics and ELBO, classifier products, calibration data) is
+        summed over ranks, so every rank ends with the single-process model (to rounding)."""
         if fit_params:
             raise ValidationError(f"BNMC.fit got unexpected arguments: {', '.join(fit_params)}")
         self._check_params()
+        parallel = ONE_PROCESS if parallel is None else parallel
+        if parallel.world_size == 1:
+            self._fit_rows(X, Y, label_mask, parallel, RowShard.whole(X.shape[0]))
+            return
+        try:
+            X, Y, label_mask, shard = parallel.local_data(X, Y, label_mask)
+            if self.online or self.inference != "variational":
+                raise ValidationError("BNMC on several processes fits the batch variational model only "
+                                      "(online=False, inference='variational')")
+            totals = parallel.reduce_sum(np.concatenate(label_counts(Y, label_mask)))
+            self._set_label_statistics(totals[: Y.shape[1]], totals[Y.shape[1]:])
+            self._fit_rows(X, Y, label_mask, parallel, shard)
+        except Exception as exc:
+            parallel.sync_failure(exc)  # the other processes raise RankFailedError naming this one
+            raise
+        parallel.sync_failure(None)
+
+    def _fit_rows(self, X, Y, label_mask, parallel, shard: RowShard) -> None:
+        """The fit on this process's rows ``X``, ``Y`` (``shard``: their place among all rows)."""
         start = time.perf_counter()
         rng = numpy_rng(self.random_state)
         device = resolve_device(self.device)
-        n = X.shape[0]
-        self._setup_preprocessing(X)
+        n = shard.n_total
+        self._setup_preprocessing(X, parallel, n)
         entries, labelled = self._entry_mask(Y, label_mask)
-        if not labelled.any():
+        labelled_all = np.zeros(n)
+        labelled_all[shard.start:shard.stop] = labelled
+        labelled_all = parallel.reduce_sum(labelled_all) > 0  # every row's flag, on every process
+        if not labelled_all.any():
             raise ValidationError("Y has no labelled row: BNMC needs at least one observed label vector")
-        self.observed_counts_ = entries.per_label()  # observed entries per label
-        if label_mask is None and not labelled.all():  # empty rows are missing, not negative
+        self.observed_counts_ = parallel.reduce_sum(entries.per_label()).astype(np.int64)  # observed entries per label
+        if label_mask is None and not labelled_all.all():  # empty rows are missing, not negative
             self.label_prior_ = (self.label_frequencies_ + 0.5) / (self.observed_counts_ + 1.0)
         self.count_sums_ = np.zeros(3)
         self.label_count_mean_, self.label_count_std_ = 1.0, 0.0
-        self._update_count_stats(Y, entries, labelled)
+        self._update_count_stats(Y, entries, labelled, parallel)
         self.n_seen_ = n
         self.svi_steps_ = 0
 
         X_mix_all = self._mixture_features(X)
         Y_mix = Y  # masked entries are already zero, and unlabelled rows are empty: section 3.4
-        self._mixture = self._new_mixture()
-        self._mixture.initialise(X_mix_all, Y_mix, float(n), rng)
+        self._mixture = self._new_mixture(None if parallel.world_size == 1 else parallel.reduce_sum)
+        take = rng.choice(n, size=min(n, 2000), replace=False)
+        self._mixture.initialise_from_sample(parallel.gather_rows(X_mix_all, take, shard),
+                                             parallel.gather_rows(Y_mix, take, shard), float(n), rng)
         n_batches = -(-n // self.batch_size)
         total_steps = self.n_passes * n_batches + self._classifier_steps(n)
         bar = tqdm(total=total_steps, disable=not self.verbose, desc="BNMC", leave=False)
@@ -391,16 +425,17 @@ class BNMC(MultiLabelEstimator):
         for pass_index in range(self.n_passes):
             order = rng.permutation(n)
             for rows in iter_batches(n, self.batch_size):
-                take = order[rows]
-                self._svi_step(X_mix_all[take], Y_mix[take], n)
+                take = np.sort(order[rows])
+                local, _ = shard.select(take)
+                self._svi_step(X_mix_all[local], Y_mix[local], n, take.size)
                 bar.update(1)
             if self.merge_trials:
                 self._mixture.merge_moves(X_mix_all, Y_mix, int(self.merge_trials))
             self._record(pass_index + 1, X_mix_all, Y_mix, start)
 
         Z = self._classifier_features(X)
-        self._set_weight_precision(Z)
-        self._fit_classifiers(Z, Y, entries, labelled, rng, device, bar)
+        self._set_weight_precision(Z, parallel, n)
+        self._fit_classifiers(Z, Y, entries, labelled_all, rng, device, bar, parallel, shard)
         bar.close()
         self._finish_mixture()
 
@@ -413,10 +448,12 @@ class BNMC(MultiLabelEstimator):
     def _rho(self) -> float:
         return float((self.svi_steps_ + self.tau) ** (-self.kappa))
 
-    def _svi_step(self, X_mix, Y_mix, n_total: int) -> None:
-        """Eqs. (2)-(5) on one minibatch, natural gradients scaled by n_total / batch rows."""
-        rho = 1.0 if X_mix.shape[0] >= n_total else self._rho()
-        self._mixture.svi_step(X_mix, Y_mix, n_total / X_mix.shape[0], rho)
+    def _svi_step(self, X_mix, Y_mix, n_total: int, batch_rows: int | None = None) -> None:
+        """Eqs. (2)-(5) on one minibatch (of ``batch_rows`` rows over all processes, this process's
+        rows given), natural gradients scaled by n_total / batch_rows."""
+        batch_rows = X_mix.shape[0] if batch_rows is None else batch_rows
+        rho = 1.0 if batch_rows >= n_total else self._rho()
+        self._mixture.svi_step(X_mix, Y_mix, n_total / batch_rows, rho)
         self.svi_steps_ += 1
 
     def _record(self, pass_index, X_mix, Y_mix, start) -> None:
@@ -435,9 +472,10 @@ class BNMC(MultiLabelEstimator):
         self.n_patterns_ = self._count_patterns(self.pattern_weights_)
         self.label_share_ = self.pattern_weights_ @ self._mixture.label_means()  # marginal E[psi] (L,)
 
-    def _set_weight_precision(self, Z: sp.csr_matrix) -> None:
+    def _set_weight_precision(self, Z: sp.csr_matrix, parallel=ONE_PROCESS, n_total: int | None = None) -> None:
         if self.weight_precision == "auto":
-            mean_sq_norm = float(Z.multiply(Z).sum()) / max(Z.shape[0], 1)
+            n_total = Z.shape[0] if n_total is None else n_total
+            mean_sq_norm = float(parallel.reduce_sum(np.array([Z.multiply(Z).sum()], dtype=np.float64))[0]) / max(n_total, 1)
             self.weight_precision_ = max(mean_sq_norm / 7.0, 1e-3)
         else:
             self.weight_precision_ = float(self.weight_precision)
@@ -447,9 +485,16 @@ class BNMC(MultiLabelEstimator):
         prior[-1] = 1e-2
         return prior
 
-    def _fit_classifiers(self, Z, Y, entries, labelled, rng, device, bar) -> None:
-        """Y: CSR (n, L); entries: the observed entries. Splits off the validation rows (at most
-        VALIDATION_ENTRIES / L of them), fits, calibrates and refits."""
+    def _fit_classifiers(self, Z, Y, entries, labelled, rng, device, bar, parallel=ONE_PROCESS, shard=None) -> None:
+        """Z, Y (CSR), entries: this process's rows; ``labelled``: (N,) flags of all rows. Splits off
+        the validation rows (at most VALIDATION_ENTRIES / L of them), fits, calibrates and refits.
+        Row ids are global; ``shard`` maps them to this process's rows."""
+        shard = RowShard.whole(Z.shape[0]) if shard is None else shard
+        reduce = None if parallel.world_size == 1 else parallel.reduce_sum
+
+        def local(global_ids):
+            return shard.select(global_ids)[0]
+
         rows = np.flatnonzero(labelled)
         n_val = int(round(float(self.validation_fraction) * rows.size))
         if n_val >= 1:
@@ -463,7 +508,7 @@ class BNMC(MultiLabelEstimator):
         self.threshold_ = 0.5
         self.count_rule_ = "expected" if self.count_rule == "auto" else self.count_rule
         self.classifier_basis_ = None
-        if self.online:
+        if self.online:  # one process (checked in _fit)
             self.solver_ = "sgd"
             if (Z.shape[1] + 1) * self.n_labels_ > SGD_DENSE_WEIGHTS:
                 self._set_basis(Z[rows], rng)
@@ -479,31 +524,38 @@ class BNMC(MultiLabelEstimator):
             return
         solver = self.solver
         if solver == "auto":
-            solver = choose_solver(rows.size, self.n_features_in_, self.n_labels_, int(Z[rows].nnz))
+            nnz = int(parallel.reduce_sum(np.array([Z[local(rows)].nnz], dtype=np.float64))[0])
+            solver = choose_solver(rows.size, self.n_features_in_, self.n_labels_, nnz)
+        if parallel.world_size > 1 and solver in ("dense", "woodbury"):
+            solver = "cg"  # the samplers whose sums over rows are split over processes
         self.solver_ = solver
         prior = self._prior_precision()
         fit_rows = train_rows if val_rows.size else rows
         if solver == "lowrank":
-            self._set_basis(Z[rows], rng)
+            self._set_basis(Z[local(rows)], rng, reduce)
             inputs = self._classifier_inputs(Z)
             prior = np.full(inputs.shape[1] + 1, self.weight_precision_)
             prior[-1] = 1e-2
 
             def fit(fit_on, n_iter, n_keep, init, n_mode):
-                design = LowRankDesign(inputs[fit_on], device)
-                return self._fit_label_blocks(design, Y, entries, fit_on, prior, n_iter, n_keep, rng, init, n_mode)
+                design = LowRankDesign(inputs[local(fit_on)], device, **_reducing(reduce))
+                return self._fit_label_blocks(design, Y, entries, local(fit_on), fit_on.size, prior, n_iter, n_keep,
+                                              rng, init, n_mode)
         else:
             def fit(fit_on, n_iter, n_keep, init, n_mode):
-                design = Design(Z[fit_on], device, dense=solver != "cg")
+                mine = local(fit_on)
+                design = Design(Z[mine], device, dense=solver != "cg", **_reducing(reduce))
                 return gibbs_classifier(
-                    design, Y[fit_on].toarray().astype(np.float64), entries.block(fit_on), self.classifier, prior,
+                    design, Y[mine].toarray().astype(np.float64), entries.block(mine), self.classifier, prior,
                     n_iter, n_keep, rng, solver, init=init, progress=bar, n_mode_steps=n_mode, inference=self.inference)
 
         samples, variances, trace = fit(fit_rows, self.n_sweeps, self.n_keep, None, self.n_mode_steps)
         traces = list(trace)
         if val_rows.size:
             self.classifier_samples_, self.classifier_variances_ = samples, variances
-            self._calibrate(Z[val_rows], Y[val_rows].toarray().astype(np.float64), entries.block(val_rows))
+            mine, val_shard = shard.select(val_rows)
+            self._calibrate(Z[mine], Y[mine].toarray().astype(np.float64), entries.block(mine),
+                            gather=None if reduce is None else (lambda part: val_shard.gather(part, np.arange(val_rows.size), reduce)))
         if val_rows.size and self.refit:
             # refit on every labelled row, starting from the posterior mean of the first fit
             n_refit = max(2, self.n_sweeps // 2)
@@ -512,12 +564,13 @@ class BNMC(MultiLabelEstimator):
         self.classifier_samples_, self.classifier_variances_ = samples, variances
         self.classifier_trace_ = np.asarray(traces)
 
-    def _fit_label_blocks(self, design, Y, entries, rows, prior, n_iter, n_keep, rng, init, n_mode_steps):
+    def _fit_label_blocks(self, design, Y, entries, rows, n_rows, prior, n_iter, n_keep, rng, init, n_mode_steps):
         """The variational (or Gibbs) classifiers of every label on a low-rank design, label block by
-        label block, so no dense (rows x L) array is formed: blocks of at most BLOCK_ENTRIES / n
-        labels. Returns what :func:`gibbs_classifier` returns, for all labels."""
+        label block, so no dense (rows x L) array is formed: blocks of at most BLOCK_ENTRIES / n_rows
+        labels (``rows``: this process's rows of the ``n_rows`` fitted). Returns what
+        :func:`gibbs_classifier` returns, for all labels."""
         L = self.n_labels_
-        width = max(1, BLOCK_ENTRIES // max(1, len(rows)))
+        width = max(1, BLOCK_ENTRIES // max(1, n_rows))
         Y_rows = Y[rows].tocsc()
         means, variances, trace = [], [], None
         for start in range(0, L, width):
@@ -543,13 +596,17 @@ class BNMC(MultiLabelEstimator):
                     bar.update(1)
 
     # ---- calibration ----------------------------------------------------------------------------
-    def _calibrate(self, Z_val, Y_val, mask_val) -> None:
+    def _calibrate(self, Z_val, Y_val, mask_val, gather=None) -> None:
         """Fit (a, b, d) of logit p = a s_clf + b s_pattern + d by Newton's method on the observed
         validation entries; then the threshold (near-best example-F1, then best exact match) and, with
-        ``count_rule="auto"``, the rule with the best example-F1 + exact match on the validation rows."""
+        ``count_rule="auto"``, the rule with the best example-F1 + exact match on the validation rows.
+        ``gather``: this process's validation rows of an (n_val_local, L) array -> all validation
+        rows (several processes)."""
         self._finish_mixture()
         X_val = self._raw_from_classifier(Z_val)
         s_clf, s_pat = self._evidence(Z_val, X_val)
+        if gather is not None:
+            s_clf, s_pat, Y_val, mask_val = (gather(part) for part in (s_clf, s_pat, Y_val, mask_val))
         observed = mask_val > 0
         feats = np.stack([s_clf[observed], s_pat[observed], np.ones(observed.sum())], axis=1)
         target = Y_val[observed]
@@ -770,6 +827,10 @@ class BNMC(MultiLabelEstimator):
         if sgd_state is not None:
             self._sgd = SGDClassifier(self.n_features_in_, self.n_labels_, self.classifier, 1.0, self.sgd_eta0)
             self._sgd.set_state(sgd_state)
+
+
+def _reducing(reduce) -> dict:
+    return {} if reduce is None else {"reduce": reduce}
 
 
 class ObservedEntries:
