@@ -17,7 +17,7 @@ from ..exceptions import ValidationError
 from ..utils import column_mean_and_scale, iter_batches, numpy_rng, resolve_device, resolve_standardize
 from ..validation import check_features, check_fit_inputs
 from ..gp.inducing import top_singular_vectors
-from .classifiers import Design, LowRankDesign, SGDClassifier, choose_solver, gibbs_classifier
+from .classifiers import Design, LowRankDesign, SGDClassifier, _softplus, choose_solver, gibbs_classifier
 from .mixture import DirichletEmission, DPMixture, GaussianEmission
 
 __all__ = ["BNMC"]
@@ -27,7 +27,7 @@ _COUNT_RULES = ("threshold", "count", "expected", "sample")
 #: split, may hold: label blocks have at most BLOCK_ENTRIES / n labels; the validation split at most
 #: VALIDATION_ENTRIES / L rows.
 BLOCK_ENTRIES = 2**22
-VALIDATION_ENTRIES = 2**23
+VALIDATION_ENTRIES = 2**22
 #: Online SGD keeps two (D+1) x L float64 weight matrices; above this many weights per matrix it
 #: works on the shared low-rank representation instead.
 SGD_DENSE_WEIGHTS = 2e7
@@ -899,15 +899,17 @@ def _threshold_rows(proba: np.ndarray, threshold: float) -> np.ndarray:
 
 def _exact_match(Y: np.ndarray, mask: np.ndarray, pred: np.ndarray) -> float:
     """Share of rows whose observed entries are predicted exactly."""
-    return float(np.mean(np.all((pred * mask) == (Y * mask), axis=1)))
+    observed = mask > 0
+    return float(np.mean(np.all(((pred > 0) & observed) == ((Y > 0) & observed), axis=1)))
 
 
 def _example_f1(Y: np.ndarray, mask: np.ndarray, pred: np.ndarray) -> float:
     """Example-based F1 over the rows' observed entries (empty/empty rows score 1)."""
-    pred = pred * mask
-    true = Y * mask
-    inter = (pred * true).sum(axis=1)
-    denom = pred.sum(axis=1) + true.sum(axis=1)
+    observed = mask > 0
+    pred = (pred > 0) & observed
+    true = (Y > 0) & observed
+    inter = np.count_nonzero(pred & true, axis=1)
+    denom = np.count_nonzero(pred, axis=1) + np.count_nonzero(true, axis=1)
     return float(np.mean(np.where(denom > 0, 2 * inter / np.maximum(denom, 1e-12), 1.0)))
 
 
@@ -917,7 +919,7 @@ def _logistic_newton(feats: np.ndarray, target: np.ndarray, theta: np.ndarray, r
 
     def objective(t):
         logits = feats @ t
-        return float(np.sum(target * logits - np.logaddexp(0.0, logits)) - 0.5 * ridge * t @ t)
+        return float(np.sum(target * logits - _softplus(logits)) - 0.5 * ridge * t @ t)
 
     current = objective(theta)
     for _ in range(50):
