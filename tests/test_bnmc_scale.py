@@ -152,3 +152,15 @@ def test_observed_entries_blocks_equal_the_dense_mask():
     no_mask = ObservedEntries(None, labelled, 4)
     np.testing.assert_array_equal(no_mask.block(), np.repeat(labelled[:, None], 4, axis=1).astype(float))
     np.testing.assert_array_equal(no_mask.per_label(), [2, 2, 2, 2])
+
+
+def test_dirichlet_loglik_on_the_columns_a_sparse_minibatch_uses_equals_the_full_product():
+    from scipy.special import digamma
+
+    from bayesmlc.bnmc.mixture import DirichletEmission
+
+    emission = DirichletEmission(500, 0.1)
+    emission.conc = np.random.default_rng(0).gamma(1.0, 1.0, (7, 500)) + 0.1
+    X = sp.random(20, 500, density=0.01, format="csr", random_state=1)  # uses < 250 columns
+    e_log = digamma(emission.conc) - digamma(emission.conc.sum(axis=1, keepdims=True))
+    np.testing.assert_allclose(emission.expected_loglik(X), X.toarray() @ e_log.T, rtol=1e-12, atol=1e-12)

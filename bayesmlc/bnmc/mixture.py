@@ -68,7 +68,18 @@ class DirichletEmission:
         self.conc = (1.0 - rho) * self.conc + rho * (self.prior + stats)
 
     def expected_loglik(self, X) -> np.ndarray:
-        """(n, K) matrix of E_q[log p(x_i | phi_k)] up to a k-independent constant."""
+        """(n, K) matrix of E_q[log p(x_i | phi_k)] up to a k-independent constant.
+
+        For a sparse X using few of the D features (a minibatch of a bag of words), the digammas are
+        taken over those columns only: sum_d x_d (psi(conc_kd) - psi(sum_d conc_kd))."""
+        if sp.issparse(X):
+            X = sp.csr_matrix(X)
+            columns = np.unique(X.indices)
+            if columns.size < X.shape[1] // 2:
+                e_log = digamma(self.conc[:, columns]) - digamma(self.conc.sum(axis=1, keepdims=True))
+                remap = np.searchsorted(columns, X.indices)
+                narrow = sp.csr_matrix((X.data, remap, X.indptr), shape=(X.shape[0], columns.size))
+                return np.asarray(narrow @ e_log.T)
         return np.asarray(X @ _dirichlet_expected_log(self.conc).T)
 
     def kl(self) -> float:
