@@ -7,6 +7,7 @@ Usage (from the repository root; datasets from ../shared/datasets)::
     python benchmarks/bench_bnmc.py speed --repeats 3            # bibtex: batch vs online, fit+predict
     python benchmarks/bench_bnmc.py missing --fractions 0.7,0.8,0.9 --seeds 5   # paper figure 6 protocol
     python benchmarks/bench_bnmc.py scale --sets eurlex-4k,amazoncat-13k-0.01,hmc_cellcycle_go,goemotions
+    python benchmarks/bench_bnmc.py distributed --dataset bibtex --procs 2   # 2 gloo ranks vs one process
     ... --set key=value ...                                      # any BNMC parameter
 
 Each run: fit on the train split with ``random_state=seed``, predict the test split with the model's
@@ -216,6 +217,64 @@ def cmd_scale(args, params):
               f"{r['P@5']:.4f} | {r['F1_example']:.4f} |")
 
 
+def _distributed_worker(rank, world_size, port, path, params, out):
+    from bayesmlc.distributed import DataParallel, read_shard
+
+    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world_size), MASTER_ADDR="127.0.0.1",
+                      MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    parallel = DataParallel.from_env(backend="gloo")
+    try:
+        shard = read_shard(path, parallel)  # this rank's rows only
+        start, cpu_start = time.perf_counter(), time.process_time()
+        model = BNMC(**params).fit(shard.X, shard.Y, parallel=parallel)
+        seconds, cpu_seconds = time.perf_counter() - start, time.process_time() - cpu_start
+        if parallel.is_main:
+            model.save(out)
+            with open(out + ".json", "w") as handle:
+                json.dump({"fit_s": seconds, "fit_cpu_s": cpu_seconds}, handle)
+    finally:
+        parallel.close()
+
+
+def cmd_distributed(args, params):
+    """One process against ``--procs`` gloo ranks on 127.0.0.1, each reading only its rows of the
+    training file; the same seed and settings; F1 / P@1 of both on the test split."""
+    import socket
+    import tempfile
+
+    import torch.multiprocessing as mp
+
+    train, test = load(args.dataset)
+    params = {"random_state": 0, **params}
+    start = time.perf_counter()
+    single = BNMC(**params).fit(train.X, train.Y)
+    single_s = time.perf_counter() - start
+    with tempfile.TemporaryDirectory() as folder:
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        out = os.path.join(folder, "model.npz")
+        mp.start_processes(_distributed_worker, args=(args.procs, port, str(DATA / args.dataset / "train.txt"), params,
+                                                      out), nprocs=args.procs, start_method="spawn")
+        multi = BNMC.load(out)
+        with open(out + ".json") as handle:
+            multi_times = json.load(handle)
+    rows = {}
+    for name, model in (("1 process", single), (f"{args.procs} processes", multi)):
+        metrics = evaluate(test.Y, proba=model.predict_proba(test.X), Y_pred=model.predict(test.X), ks=(1, 5))
+        rows[name] = metrics
+    gap = abs(rows["1 process"]["F1_example"] - rows[f"{args.procs} processes"]["F1_example"])
+    print(f"\nBNMC on {args.dataset}: one process vs {args.procs} gloo ranks (load average {os.getloadavg()[0]:.1f})")
+    print("| run | fit wall s | F1_example | exact_match | P@1 | P@5 |")
+    print("|---|---|---|---|---|---|")
+    for name, metrics in rows.items():
+        seconds = single_s if name == "1 process" else multi_times["fit_s"]
+        print(f"| {name} | {seconds:.1f} | {metrics['F1_example']:.4f} | {metrics['exact_match']:.4f} | "
+              f"{metrics['P@1']:.4f} | {metrics['P@5']:.4f} |")
+    print(f"F1 difference: {gap:.4f} (target <= 0.002)")
+
+
 def _log(args, record: dict) -> None:
     if args.out:
         with open(args.out, "a") as handle:
@@ -224,7 +283,8 @@ def _log(args, record: dict) -> None:
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("command", choices=["accuracy", "speed", "missing", "scale"])
+    parser.add_argument("command", choices=["accuracy", "speed", "missing", "scale", "distributed"])
+    parser.add_argument("--procs", type=int, default=2, help="distributed: number of gloo ranks")
     parser.add_argument("--sets", default="eurlex-4k,amazoncat-13k-0.01,hmc_cellcycle_go,goemotions")
     parser.add_argument("--no-parabel", action="store_true", help="scale: BNMC only")
     parser.add_argument("--datasets", default="scene,emotions,bibtex")
@@ -239,7 +299,9 @@ def main(argv=None):
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     params = {"device": "cpu", **parse_set_values(args.set, BNMC._get_param_names())}
-    {"accuracy": cmd_accuracy, "speed": cmd_speed, "missing": cmd_missing, "scale": cmd_scale}[args.command](args, params)
+    commands = {"accuracy": cmd_accuracy, "speed": cmd_speed, "missing": cmd_missing, "scale": cmd_scale,
+                "distributed": cmd_distributed}
+    commands[args.command](args, params)
 
 
 if __name__ == "__main__":

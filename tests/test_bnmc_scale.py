@@ -164,3 +164,20 @@ def test_dirichlet_loglik_on_the_columns_a_sparse_minibatch_uses_equals_the_full
     X = sp.random(20, 500, density=0.01, format="csr", random_state=1)  # uses < 250 columns
     e_log = digamma(emission.conc) - digamma(emission.conc.sum(axis=1, keepdims=True))
     np.testing.assert_allclose(emission.expected_loglik(X), X.toarray() @ e_log.T, rtol=1e-12, atol=1e-12)
+
+
+def test_low_rank_basis_spans_the_top_singular_vectors():
+    from bayesmlc.bnmc.classifiers import low_rank_basis
+
+    rng = np.random.default_rng(6)
+    # a spectrum with a gap after the 8th direction; sparse rows
+    left = np.linalg.qr(rng.normal(size=(400, 40)))[0]
+    right = np.linalg.qr(rng.normal(size=(90, 40)))[0]
+    spectrum = np.r_[np.linspace(20, 10, 8), np.linspace(2, 0.1, 32)]
+    X = sp.csr_matrix((left * spectrum) @ right.T)
+    V = low_rank_basis(X, 8, seed=0)
+    np.testing.assert_allclose(V.T @ V, np.eye(8), atol=1e-5)
+    top = right[:, :8]
+    assert np.linalg.norm(V @ V.T - top @ top.T, 2) < 1e-3
+    # the largest entry of each column is positive (a convention independent of the seed)
+    assert np.all(V[np.abs(V).argmax(axis=0), np.arange(8)] > 0)

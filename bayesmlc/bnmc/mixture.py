@@ -74,7 +74,7 @@ class DirichletEmission:
         taken over those columns only: sum_d x_d (psi(conc_kd) - psi(sum_d conc_kd))."""
         if sp.issparse(X):
             X = sp.csr_matrix(X)
-            columns = np.unique(X.indices)
+            columns = np.unique(X.indices) if X.nnz < X.shape[1] // 2 else np.arange(X.shape[1])
             if columns.size < X.shape[1] // 2:
                 e_log = digamma(self.conc[:, columns]) - digamma(self.conc.sum(axis=1, keepdims=True))
                 remap = np.searchsorted(columns, X.indices)

@@ -16,8 +16,8 @@ from ..distributed import ONE_PROCESS, RowShard
 from ..exceptions import ValidationError
 from ..utils import column_mean_and_scale, iter_batches, numpy_rng, resolve_device, resolve_standardize
 from ..validation import check_features, check_fit_inputs
-from ..gp.inducing import top_singular_vectors
-from .classifiers import Design, LowRankDesign, SGDClassifier, _softplus, choose_solver, gibbs_classifier
+from .classifiers import (Design, LowRankDesign, SGDClassifier, _softplus, choose_solver, gibbs_classifier,
+                          low_rank_basis)
 from .mixture import DirichletEmission, DPMixture, GaussianEmission
 
 __all__ = ["BNMC"]
@@ -352,9 +352,7 @@ class BNMC(MultiLabelEstimator):
         of the given rows (randomized subspace iteration, summed over processes by ``reduce``)."""
         rank = int(min(self.low_rank, Z.shape[1]))
         seed = int(rng.integers(0, 2**31 - 1))
-        kwargs = {} if reduce is None else {"reduce": reduce}
-        Vt, _ = top_singular_vectors(Z, rank, seed, dtype=np.float32, **kwargs)
-        self.classifier_basis_ = np.ascontiguousarray(Vt.T, dtype=np.float32)
+        self.classifier_basis_ = low_rank_basis(Z, rank, seed, **_reducing(reduce))
 
     def _classifier_inputs(self, Z):
         """What the classifiers see: Z itself, or its projection Z V on the basis (dense (n, r))."""
