@@ -168,6 +168,10 @@ class SingleProcess:
         """Totals over processes of per-process counts: the counts themselves."""
         return counts
 
+    def gather_rows(self, rows, global_ids, shard: RowShard):
+        """The rows ``global_ids`` (any order) of a row-sharded matrix: here ``rows[global_ids]``."""
+        return rows[np.asarray(global_ids, dtype=np.int64)]
+
     def close(self) -> None:
         """Nothing to release."""
 
@@ -403,6 +407,25 @@ class DataParallel:
         self._all_reduce(buffer)
         return tuple(type(c)(v) for c, v in zip(counts, buffer.tolist()))
 
+    def gather_rows(self, rows, global_ids, shard: RowShard):
+        """The rows ``global_ids`` (any order) of a row-sharded matrix whose local part is ``rows``
+        (sparse or dense, ``shard.n_local`` rows), on every rank, in the type of ``rows``; unlike
+        :meth:`RowShard.gather` a sparse matrix stays sparse (a sample of rows of a wide bag of
+        words, e.g. BNMC's mixture initialisation). One ``all_gather_object``."""
+        global_ids = np.asarray(global_ids, dtype=np.int64)
+        held = np.flatnonzero((global_ids >= shard.start) & (global_ids < shard.stop))
+        self.sync_failure(None, collective=_collective_id(_GATHER_ROWS, 8 * global_ids.size))
+        parts = [None] * self.world_size
+        try:
+            self._dist.all_gather_object(parts, (held, rows[global_ids[held] - shard.start]))
+        except BaseException:
+            self._broken = True
+            raise
+        positions = np.concatenate([part[0] for part in parts])
+        stacked = sp.vstack([part[1] for part in parts], format="csr") if sp.issparse(rows) else \
+            np.concatenate([part[1] for part in parts])
+        return stacked[np.argsort(positions, kind="stable")]
+
     def _all_reduce(self, buffer: torch.Tensor) -> None:
         try:
             self._dist.all_reduce(buffer)
@@ -431,7 +454,7 @@ def _reducible(array) -> np.ndarray:
 
 
 # kinds of collective, for the check that all ranks reach the same one (see DataParallel.sync_failure)
-_LOCAL_DATA, _REDUCE_SUM, _REDUCE_GRADIENTS, _SUM_COUNTS = 1, 2, 3, 4
+_LOCAL_DATA, _REDUCE_SUM, _REDUCE_GRADIENTS, _SUM_COUNTS, _GATHER_ROWS = 1, 2, 3, 4, 5
 
 
 def _collective_id(kind: int, n_bytes: int) -> float:

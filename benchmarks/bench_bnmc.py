@@ -6,6 +6,8 @@ Usage (from the repository root; datasets from ../shared/datasets)::
     python benchmarks/bench_bnmc.py accuracy --datasets bibtex --seeds 10 --online
     python benchmarks/bench_bnmc.py speed --repeats 3            # bibtex: batch vs online, fit+predict
     python benchmarks/bench_bnmc.py missing --fractions 0.7,0.8,0.9 --seeds 5   # paper figure 6 protocol
+    python benchmarks/bench_bnmc.py scale --sets eurlex-4k,amazoncat-13k-0.01,hmc_cellcycle_go,goemotions
+    python benchmarks/bench_bnmc.py distributed --dataset bibtex --procs 2   # 2 gloo ranks vs one process
     ... --set key=value ...                                      # any BNMC parameter
 
 Each run: fit on the train split with ``random_state=seed``, predict the test split with the model's
@@ -14,13 +16,23 @@ micro-F1 (what the authors' code reports as F1), P@1/3/5 and micro-AUC, all from
 ``bayesmlc.metrics.evaluate``; mean and standard deviation over seeds. Times are wall-clock seconds of
 fit + predict (and the process CPU seconds, all threads), printed with the 1-minute load average (the
 machine may be shared).
+
+``scale``: the default BNMC fit beside omikuji Parabel (``bayesmlc.bench.baselines.OmikujiParabel``,
+one thread) on the extreme-classification shapes of ``bayesmlc.data.synthetic.make_preset``
+(``eurlex-4k`` = the full EURLex-4K shape, ``amazoncat-13k-0.01`` = AmazonCat-13K at 1 %: 4/3 of the
+preset's rows are generated and a random quarter held out, so the model trains on the preset's row
+count, 15,539 and 11,862) and on real sets (their train/test files). Each fit runs in its own
+forked process, which reports its fit wall and CPU seconds and its peak resident memory (data
+included); the table gives BNMC's time as a multiple of Parabel's from the same run.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
 import os
+import resource
 import time
 from pathlib import Path
 
@@ -132,6 +144,138 @@ def cmd_missing(args, params):
     print_table(f"BNMC with missing label vectors on {args.dataset}, {args.seeds} seeds", summary)
 
 
+def _scale_data(name: str):
+    """(train, test) for a preset shape ``eurlex-4k`` / ``amazoncat-13k-0.01`` or a real set."""
+    from bayesmlc.data.synthetic import make_preset, split
+
+    if (DATA / name).is_dir():
+        return load(name)
+    preset, _, fraction = name.partition("-0.")
+    scale = float("0." + fraction) if fraction else 1.0
+    return split(make_preset(preset, scale=scale * 4.0 / 3.0, random_state=0), 0.25, random_state=0)
+
+
+def _timed_fit(queue, make_model, train, test) -> None:
+    """In a forked process: fit, predict, score; put the numbers on ``queue``."""
+    torch.set_num_threads(1)
+    start, cpu_start = time.perf_counter(), time.process_time()
+    model = make_model().fit(train.X, train.Y)
+    fit_s, fit_cpu = time.perf_counter() - start, time.process_time() - cpu_start
+    start = time.perf_counter()
+    proba = model.predict_proba(test.X)
+    pred = model.predict(test.X)
+    predict_s = time.perf_counter() - start
+    metrics = evaluate(test.Y, proba=proba, Y_pred=pred, ks=(1, 5))
+    queue.put({"fit_s": fit_s, "fit_cpu_s": fit_cpu, "predict_s": predict_s,
+               "peak_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6,
+               "solver": getattr(model, "solver_", ""), **{k: metrics[k] for k in ("P@1", "P@5", "F1_example")}})
+
+
+def _in_child(make_model, train, test) -> dict:
+    context = multiprocessing.get_context("fork")
+    queue = context.Queue()
+    process = context.Process(target=_timed_fit, args=(queue, make_model, train, test))
+    process.start()
+    result = queue.get()
+    process.join()
+    return result
+
+
+def _bnmc_default(params):
+    return lambda: BNMC(**{"random_state": 0, **params})
+
+
+def _parabel():
+    from bayesmlc.bench.baselines import OmikujiParabel
+
+    return OmikujiParabel(n_threads=1, predict_top_k=100, random_state=0)
+
+
+def cmd_scale(args, params):
+    rows = []
+    for name in args.sets.split(","):
+        train, test = _scale_data(name)
+        shape = f"{train.X.shape[0]} x {train.X.shape[1]}, L={train.Y.shape[1]}"
+        print(f"{name}: train {shape}, nnz(X) {train.X.nnz}", flush=True)
+        results = {}
+        for model_name, make_model in (("parabel", _parabel), ("bnmc", _bnmc_default(params))):
+            if model_name == "parabel" and args.no_parabel:
+                continue
+            results[model_name] = _in_child(make_model, train, test)
+            _log(args, {"command": "scale", "dataset": name, "model": model_name, **results[model_name]})
+            print(f"  {model_name}: {results[model_name]}", flush=True)
+        for model_name, result in results.items():
+            ratio = result["fit_s"] / results["parabel"]["fit_s"] if "parabel" in results else float("nan")
+            cpu_ratio = result["fit_cpu_s"] / results["parabel"]["fit_cpu_s"] if "parabel" in results else float("nan")
+            rows.append((name, shape, model_name, result, ratio, cpu_ratio))
+    print(f"\nBNMC at scale (load average {', '.join(f'{v:.1f}' for v in os.getloadavg())})")
+    print("| set | train shape | model | solver | fit s | fit CPU s | fit / Parabel (wall, CPU) | predict s | peak GB "
+          "| P@1 | P@5 | F1 example |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for name, shape, model_name, r, ratio, cpu_ratio in rows:
+        print(f"| {name} | {shape} | {model_name} | {r['solver'] or '-'} | {r['fit_s']:.1f} | {r['fit_cpu_s']:.1f} | "
+              f"{ratio:.2f}, {cpu_ratio:.2f} | {r['predict_s']:.1f} | {r['peak_gb']:.2f} | {r['P@1']:.4f} | "
+              f"{r['P@5']:.4f} | {r['F1_example']:.4f} |")
+
+
+def _distributed_worker(rank, world_size, port, path, params, out):
+    from bayesmlc.distributed import DataParallel, read_shard
+
+    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world_size), MASTER_ADDR="127.0.0.1",
+                      MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    parallel = DataParallel.from_env(backend="gloo")
+    try:
+        shard = read_shard(path, parallel)  # this rank's rows only
+        start, cpu_start = time.perf_counter(), time.process_time()
+        model = BNMC(**params).fit(shard.X, shard.Y, parallel=parallel)
+        seconds, cpu_seconds = time.perf_counter() - start, time.process_time() - cpu_start
+        if parallel.is_main:
+            model.save(out)
+            with open(out + ".json", "w") as handle:
+                json.dump({"fit_s": seconds, "fit_cpu_s": cpu_seconds}, handle)
+    finally:
+        parallel.close()
+
+
+def cmd_distributed(args, params):
+    """One process against ``--procs`` gloo ranks on 127.0.0.1, each reading only its rows of the
+    training file; the same seed and settings; F1 / P@1 of both on the test split."""
+    import socket
+    import tempfile
+
+    import torch.multiprocessing as mp
+
+    train, test = load(args.dataset)
+    params = {"random_state": 0, **params}
+    start = time.perf_counter()
+    single = BNMC(**params).fit(train.X, train.Y)
+    single_s = time.perf_counter() - start
+    with tempfile.TemporaryDirectory() as folder:
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        out = os.path.join(folder, "model.npz")
+        mp.start_processes(_distributed_worker, args=(args.procs, port, str(DATA / args.dataset / "train.txt"), params,
+                                                      out), nprocs=args.procs, start_method="spawn")
+        multi = BNMC.load(out)
+        with open(out + ".json") as handle:
+            multi_times = json.load(handle)
+    rows = {}
+    for name, model in (("1 process", single), (f"{args.procs} processes", multi)):
+        metrics = evaluate(test.Y, proba=model.predict_proba(test.X), Y_pred=model.predict(test.X), ks=(1, 5))
+        rows[name] = metrics
+    gap = abs(rows["1 process"]["F1_example"] - rows[f"{args.procs} processes"]["F1_example"])
+    print(f"\nBNMC on {args.dataset}: one process vs {args.procs} gloo ranks (load average {os.getloadavg()[0]:.1f})")
+    print("| run | fit wall s | F1_example | exact_match | P@1 | P@5 |")
+    print("|---|---|---|---|---|---|")
+    for name, metrics in rows.items():
+        seconds = single_s if name == "1 process" else multi_times["fit_s"]
+        print(f"| {name} | {seconds:.1f} | {metrics['F1_example']:.4f} | {metrics['exact_match']:.4f} | "
+              f"{metrics['P@1']:.4f} | {metrics['P@5']:.4f} |")
+    print(f"F1 difference: {gap:.4f} (target <= 0.002)")
+
+
 def _log(args, record: dict) -> None:
     if args.out:
         with open(args.out, "a") as handle:
@@ -140,7 +284,10 @@ def _log(args, record: dict) -> None:
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("command", choices=["accuracy", "speed", "missing"])
+    parser.add_argument("command", choices=["accuracy", "speed", "missing", "scale", "distributed"])
+    parser.add_argument("--procs", type=int, default=2, help="distributed: number of gloo ranks")
+    parser.add_argument("--sets", default="eurlex-4k,amazoncat-13k-0.01,hmc_cellcycle_go,goemotions")
+    parser.add_argument("--no-parabel", action="store_true", help="scale: BNMC only")
     parser.add_argument("--datasets", default="scene,emotions,bibtex")
     parser.add_argument("--dataset", default="scene")
     parser.add_argument("--seeds", type=int, default=10)
@@ -153,7 +300,9 @@ def main(argv=None):
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     params = {"device": "cpu", **parse_set_values(args.set, BNMC._get_param_names())}
-    {"accuracy": cmd_accuracy, "speed": cmd_speed, "missing": cmd_missing}[args.command](args, params)
+    commands = {"accuracy": cmd_accuracy, "speed": cmd_speed, "missing": cmd_missing, "scale": cmd_scale,
+                "distributed": cmd_distributed}
+    commands[args.command](args, params)
 
 
 if __name__ == "__main__":

@@ -619,3 +619,71 @@ def test_torchrun_cli_reads_shards_and_equals_one_process(tmp_path):
     two = MultiLabelEstimator.load(tmp_path / "two" / "model.npz")
     one = MultiLabelEstimator.load(tmp_path / "one" / "model.npz")
     np.testing.assert_allclose(two.decision_function(test.X), one.decision_function(test.X), rtol=1e-6, atol=1e-8)
+
+
+# ---- BNMC on two ranks --------------------------------------------------------------------------
+# the mixture's SVI statistics, ELBO and merge profiles, the classifiers' products over rows and the
+# calibration data are summed over ranks; every rank ends with the single-process model (float32
+# classifier sums in another order: equal to rounding)
+BNMC_RUNS = {
+    "exact": (dict(truncation=4, n_passes=2, batch_size=30, random_state=4, device="cpu", solver="cg"), False),
+    "lowrank": (dict(truncation=4, n_passes=2, batch_size=30, random_state=4, device="cpu", solver="lowrank",
+                     low_rank=12), True),
+}
+
+
+def _bnmc_worker(rank, world_size, port, out):
+    from bayesmlc.bnmc import BNMC
+
+    parallel = _join_group(rank, world_size, port)
+    try:
+        train = read_shard(os.path.join(out, "train.npz"), parallel)
+        X_all, _ = _data()
+        start, stop = shard_bounds(N_ROWS, rank, world_size)
+        for name, (settings, masked) in BNMC_RUNS.items():
+            mask = _mask()[start:stop] if masked else None
+            model = BNMC(**settings).fit(train.X, train.Y, label_mask=mask, parallel=parallel)
+            if parallel.is_main:
+                np.savez(os.path.join(out, f"bnmc-{name}.npz"), **_bnmc_arrays(model, X_all))
+    finally:
+        parallel.close()
+
+
+def _bnmc_arrays(model, X) -> dict:
+    return {
+        "proba": model.predict_proba(X), "samples": model.classifier_samples_, "variances": model.classifier_variances_,
+        "label_conc": model._mixture.label_conc, "stick_a": model._mixture.stick_a, "elbo": np.asarray(model.history_["objective"]),
+        "calibration": model.calibration_, "threshold": np.array([model.threshold_]),
+        "count_mean": np.array([model.label_count_mean_, model.label_count_std_]), "prior": model.label_prior_,
+        "basis": np.zeros(0) if model.classifier_basis_ is None else model.classifier_basis_,
+        "weight_precision": np.array([model.weight_precision_]),
+    }
+
+
+@pytest.fixture(scope="module")
+def bnmc_distributed_run(tmp_path_factory):
+    out = str(tmp_path_factory.mktemp("bnmc-distributed"))
+    X, Y = _data()
+    write_dataset(Dataset(X=X, Y=Y), os.path.join(out, "train.npz"))
+    _spawn(_bnmc_worker, out)
+    return out
+
+
+@pytest.mark.parametrize("name", sorted(BNMC_RUNS))
+def test_bnmc_two_ranks_equal_one_process(bnmc_distributed_run, name):
+    from bayesmlc.bnmc import BNMC
+
+    settings, masked = BNMC_RUNS[name]
+    X, Y = _data()
+    single = BNMC(**settings).fit(X, Y, label_mask=_mask() if masked else None)
+    reference = _bnmc_arrays(single, X)
+    distributed = dict(np.load(os.path.join(bnmc_distributed_run, f"bnmc-{name}.npz")))
+    # the mixture and the label statistics: float64 sums
+    for key in ("label_conc", "stick_a", "elbo", "count_mean", "prior", "weight_precision"):
+        np.testing.assert_allclose(distributed[key], reference[key], rtol=1e-9, atol=1e-9, err_msg=key)
+    # the classifiers: float32 sums over rows in another order
+    for key in ("basis", "samples", "variances", "calibration", "proba"):
+        np.testing.assert_allclose(distributed[key], reference[key], rtol=2e-3, atol=2e-4, err_msg=key)
+    assert distributed["threshold"][0] == reference["threshold"][0]
+    # the fit learned something: the probabilities are not the prior's
+    assert np.abs(reference["proba"] - single.label_prior_[None, :]).max() > 0.1

@@ -35,9 +35,17 @@ import numpy as np
 import scipy.sparse as sp
 import torch
 
-from .polya_gamma import pg_mean, sample_inverse_gaussian, sample_pg
+from .polya_gamma import sample_inverse_gaussian, sample_pg
 
-__all__ = ["Design", "choose_solver", "gibbs_classifier", "SGDClassifier"]
+__all__ = ["Design", "LowRankDesign", "choose_solver", "solver_costs", "gibbs_classifier", "SGDClassifier"]
+
+#: Estimated floating-point operations per sweep above which ``solver="auto"`` leaves the exact
+#: samplers for the shared low-rank representation (``lowrank``).
+EXACT_BUDGET_FLOPS = 3e10
+
+
+def _no_reduce(array):
+    return array
 
 
 class Design:
@@ -49,7 +57,8 @@ class Design:
     n, D1 : rows and columns of Z (D1 = D + 1)
     """
 
-    def __init__(self, X: sp.csr_matrix, device: torch.device, dense: bool):
+    def __init__(self, X: sp.csr_matrix, device: torch.device, dense: bool, reduce=_no_reduce):
+        self.reduce = reduce  # sums a numpy array over processes (identity in one process)
         self.n, D = X.shape
         self.D1 = D + 1
         self.device = device
@@ -70,18 +79,23 @@ class Design:
         return self.X @ W[:-1] + W[-1:]
 
     def rmatmul(self, U: torch.Tensor) -> torch.Tensor:
-        """Z^T @ U for U (n, C) -> (D1, C)."""
-        return torch.cat([self.XT @ U, U.sum(dim=0, keepdim=True)], dim=0)
+        """Z^T @ U for U (n, C) -> (D1, C), summed over processes."""
+        return self.reduce_tensor(torch.cat([self.XT @ U, U.sum(dim=0, keepdim=True)], dim=0))
 
     def precision_diagonal(self, omega: torch.Tensor, prior_prec: torch.Tensor) -> torch.Tensor:
         """diag(P_c) = prior + diag(Z^T diag(omega_c) Z) for every label, (D1, C)."""
-        return prior_prec[:, None] + self.Z_sq_T @ omega
+        return prior_prec[:, None] + self.reduce_tensor(self.Z_sq_T @ omega)
 
     def shared_precision(self, row_weights: np.ndarray, prior_prec: np.ndarray) -> torch.Tensor:
         """diag(prior) + Z^T diag(row_weights) Z as a dense (D1, D1) tensor (one sparse product)."""
-        gram = (self.Z_scipy.T @ sp.diags(row_weights) @ self.Z_scipy).toarray()
+        gram = self.reduce((self.Z_scipy.T @ sp.diags(row_weights) @ self.Z_scipy).toarray())
         gram[np.diag_indices_from(gram)] += prior_prec
         return torch.as_tensor(gram, dtype=torch.float32, device=self.device)
+
+    def reduce_tensor(self, tensor: torch.Tensor) -> torch.Tensor:
+        if self.reduce is _no_reduce:
+            return tensor
+        return torch.as_tensor(self.reduce(tensor.cpu().numpy()), device=tensor.device)
 
     def dense_z(self) -> torch.Tensor:
         Xd = self.X if self.dense else self.X.to_dense()
@@ -100,15 +114,102 @@ def _csr(matrix: sp.csr_matrix, device) -> torch.Tensor:
         ).to(device)
 
 
-def choose_solver(n: int, n_features: int, n_labels: int, density: float) -> str:
-    """``woodbury`` when N < D (and N modest), ``dense`` when the batched D x D factorisations are
-    cheap, else ``cg``."""
+class LowRankDesign(Design):
+    """Z = [X V, 1]: the rows projected on a shared orthonormal basis V (D, r), plus the bias column.
+
+    With w_c = V u_c, the model of eq. (6) restricted to span(V) is the same logistic (or SVM) model
+    on the r projected features, and the prior N(0, I / lambda) on w restricted to span(V) is
+    N(0, I / lambda) on u. Every product is a dense (n, r) by (r, C) one.
+
+    Attributes
+    ----------
+    X : torch tensor (n, r) float32, the projected rows X V
+    """
+
+    def __init__(self, projected: np.ndarray, device: torch.device, reduce=_no_reduce):
+        self.reduce = reduce
+        self.device = device
+        self.dense = True
+        self.n, rank = projected.shape
+        self.D1 = rank + 1
+        self.X = torch.as_tensor(np.ascontiguousarray(projected, dtype=np.float32), device=device)
+        self.XT = self.X.T
+        self.Z_sq = torch.cat([self.X * self.X, torch.ones(self.n, 1, dtype=self.X.dtype, device=device)], dim=1)
+        self.Z_sq_T = self.Z_sq.T
+
+    def shared_precision(self, row_weights: np.ndarray, prior_prec: np.ndarray) -> torch.Tensor:
+        Z = self.dense_z().double()
+        weights = torch.as_tensor(row_weights, dtype=torch.float64, device=self.device)
+        gram = self.reduce_tensor((Z * weights[:, None]).T @ Z)
+        gram.diagonal().add_(torch.as_tensor(prior_prec, dtype=torch.float64, device=self.device))
+        return gram.float()
+
+    def dense_z(self) -> torch.Tensor:
+        return torch.cat([self.X, torch.ones(self.n, 1, dtype=self.X.dtype, device=self.device)], dim=1)
+
+
+def low_rank_basis(X, rank: int, seed: int, reduce=_no_reduce, n_iter: int = 4, n_oversamples: int = 10) -> np.ndarray:
+    """Top-``rank`` right singular vectors (D, rank) float32 of X (n, D), sparse or dense, whose rows
+    may be split over processes (``reduce`` sums a numpy array over them).
+
+    Randomized subspace iteration (Halko, Martinsson and Tropp 2011, alg. 4.4): from a seeded
+    Gaussian (D, k) start, k = rank + n_oversamples, ``n_iter`` times W <- X^T (X W), renormalised
+    between steps by the L factor of a pivoted LU (it spans the same columns, at a fraction of a
+    Householder QR's cost at D = 203,882); then Rayleigh-Ritz without an orthonormalisation: the
+    generalised eigenproblem (X W)^T (X W) v = lambda W^T W v gives V = W v with V^T V = I and
+    V^T X^T X V diagonal. Only X W and X^T (X W) touch X, so each process multiplies its rows and
+    the sums make every process's basis the same. Signs: each column's largest entry is positive.
+    """
+    import scipy.linalg
+
+    n_features = X.shape[1]
+    width = min(rank + n_oversamples, n_features)
+    W = np.random.default_rng(seed).standard_normal((n_features, width)).astype(np.float32)
+    for _ in range(n_iter):
+        W = reduce(np.asarray(X.T @ np.asarray(X @ W, dtype=np.float32), dtype=np.float32))
+        W = scipy.linalg.lu(W, permute_l=True, check_finite=False)[0].astype(np.float32)
+    XW = np.asarray(X @ W, dtype=np.float64)
+    gram = W.T.astype(np.float64) @ W.astype(np.float64)
+    gram[np.diag_indices_from(gram)] += 1e-12 * np.trace(gram) / width
+    eigenvalues, eigenvectors = scipy.linalg.eigh(reduce(XW.T @ XW), gram)
+    top = np.argsort(eigenvalues)[::-1][: min(rank, width)]
+    V = W @ eigenvectors[:, top].astype(np.float32)
+    largest = np.abs(V).argmax(axis=0)
+    V *= np.sign(V[largest, np.arange(V.shape[1])])[None, :]
+    return np.ascontiguousarray(V, dtype=np.float32)
+
+
+def solver_costs(n: int, n_features: int, n_labels: int, nnz: int) -> dict:
+    """Rough floating-point operations of one sweep of each exact sampler (n rows, nnz stored entries
+    of X): ``woodbury`` L n^3 / 3 + n^2 D (n < D + 1 only), ``dense`` n D^2 L + L D^3 / 3, ``cg`` one
+    (D+1)^2 Gram and Cholesky plus about 15 sparse products with (n, L) blocks (Z and Z^T in five CG
+    iterations, margins, variances)."""
+    D1 = n_features + 1
+    nnz_z = nnz + n
+    return {
+        "woodbury": n_labels * n**3 / 3 + n * n * D1 if n < D1 else float("inf"),
+        "dense": n * D1 * D1 * n_labels + n_labels * D1**3 / 3 if n_labels * D1 * D1 <= 2e8 else float("inf"),
+        "cg": D1**3 / 3 + nnz_z**2 / max(n, 1) + 15 * nnz_z * n_labels if D1 <= 12000 else float("inf"),
+    }
+
+
+def choose_solver(n: int, n_features: int, n_labels: int, nnz: int, budget: float = EXACT_BUDGET_FLOPS) -> str:
+    """The small-problem rule (``woodbury`` when n < D + 1 and n <= 3000, else ``dense`` when
+    D + 1 <= 600 and L (D+1)^2 <= 5e7, else ``cg``) when that sampler's estimated sweep
+    (:func:`solver_costs`) is within ``budget``; else the cheapest exact sampler within it; else
+    ``lowrank``, the classifiers on a shared rank-r representation."""
     D1 = n_features + 1
     if n < D1 and n <= 3000:
-        return "woodbury"
-    if D1 <= 600 and n_labels * D1 * D1 <= 5e7:
-        return "dense"
-    return "cg"
+        small = "woodbury"
+    elif D1 <= 600 and n_labels * D1 * D1 <= 5e7:
+        small = "dense"
+    else:
+        small = "cg"
+    costs = solver_costs(n, n_features, n_labels, nnz)
+    if costs[small] <= budget:
+        return small
+    cheapest = min(costs, key=costs.get)
+    return cheapest if costs[cheapest] <= budget else "lowrank"
 
 
 def _sample_dense(Z: torch.Tensor, omega, beta, prior_prec, gen, noise: float = 1.0) -> torch.Tensor:
@@ -288,10 +389,12 @@ def gibbs_classifier(
 
     means, trace = [], []
     variances = None
+    margins = None  # Z W, carried over from the damped step when it computed them
     for sweep in range(n_mode_steps + n_iter):
         sampling = sweep >= n_mode_steps
-        margins = design.matmul(W).double().cpu().numpy()
-        trace.append(_fit_measure(kind, margins, Y, mask))
+        if margins is None:
+            margins = design.matmul(W).double().cpu().numpy()
+        trace.append(float(design.reduce(np.array([_fit_measure(kind, margins, Y, mask)]))[0]))
         if sampling and inference == "variational":
             if variances is None:  # first update from the mode: the curvature there
                 omega_np, _ = _augmentation(kind, margins, Y, mask, None)
@@ -305,13 +408,14 @@ def gibbs_classifier(
         if sampling and inference == "variational":
             variances = 1.0 / design.precision_diagonal(omega, prior_prec_t)
         W_new = solve(omega, beta, W, 1.0 if sampling and inference == "gibbs" else 0.0)
+        next_margins = None
         if not sampling and kind == "logistic":
-            W_new = _damped(design, W, W_new, Y, mask, prior_prec_t)
+            W_new, next_margins = _damped(design, W, W_new, Y, mask, prior_prec_t, margins)
         if sweep >= n_mode_steps + n_iter - n_keep:
             # Rao-Blackwellised: the conditional mean E[w | omega, y] of this sweep
             mean = W_new if inference == "variational" else solve(omega, beta, W_new, 0.0)
             means.append(mean.cpu().numpy().copy())
-        W = W_new
+        W, margins = W_new, next_margins
         if progress is not None:
             progress.update(1)
     if variances is not None:
@@ -327,8 +431,8 @@ def _margin_variance(design: Design, variances: torch.Tensor) -> np.ndarray:
 def _expected_augmentation(kind: str, margins, spread, Y, mask):
     """Variational omega and beta: E[omega] under q(omega) given E[m] and Var[m] of each margin."""
     if kind == "logistic":
-        xi = np.sqrt(margins**2 + spread)
-        return pg_mean(1.0, xi) * mask, (Y - 0.5) * mask
+        xi = torch.from_numpy(margins).square_().add_(torch.from_numpy(spread)).sqrt_()
+        return _pg_mean_one(xi).numpy() * mask, (Y - 0.5) * mask
     signs = 2.0 * Y - 1.0
     # E[1/lambda] = 1 / sqrt(E[(1 - s m)^2]) for the Polson-Scott GIG update
     gap = np.sqrt((1.0 - signs * margins) ** 2 + spread)
@@ -336,32 +440,36 @@ def _expected_augmentation(kind: str, margins, spread, Y, mask):
     return inv_lambda, signs * (1.0 + inv_lambda) * mask
 
 
-def _log_posterior(design: Design, W: torch.Tensor, Y, mask, prior_prec) -> np.ndarray:
-    """Per-label logistic log posterior (up to constants), (C,)."""
-    margins = design.matmul(W).double().cpu().numpy()
-    loglik = -(np.logaddexp(0.0, -(2.0 * Y - 1.0) * margins) * mask).sum(axis=0)
+def _log_posterior(design: Design, W: torch.Tensor, Y, mask, prior_prec, margins=None) -> np.ndarray:
+    """Per-label logistic log posterior (up to constants), (C,), summed over processes; ``margins``:
+    Z W when known."""
+    margins = design.matmul(W).double().cpu().numpy() if margins is None else margins
+    loglik = -design.reduce((_softplus(-(2.0 * Y - 1.0) * margins) * mask).sum(axis=0))
     return loglik - 0.5 * (prior_prec[:, None] * W * W).sum(dim=0).double().cpu().numpy()
 
 
-def _damped(design: Design, W, W_newton, Y, mask, prior_prec, max_halvings: int = 8) -> torch.Tensor:
+def _damped(design: Design, W, W_newton, Y, mask, prior_prec, margins, max_halvings: int = 8):
     """Per label, the first of W + 2^-j (W_newton - W), j = 0, 1, ..., that does not lower the log
-    posterior (W itself when none does)."""
-    current = _log_posterior(design, W, Y, mask, prior_prec)
+    posterior (W itself when none does). ``margins`` = Z W (n, C) float64. Returns the chosen
+    weights and their margins Z W_chosen (so the next sweep need not recompute them)."""
+    current = _log_posterior(design, W, Y, mask, prior_prec, margins)
     direction = W_newton - W
-    out = W.clone()
+    out, out_margins = W.clone(), margins.copy()
     pending = np.ones(W.shape[1], dtype=bool)
     scale = 1.0
     for _ in range(max_halvings):
         trial = W + scale * direction
-        better = (_log_posterior(design, trial, Y, mask, prior_prec) >= current) & pending
+        trial_margins = design.matmul(trial).double().cpu().numpy()
+        better = (_log_posterior(design, trial, Y, mask, prior_prec, trial_margins) >= current) & pending
         if better.any():
-            idx = torch.as_tensor(np.flatnonzero(better), device=W.device)
-            out[:, idx] = trial[:, idx]
+            chosen = np.flatnonzero(better)
+            out[:, torch.as_tensor(chosen, device=W.device)] = trial[:, torch.as_tensor(chosen, device=W.device)]
+            out_margins[:, chosen] = trial_margins[:, chosen]
             pending &= ~better
         if not pending.any():
             break
         scale *= 0.5
-    return out
+    return out, out_margins
 
 
 def _sigmoid(x: np.ndarray) -> np.ndarray:
@@ -371,8 +479,22 @@ def _sigmoid(x: np.ndarray) -> np.ndarray:
 def _fit_measure(kind: str, margins: np.ndarray, Y: np.ndarray, mask: np.ndarray) -> float:
     signs = 2.0 * Y - 1.0
     if kind == "logistic":
-        return float(-np.sum(np.logaddexp(0.0, -signs * margins) * mask))
+        return float(-np.sum(_softplus(-signs * margins) * mask))
     return float(-np.sum(np.maximum(0.0, 1.0 - signs * margins) * mask))
+
+
+def _softplus(x: np.ndarray) -> np.ndarray:
+    """log(1 + exp(x)) elementwise in float64 (torch's kernel; the linear branch above 40, where the
+    two differ by less than 1e-17 relative)."""
+    return torch.nn.functional.softplus(torch.from_numpy(np.asarray(x, dtype=np.float64)), threshold=40.0).numpy()
+
+
+def _pg_mean_one(xi: torch.Tensor) -> torch.Tensor:
+    """E[PG(1, xi)] = tanh(xi / 2) / (2 xi) (limit 1/4 - xi^2 / 48 below 1e-4), float64 tensor, in place."""
+    small = xi < 1e-4
+    series = 0.25 - xi * xi / 48.0
+    out = torch.tanh(xi / 2.0).div_(xi.clamp_min(1e-4) * 2.0)
+    return torch.where(small, series, out)
 
 
 class SGDClassifier:

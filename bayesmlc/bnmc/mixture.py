@@ -45,10 +45,6 @@ def _dirichlet_kl(conc: np.ndarray, prior: float) -> float:
     )
 
 
-def _dense_rows(X) -> np.ndarray:
-    return X.toarray() if sp.issparse(X) else np.asarray(X)
-
-
 class DirichletEmission:
     """Dirichlet-multinomial emission for non-negative features: x_i ~ Mult(phi_k), phi_k ~ Dir(omega).
 
@@ -72,7 +68,18 @@ class DirichletEmission:
         self.conc = (1.0 - rho) * self.conc + rho * (self.prior + stats)
 
     def expected_loglik(self, X) -> np.ndarray:
-        """(n, K) matrix of E_q[log p(x_i | phi_k)] up to a k-independent constant."""
+        """(n, K) matrix of E_q[log p(x_i | phi_k)] up to a k-independent constant.
+
+        For a sparse X using few of the D features (a minibatch of a bag of words), the digammas are
+        taken over those columns only: sum_d x_d (psi(conc_kd) - psi(sum_d conc_kd))."""
+        if sp.issparse(X):
+            X = sp.csr_matrix(X)
+            columns = np.unique(X.indices) if X.nnz < X.shape[1] // 2 else np.arange(X.shape[1])
+            if columns.size < X.shape[1] // 2:
+                e_log = digamma(self.conc[:, columns]) - digamma(self.conc.sum(axis=1, keepdims=True))
+                remap = np.searchsorted(columns, X.indices)
+                narrow = sp.csr_matrix((X.data, remap, X.indptr), shape=(X.shape[0], columns.size))
+                return np.asarray(narrow @ e_log.T)
         return np.asarray(X @ _dirichlet_expected_log(self.conc).T)
 
     def kl(self) -> float:
@@ -190,9 +197,15 @@ class DPMixture:
     n_labels : int, L.
     label_prior : float, omega_psi.
     concentration : float, alpha of the stick-breaking prior.
+    reduce : callable or None, sums a numpy array over processes when the rows are split over
+        processes (:meth:`bayesmlc.distributed.DataParallel.reduce_sum`); None in one process. Every
+        sum over rows (statistics, ELBO, merge profiles) goes through it, so each process holds the
+        same global parameters.
     """
 
-    def __init__(self, truncation: int, emission, n_labels: int, label_prior: float, concentration: float):
+    def __init__(self, truncation: int, emission, n_labels: int, label_prior: float, concentration: float,
+                 reduce=None):
+        self.reduce = _identity if reduce is None else reduce
         self.truncation = int(truncation)
         self.emission = emission
         self.n_labels = n_labels
@@ -254,20 +267,24 @@ class DPMixture:
 
     def initialise(self, X, Y, scale: float, rng: np.random.Generator) -> None:
         """Global parameters from hard assignments to K seeds chosen k-means++-style on a subsample
-        (features standardised by the row norm), scaled to the data size."""
-        n = X.shape[0]
+        of at most 2000 rows (features centred and scaled to unit row norm), scaled to the data size."""
+        take = rng.choice(X.shape[0], size=min(X.shape[0], 2000), replace=False)
+        self.initialise_from_sample(X[take], Y[take], scale, rng)
+
+    def initialise_from_sample(self, X_sample, Y_sample, scale: float, rng: np.random.Generator) -> None:
+        """:meth:`initialise` from given sampled rows (every process passes the same ones)."""
         K = self.truncation
-        take = rng.choice(n, size=min(n, 2000), replace=False)
-        Xs = _dense_rows(X[take]).astype(np.float64)
-        Xs = Xs - Xs.mean(axis=0)
-        Xs /= np.linalg.norm(Xs, axis=1, keepdims=True) + 1e-12
+        take = np.arange(X_sample.shape[0])
+        X, Y = X_sample, Y_sample
+        unit_gram = _centred_unit_gram(X[take])
+        unit_sq = np.clip(np.diag(unit_gram), 0.0, None)  # 1, or 0 for a row equal to the mean
         seeds = [int(rng.integers(len(take)))]
-        dist = np.sum((Xs - Xs[seeds[0]]) ** 2, axis=1)
+        dist = np.clip(unit_sq + unit_sq[seeds[0]] - 2.0 * unit_gram[:, seeds[0]], 0.0, None)
         for _ in range(1, min(K, len(take))):
             probs = dist / dist.sum() if dist.sum() > 0 else np.full(len(take), 1.0 / len(take))
             seeds.append(int(rng.choice(len(take), p=probs)))
-            dist = np.minimum(dist, np.sum((Xs - Xs[seeds[-1]]) ** 2, axis=1))
-        sims = Xs @ Xs[seeds].T
+            dist = np.minimum(dist, np.clip(unit_sq + unit_sq[seeds[-1]] - 2.0 * unit_gram[:, seeds[-1]], 0.0, None))
+        sims = unit_gram[:, seeds]
         resp = np.zeros((len(take), K))
         resp[np.arange(len(take)), np.argmax(sims, axis=1)] = 1.0
         factor = scale / len(take)
@@ -278,22 +295,44 @@ class DPMixture:
         a, b = self._stick_targets(factor * resp.sum(axis=0))
         self.stick_a, self.stick_b = a, b
 
-    def svi_step(self, X, Y, scale: float, rho: float) -> None:
-        """One natural-gradient step (eqs. 2-5) from the minibatch (X, Y); ``scale`` = N / |B|."""
+    def minibatch_statistics(self, X, Y):
+        """Local step (eq. 2) on the rows (X, Y) and their sufficient statistics, summed over
+        processes: (emission statistics, label statistics (K, L), pattern counts (K,))."""
         resp = self.responsibilities(X, Y)
-        stats = self.emission.statistics(X, resp)
+        stats = (self.emission.statistics(X, resp), np.asarray((Y.T @ resp).T), resp.sum(axis=0))
+        return self._reduce_stats(stats)
+
+    def _reduce_stats(self, stats):
+        """Sum a (nested) tuple of arrays over processes with one reduction."""
+        if self.reduce is _identity:
+            return stats
+        parts = _flatten(stats)
+        summed = self.reduce(np.concatenate([np.ravel(np.asarray(p, dtype=np.float64)) for p in parts]))
+        out, start = [], 0
+        for part in parts:
+            size = np.size(part)
+            out.append(summed[start:start + size].reshape(np.shape(part)))
+            start += size
+        return _unflatten(stats, iter(out))
+
+    def svi_step(self, X, Y, scale: float, rho: float) -> None:
+        """One natural-gradient step (eqs. 2-5) from the minibatch (X, Y) (this process's rows of
+        it); ``scale`` = N / |B| with |B| the global minibatch size."""
+        stats, label_stats, counts = self.minibatch_statistics(X, Y)
         self.emission.natural_step(_scale_stats(stats, scale), rho)
-        label_target = self.label_prior + scale * np.asarray((Y.T @ resp).T)
+        label_target = self.label_prior + scale * label_stats
         self.label_conc = (1.0 - rho) * self.label_conc + rho * label_target
-        a, b = self._stick_targets(scale * resp.sum(axis=0))
+        a, b = self._stick_targets(scale * counts)
         self.stick_a = (1.0 - rho) * self.stick_a + rho * a
         self.stick_b = (1.0 - rho) * self.stick_b + rho * b
 
     def set_from_responsibilities(self, X, Y, resp: np.ndarray) -> None:
         """The full-data coordinate-ascent update of every global factor from responsibilities (n, K)."""
-        self.emission.init_from_stats(self.emission.statistics(X, resp))
-        self.label_conc = self.label_prior + np.asarray((Y.T @ resp).T)
-        self.stick_a, self.stick_b = self._stick_targets(resp.sum(axis=0))
+        stats, label_stats, counts = self._reduce_stats(
+            (self.emission.statistics(X, resp), np.asarray((Y.T @ resp).T), resp.sum(axis=0)))
+        self.emission.init_from_stats(stats)
+        self.label_conc = self.label_prior + label_stats
+        self.stick_a, self.stick_b = self._stick_targets(counts)
 
     def merge_moves(self, X, Y, max_trials: int) -> int:
         """Merge moves (in the spirit of Hughes and Sudderth 2013): for the ``max_trials`` most similar
@@ -303,10 +342,10 @@ class DPMixture:
         Returns the number of merges accepted."""
         current = self.local_elbo(X, Y) - self.global_kl()
         resp = self.responsibilities(X, Y)
-        used = np.flatnonzero(resp.sum(axis=0) > 1e-3)
+        used = np.flatnonzero(self.reduce(resp.sum(axis=0)) > 1e-3)
         if used.size < 2:
             return 0
-        profile = np.hstack([np.asarray((X.T @ resp[:, used]).T), np.asarray((Y.T @ resp[:, used]).T)])
+        profile = self.reduce(np.hstack([np.asarray((X.T @ resp[:, used]).T), np.asarray((Y.T @ resp[:, used]).T)]))
         profile = profile / (np.linalg.norm(profile, axis=1, keepdims=True) + 1e-12)
         similarity = profile @ profile.T
         first, second = np.triu_indices(used.size, k=1)
@@ -334,7 +373,7 @@ class DPMixture:
     def local_elbo(self, X, Y) -> float:
         """sum_i max_{q(z_i)} (E[log p(x_i, y_i, z_i | globals)] - E[log q(z_i)]) = sum_i logsumexp_k(scores)."""
         _, log_norm = self._normalise(self.log_scores(X, Y))
-        return float(log_norm.sum())
+        return float(self.reduce(np.array([log_norm.sum()]))[0])
 
     def global_kl(self) -> float:
         a0, b0 = 1.0, self.concentration
@@ -353,6 +392,35 @@ class DPMixture:
         self.label_conc = np.asarray(state["label_conc"], dtype=np.float64)
         self.stick_a = np.asarray(state["stick_a"], dtype=np.float64)
         self.stick_b = np.asarray(state["stick_b"], dtype=np.float64)
+
+
+def _identity(array):
+    return array
+
+
+def _flatten(stats) -> list:
+    if isinstance(stats, tuple):
+        return [leaf for part in stats for leaf in _flatten(part)]
+    return [stats]
+
+
+def _unflatten(template, leaves):
+    if isinstance(template, tuple):
+        return tuple(_unflatten(part, leaves) for part in template)
+    return next(leaves)
+
+
+def _centred_unit_gram(X) -> np.ndarray:
+    """Inner products (m, m) of the rows of X (m, D) after centring (column means of these rows)
+    and scaling each to unit norm, from the sparse Gram X X^T: (x_i - c)^T (x_j - c) =
+    x_i^T x_j - x_i^T c - x_j^T c + c^T c, so a sparse X is never densified (m x D dense rows of a
+    D = 203,882 set would be 3.2 GB)."""
+    gram = np.asarray((X @ X.T).toarray() if sp.issparse(X) else X @ X.T, dtype=np.float64)
+    centre = np.asarray(X.mean(axis=0), dtype=np.float64).ravel()
+    cross = np.asarray(X @ centre, dtype=np.float64).ravel()
+    gram = gram - cross[:, None] - cross[None, :] + centre @ centre
+    norms = np.sqrt(np.clip(np.diag(gram), 0.0, None)) + 1e-12
+    return gram / norms[:, None] / norms[None, :]
 
 
 def _scale_stats(stats, factor: float):

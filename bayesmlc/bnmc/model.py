@@ -11,16 +11,26 @@ import numpy as np
 import scipy.sparse as sp
 from tqdm.auto import tqdm
 
-from ..base import MultiLabelEstimator
+from ..base import MultiLabelEstimator, label_counts
+from ..distributed import ONE_PROCESS, RowShard
 from ..exceptions import ValidationError
 from ..utils import column_mean_and_scale, iter_batches, numpy_rng, resolve_device, resolve_standardize
 from ..validation import check_features, check_fit_inputs
-from .classifiers import Design, SGDClassifier, choose_solver, gibbs_classifier
+from .classifiers import (Design, LowRankDesign, SGDClassifier, _softplus, choose_solver, gibbs_classifier,
+                          low_rank_basis)
 from .mixture import DirichletEmission, DPMixture, GaussianEmission
 
 __all__ = ["BNMC"]
 
 _COUNT_RULES = ("threshold", "count", "expected", "sample")
+#: Dense (rows x labels) entries a label block of the low-rank classifiers, and the validation
+#: split, may hold: label blocks have at most BLOCK_ENTRIES / n labels; the validation split at most
+#: VALIDATION_ENTRIES / L rows.
+BLOCK_ENTRIES = 2**22
+VALIDATION_ENTRIES = 2**22
+#: Online SGD keeps two (D+1) x L float64 weight matrices; above this many weights per matrix it
+#: works on the shared low-rank representation instead.
+SGD_DENSE_WEIGHTS = 2e7
 _RULE_CHOICES = ("auto",) + _COUNT_RULES
 
 
@@ -89,8 +99,18 @@ class BNMC(MultiLabelEstimator):
         augmentation; predictions average the Rao-Blackwellised conditional means of the last
         ``n_keep`` sweeps), or its mean-field variational counterpart (factorised Gaussian q(w),
         q(omega) = PG(1, xi); moderated predictive sigma(mu / sqrt(1 + pi v / 8))).
-    solver : {"auto", "dense", "woodbury", "cg"}, default "auto"
-        How each Gibbs draw of the weights is made (see ``bnmc.classifiers``).
+    solver : {"auto", "dense", "woodbury", "cg", "lowrank"}, default "auto"
+        How each Gibbs draw (or variational update) of the weights is made (see ``bnmc.classifiers``).
+        "dense", "woodbury" and "cg" are exact in the D + 1 feature dimensions; "lowrank" fits the
+        same model with the weights restricted to the span of the top ``low_rank`` right singular
+        vectors of the classifier features (cost per sweep O(n r L), fitted state O(D r + r L)),
+        label block by label block. "auto": the small-problem rule (woodbury when N < D + 1 and
+        N <= 3000, dense when D + 1 <= 600 and L (D+1)^2 <= 5e7, else cg) when that sampler's
+        estimated sweep costs at most 3e10 flops, else the cheapest exact one within that, else
+        "lowrank" (``bnmc.classifiers.choose_solver``).
+    low_rank : int, default 256
+        r, the dimension of the shared representation of ``solver="lowrank"`` (capped at D), and of
+        online SGD when a dense (D + 1) x L weight matrix would exceed 2e7 entries.
     standardize : {"auto", True, False}, default "auto"
         Standardise features for the classifiers (and the Gaussian emission). "auto": when the
         features are dense (over half the entries non-zero); sparse features are left as they are.
@@ -135,6 +155,9 @@ class BNMC(MultiLabelEstimator):
     history_ : per pass (pass 0: right after initialisation): ``wall_time``, ``objective`` (the
         mixture ELBO over the training data), ``pass``, ``n_patterns``; ``partial_fit`` appends one
         entry per call (ELBO estimated from the batch)
+    solver_ : str, the solver used ("sgd" for online classifiers)
+    classifier_basis_ : ndarray (D, r) float32 or None, the shared basis of the low-rank classifiers
+        (their weights are in r + 1 coordinates: ``classifier_samples_`` (S, r + 1, L))
     classifier_trace_ : ndarray, per Gibbs sweep the log-likelihood (logistic) or minus the hinge
         sum (svm) of the observed training labels
     """
@@ -159,6 +182,7 @@ class BNMC(MultiLabelEstimator):
         n_mode_steps=6,
         inference="variational",
         solver="auto",
+        low_rank=256,
         standardize="auto",
         count_rule="auto",
         validation_fraction=0.2,
@@ -188,6 +212,7 @@ class BNMC(MultiLabelEstimator):
         self.n_mode_steps = n_mode_steps
         self.inference = inference
         self.solver = solver
+        self.low_rank = low_rank
         self.standardize = standardize
         self.count_rule = count_rule
         self.validation_fraction = validation_fraction
@@ -211,7 +236,7 @@ class BNMC(MultiLabelEstimator):
             if not isinstance(value, (int, float, np.number)) or isinstance(value, bool) or not value > 0:
                 raise ValidationError(f"{name} must be a positive number, got {value!r}")
 
-        for name in ("truncation", "n_passes", "batch_size", "n_sweeps", "n_keep"):
+        for name in ("truncation", "n_passes", "batch_size", "n_sweeps", "n_keep", "low_rank"):
             positive_int(name)
         for name in ("tau", "concentration", "feature_prior", "label_prior", "sgd_eta0"):
             positive(name)
@@ -226,7 +251,7 @@ class BNMC(MultiLabelEstimator):
         choices = {
             "emission": ("auto", "dirichlet", "gaussian"),
             "classifier": ("logistic", "svm"),
-            "solver": ("auto", "dense", "woodbury", "cg"),
+            "solver": ("auto", "dense", "woodbury", "cg", "lowrank"),
             "inference": ("gibbs", "variational"),
             "count_rule": _RULE_CHOICES,
             "unlabeled_rows": ("missing", "negative"),
@@ -249,10 +274,13 @@ class BNMC(MultiLabelEstimator):
             raise ValidationError(f"sgd_alpha must be None or positive, got {self.sgd_alpha!r}")
 
     # ---- preprocessing ------------------------------------------------------------------------
-    def _setup_preprocessing(self, X: sp.csr_matrix) -> None:
-        """Choose the emission and the classifier feature scaling from the (first) training data."""
-        standardize = resolve_standardize(self.standardize, X.nnz, X.shape[0] * X.shape[1])
-        has_negative = X.nnz > 0 and X.data.min() < 0
+    def _setup_preprocessing(self, X: sp.csr_matrix, parallel=ONE_PROCESS, n_total: int | None = None) -> None:
+        """Choose the emission and the classifier feature scaling from the (first) training data
+        (this process's rows; counts and sums over processes)."""
+        n_total = X.shape[0] if n_total is None else n_total
+        nnz, negatives = parallel.reduce_sum(np.array([X.nnz, int(np.sum(X.data < 0))], dtype=np.float64))
+        standardize = resolve_standardize(self.standardize, int(nnz), n_total * X.shape[1])
+        has_negative = negatives > 0
         emission = self.emission
         if emission == "auto":
             emission = "gaussian" if has_negative else "dirichlet"
@@ -263,7 +291,8 @@ class BNMC(MultiLabelEstimator):
         self.emission_ = emission
         self.standardized_ = bool(standardize)
         if standardize:
-            self.feature_mean_, self.feature_scale_ = column_mean_and_scale(X)
+            reduce = None if parallel.world_size == 1 else parallel.reduce_sum
+            self.feature_mean_, self.feature_scale_ = column_mean_and_scale(X, n_total, reduce)
         else:
             self.feature_mean_ = np.zeros(X.shape[1])
             self.feature_scale_ = np.ones(X.shape[1])
@@ -280,71 +309,113 @@ class BNMC(MultiLabelEstimator):
             return X.astype(np.float64)
         return (X.toarray() - self.feature_mean_) / self.feature_scale_ if self.standardized_ else X.toarray()
 
-    def _new_mixture(self) -> DPMixture:
+    def _new_mixture(self, reduce=None) -> DPMixture:
         D = self.n_features_in_
         if self.emission_ == "dirichlet":
             emission = DirichletEmission(D, self.feature_prior)
         else:
             prior = float(self.feature_prior)
             emission = GaussianEmission(D, np.zeros(D), kappa0=prior, shape0=prior, rate0=np.full(D, prior))
-        return DPMixture(self.truncation, emission, self.n_labels_, self.label_prior, self.concentration)
+        return DPMixture(self.truncation, emission, self.n_labels_, self.label_prior, self.concentration, reduce)
 
     # ---- label bookkeeping ----------------------------------------------------------------------
-    def _entry_mask(self, Y: sp.csr_matrix, label_mask) -> tuple[np.ndarray, np.ndarray]:
-        """Dense (n, L) mask of observed entries and the boolean vector of rows with a label vector."""
+    def _entry_mask(self, Y: sp.csr_matrix, label_mask) -> tuple["ObservedEntries", np.ndarray]:
+        """The observed entries (kept sparse) and the boolean vector of rows with a label vector."""
         n, L = Y.shape
         if label_mask is not None:
-            mask = label_mask.toarray().astype(np.float64)
-            labelled = mask.sum(axis=1) > 0
+            labelled = np.asarray(label_mask.sum(axis=1)).ravel() > 0
         else:
-            mask = np.ones((n, L))
             labelled = np.ones(n, dtype=bool)
             if self.unlabeled_rows == "missing":
                 labelled = np.diff(Y.indptr) > 0
-                mask[~labelled] = 0.0
-        return mask, labelled
+        return ObservedEntries(label_mask, labelled, L), labelled
 
-    def _update_count_stats(self, Y, mask, labelled):
-        complete = labelled & (mask.sum(axis=1) == mask.shape[1])
+    def _update_count_stats(self, Y, entries: "ObservedEntries", labelled, parallel=ONE_PROCESS):
+        complete = labelled & entries.complete_rows()
         counts = np.diff(Y.indptr)[complete].astype(np.float64)
-        self.count_sums_ = self.count_sums_ + np.array([counts.size, counts.sum(), (counts**2).sum()])
+        self.count_sums_ = self.count_sums_ + parallel.reduce_sum(np.array([counts.size, counts.sum(), (counts**2).sum()]))
         n, total, total_sq = self.count_sums_
         if n > 0:
             self.label_count_mean_ = float(total / n)
             self.label_count_std_ = float(np.sqrt(max(total_sq / n - (total / n) ** 2, 0.0) * n / max(n - 1, 1)))
 
-    def _new_sgd(self, Z: sp.csr_matrix, alpha_default: float) -> SGDClassifier:
+    def _new_sgd(self, inputs, alpha_default: float) -> SGDClassifier:
+        """SGD classifiers on ``inputs`` (classifier features, or their projections on the basis)."""
         alpha = float(self.sgd_alpha) if self.sgd_alpha is not None else alpha_default
-        mean_sq_norm = float(Z.multiply(Z).sum()) / max(Z.shape[0], 1) + 1.0  # + the bias column
-        return SGDClassifier(self.n_features_in_, self.n_labels_, self.classifier, alpha,
+        mean_sq_norm = _mean_sq_norm(inputs) + 1.0  # + the bias column
+        return SGDClassifier(inputs.shape[1], self.n_labels_, self.classifier, alpha,
                              float(self.sgd_eta0) / mean_sq_norm)
 
+    # ---- the shared low-rank representation -----------------------------------------------------
+    def _set_basis(self, Z, rng, reduce=None) -> None:
+        """``classifier_basis_`` (D, r): the top-r right singular vectors of the classifier features
+        of the given rows (randomized subspace iteration, summed over processes by ``reduce``)."""
+        rank = int(min(self.low_rank, Z.shape[1]))
+        seed = int(rng.integers(0, 2**31 - 1))
+        self.classifier_basis_ = low_rank_basis(Z, rank, seed, **_reducing(reduce))
+
+    def _classifier_inputs(self, Z):
+        """What the classifiers see: Z itself, or its projection Z V on the basis (dense (n, r))."""
+        basis = getattr(self, "classifier_basis_", None)
+        if basis is None:
+            return Z
+        return np.asarray(Z @ basis, dtype=np.float32)
+
     # ---- fit ----------------------------------------------------------------------------------
-    def _fit(self, X, Y, label_mask, **fit_params):
+    def _fit(self, X, Y, label_mask, parallel=None, **fit_params):
+        """``parallel``: a :mod:`bayesmlc.distributed` strategy; None = one process. Under
+        ``DataParallel`` every rank passes the same settings and either its shard of the rows
+        (:func:`bayesmlc.distributed.read_shard`) or the whole data set (it then keeps its shard);
+        every sum over rows (mixture statistics and ELBO, classifier products, calibration data) is
+        summed over ranks, so every rank ends with the single-process model (to rounding)."""
         if fit_params:
             raise ValidationError(f"BNMC.fit got unexpected arguments: {', '.join(fit_params)}")
         self._check_params()
+        parallel = ONE_PROCESS if parallel is None else parallel
+        if parallel.world_size == 1:
+            self._fit_rows(X, Y, label_mask, parallel, RowShard.whole(X.shape[0]))
+            return
+        try:
+            X, Y, label_mask, shard = parallel.local_data(X, Y, label_mask)
+            if self.online or self.inference != "variational":
+                raise ValidationError("BNMC on several processes fits the batch variational model only "
+                                      "(online=False, inference='variational')")
+            totals = parallel.reduce_sum(np.concatenate(label_counts(Y, label_mask)))
+            self._set_label_statistics(totals[: Y.shape[1]], totals[Y.shape[1]:])
+            self._fit_rows(X, Y, label_mask, parallel, shard)
+        except Exception as exc:
+            parallel.sync_failure(exc)  # the other processes raise RankFailedError naming this one
+            raise
+        parallel.sync_failure(None)
+
+    def _fit_rows(self, X, Y, label_mask, parallel, shard: RowShard) -> None:
+        """The fit on this process's rows ``X``, ``Y`` (``shard``: their place among all rows)."""
         start = time.perf_counter()
         rng = numpy_rng(self.random_state)
         device = resolve_device(self.device)
-        n = X.shape[0]
-        self._setup_preprocessing(X)
-        mask, labelled = self._entry_mask(Y, label_mask)
-        if not labelled.any():
+        n = shard.n_total
+        self._setup_preprocessing(X, parallel, n)
+        entries, labelled = self._entry_mask(Y, label_mask)
+        labelled_all = np.zeros(n)
+        labelled_all[shard.start:shard.stop] = labelled
+        labelled_all = parallel.reduce_sum(labelled_all) > 0  # every row's flag, on every process
+        if not labelled_all.any():
             raise ValidationError("Y has no labelled row: BNMC needs at least one observed label vector")
-        self.observed_counts_ = mask.sum(axis=0).astype(np.int64)  # observed entries per label
-        if label_mask is None and not labelled.all():  # empty rows are missing, not negative
+        self.observed_counts_ = parallel.reduce_sum(entries.per_label()).astype(np.int64)  # observed entries per label
+        if label_mask is None and not labelled_all.all():  # empty rows are missing, not negative
             self.label_prior_ = (self.label_frequencies_ + 0.5) / (self.observed_counts_ + 1.0)
         self.count_sums_ = np.zeros(3)
         self.label_count_mean_, self.label_count_std_ = 1.0, 0.0
-        self._update_count_stats(Y, mask, labelled)
+        self._update_count_stats(Y, entries, labelled, parallel)
         self.n_seen_ = n
         self.svi_steps_ = 0
 
         X_mix_all = self._mixture_features(X)
         Y_mix = Y  # masked entries are already zero, and unlabelled rows are empty: section 3.4
-        self._mixture = self._new_mixture()
-        self._mixture.initialise(X_mix_all, Y_mix, float(n), rng)
+        self._mixture = self._new_mixture(None if parallel.world_size == 1 else parallel.reduce_sum)
+        take = rng.choice(n, size=min(n, 2000), replace=False)
+        self._mixture.initialise_from_sample(parallel.gather_rows(X_mix_all, take, shard),
+                                             parallel.gather_rows(Y_mix, take, shard), float(n), rng)
         n_batches = -(-n // self.batch_size)
         total_steps = self.n_passes * n_batches + self._classifier_steps(n)
         bar = tqdm(total=total_steps, disable=not self.verbose, desc="BNMC", leave=False)
@@ -352,17 +423,17 @@ class BNMC(MultiLabelEstimator):
         for pass_index in range(self.n_passes):
             order = rng.permutation(n)
             for rows in iter_batches(n, self.batch_size):
-                take = order[rows]
-                self._svi_step(X_mix_all[take], Y_mix[take], n)
+                take = np.sort(order[rows])
+                local, _ = shard.select(take)
+                self._svi_step(X_mix_all[local], Y_mix[local], n, take.size)
                 bar.update(1)
             if self.merge_trials:
                 self._mixture.merge_moves(X_mix_all, Y_mix, int(self.merge_trials))
             self._record(pass_index + 1, X_mix_all, Y_mix, start)
 
         Z = self._classifier_features(X)
-        self._set_weight_precision(Z)
-        Y_dense = Y.toarray().astype(np.float64)
-        self._fit_classifiers(Z, Y_dense, mask, labelled, rng, device, bar)
+        self._set_weight_precision(Z, parallel, n)
+        self._fit_classifiers(Z, Y, entries, labelled_all, rng, device, bar, parallel, shard)
         bar.close()
         self._finish_mixture()
 
@@ -375,10 +446,12 @@ class BNMC(MultiLabelEstimator):
     def _rho(self) -> float:
         return float((self.svi_steps_ + self.tau) ** (-self.kappa))
 
-    def _svi_step(self, X_mix, Y_mix, n_total: int) -> None:
-        """Eqs. (2)-(5) on one minibatch, natural gradients scaled by n_total / batch rows."""
-        rho = 1.0 if X_mix.shape[0] >= n_total else self._rho()
-        self._mixture.svi_step(X_mix, Y_mix, n_total / X_mix.shape[0], rho)
+    def _svi_step(self, X_mix, Y_mix, n_total: int, batch_rows: int | None = None) -> None:
+        """Eqs. (2)-(5) on one minibatch (of ``batch_rows`` rows over all processes, this process's
+        rows given), natural gradients scaled by n_total / batch_rows."""
+        batch_rows = X_mix.shape[0] if batch_rows is None else batch_rows
+        rho = 1.0 if batch_rows >= n_total else self._rho()
+        self._mixture.svi_step(X_mix, Y_mix, n_total / batch_rows, rho)
         self.svi_steps_ += 1
 
     def _record(self, pass_index, X_mix, Y_mix, start) -> None:
@@ -397,9 +470,10 @@ class BNMC(MultiLabelEstimator):
         self.n_patterns_ = self._count_patterns(self.pattern_weights_)
         self.label_share_ = self.pattern_weights_ @ self._mixture.label_means()  # marginal E[psi] (L,)
 
-    def _set_weight_precision(self, Z: sp.csr_matrix) -> None:
+    def _set_weight_precision(self, Z: sp.csr_matrix, parallel=ONE_PROCESS, n_total: int | None = None) -> None:
         if self.weight_precision == "auto":
-            mean_sq_norm = float(Z.multiply(Z).sum()) / max(Z.shape[0], 1)
+            n_total = Z.shape[0] if n_total is None else n_total
+            mean_sq_norm = float(parallel.reduce_sum(np.array([Z.multiply(Z).sum()], dtype=np.float64))[0]) / max(n_total, 1)
             self.weight_precision_ = max(mean_sq_norm / 7.0, 1e-3)
         else:
             self.weight_precision_ = float(self.weight_precision)
@@ -409,9 +483,20 @@ class BNMC(MultiLabelEstimator):
         prior[-1] = 1e-2
         return prior
 
-    def _fit_classifiers(self, Z, Y, mask, labelled, rng, device, bar) -> None:
+    def _fit_classifiers(self, Z, Y, entries, labelled, rng, device, bar, parallel=ONE_PROCESS, shard=None) -> None:
+        """Z, Y (CSR), entries: this process's rows; ``labelled``: (N,) flags of all rows. Splits off
+        the validation rows (at most VALIDATION_ENTRIES / L of them), fits, calibrates and refits.
+        Row ids are global; ``shard`` maps them to this process's rows."""
+        shard = RowShard.whole(Z.shape[0]) if shard is None else shard
+        reduce = None if parallel.world_size == 1 else parallel.reduce_sum
+
+        def local(global_ids):
+            return shard.select(global_ids)[0]
+
         rows = np.flatnonzero(labelled)
         n_val = int(round(float(self.validation_fraction) * rows.size))
+        if n_val >= 1:
+            n_val = min(n_val, max(1, VALIDATION_ENTRIES // self.n_labels_))
         if n_val >= 1 and rows.size - n_val >= 1:
             shuffled = rng.permutation(rows)
             val_rows, train_rows = np.sort(shuffled[:n_val]), np.sort(shuffled[n_val:])
@@ -420,59 +505,106 @@ class BNMC(MultiLabelEstimator):
         self.calibration_ = np.array([1.0, 1.0, 0.0])
         self.threshold_ = 0.5
         self.count_rule_ = "expected" if self.count_rule == "auto" else self.count_rule
-        if self.online:
-            self._sgd = self._new_sgd(Z[rows], 1.0 / max(rows.size, 1))
-            self._sgd_passes(Z, Y, mask, train_rows, rng, bar)
+        self.classifier_basis_ = None
+        if self.online:  # one process (checked in _fit)
+            self.solver_ = "sgd"
+            if (Z.shape[1] + 1) * self.n_labels_ > SGD_DENSE_WEIGHTS:
+                self._set_basis(Z[rows], rng)
+            inputs = self._classifier_inputs(Z)
+            self._sgd = self._new_sgd(inputs[rows], 1.0 / max(rows.size, 1))
+            self._sgd_passes(inputs, Y, entries, train_rows, rng, bar)
             self.classifier_samples_ = self.classifier_variances_ = None
             if val_rows.size:
-                self._calibrate(Z[val_rows], Y[val_rows], mask[val_rows])
+                self._calibrate(Z[val_rows], Y[val_rows].toarray().astype(np.float64), entries.block(val_rows))
                 # the held-out rows are then streamed in like any later data
-                self._sgd_passes(Z, Y, mask, val_rows, rng, bar, passes=1)
+                self._sgd_passes(inputs, Y, entries, val_rows, rng, bar, passes=1)
             self.classifier_trace_ = np.zeros(0)
             return
         solver = self.solver
         if solver == "auto":
-            solver = choose_solver(rows.size, self.n_features_in_, self.n_labels_, Z.nnz / max(1, Z.shape[0] * Z.shape[1]))
+            nnz = int(parallel.reduce_sum(np.array([Z[local(rows)].nnz], dtype=np.float64))[0])
+            solver = choose_solver(rows.size, self.n_features_in_, self.n_labels_, nnz)
+        if parallel.world_size > 1 and solver in ("dense", "woodbury"):
+            solver = "cg"  # the samplers whose sums over rows are split over processes
         self.solver_ = solver
         prior = self._prior_precision()
-        dense = solver != "cg"
         fit_rows = train_rows if val_rows.size else rows
-        design = Design(Z[fit_rows], device, dense=dense)
-        samples, variances, trace = gibbs_classifier(
-            design, Y[fit_rows], mask[fit_rows], self.classifier, prior, self.n_sweeps, self.n_keep, rng, solver,
-            progress=bar, n_mode_steps=self.n_mode_steps, inference=self.inference)
+        if solver == "lowrank":
+            self._set_basis(Z[local(rows)], rng, reduce)
+            inputs = self._classifier_inputs(Z)
+            prior = np.full(inputs.shape[1] + 1, self.weight_precision_)
+            prior[-1] = 1e-2
+
+            def fit(fit_on, n_iter, n_keep, init, n_mode):
+                design = LowRankDesign(inputs[local(fit_on)], device, **_reducing(reduce))
+                return self._fit_label_blocks(design, Y, entries, local(fit_on), fit_on.size, prior, n_iter, n_keep,
+                                              rng, init, n_mode)
+        else:
+            def fit(fit_on, n_iter, n_keep, init, n_mode):
+                mine = local(fit_on)
+                design = Design(Z[mine], device, dense=solver != "cg", **_reducing(reduce))
+                return gibbs_classifier(
+                    design, Y[mine].toarray().astype(np.float64), entries.block(mine), self.classifier, prior,
+                    n_iter, n_keep, rng, solver, init=init, progress=bar, n_mode_steps=n_mode, inference=self.inference)
+
+        samples, variances, trace = fit(fit_rows, self.n_sweeps, self.n_keep, None, self.n_mode_steps)
         traces = list(trace)
         if val_rows.size:
             self.classifier_samples_, self.classifier_variances_ = samples, variances
-            self._calibrate(Z[val_rows], Y[val_rows], mask[val_rows])
+            mine, val_shard = shard.select(val_rows)
+            self._calibrate(Z[mine], Y[mine].toarray().astype(np.float64), entries.block(mine),
+                            gather=None if reduce is None else (lambda part: val_shard.gather(part, np.arange(val_rows.size), reduce)))
         if val_rows.size and self.refit:
             # refit on every labelled row, starting from the posterior mean of the first fit
             n_refit = max(2, self.n_sweeps // 2)
-            design = Design(Z[rows], device, dense=dense)
-            samples, variances, trace = gibbs_classifier(
-                design, Y[rows], mask[rows], self.classifier, prior, n_refit, min(self.n_keep, n_refit), rng,
-                solver, init=samples.mean(axis=0), progress=bar, n_mode_steps=1, inference=self.inference)
+            samples, variances, trace = fit(rows, n_refit, min(self.n_keep, n_refit), samples.mean(axis=0), 1)
             traces += list(trace)
         self.classifier_samples_, self.classifier_variances_ = samples, variances
         self.classifier_trace_ = np.asarray(traces)
 
-    def _sgd_passes(self, Z, Y, mask, rows, rng, bar, passes=None) -> None:
+    def _fit_label_blocks(self, design, Y, entries, rows, n_rows, prior, n_iter, n_keep, rng, init, n_mode_steps):
+        """The variational (or Gibbs) classifiers of every label on a low-rank design, label block by
+        label block, so no dense (rows x L) array is formed: blocks of at most BLOCK_ENTRIES / n_rows
+        labels (``rows``: this process's rows of the ``n_rows`` fitted). Returns what
+        :func:`gibbs_classifier` returns, for all labels."""
+        L = self.n_labels_
+        width = max(1, BLOCK_ENTRIES // max(1, n_rows))
+        Y_rows = Y[rows].tocsc()
+        means, variances, trace = [], [], None
+        for start in range(0, L, width):
+            labels = slice(start, min(L, start + width))
+            block_means, block_var, block_trace = gibbs_classifier(
+                design, Y_rows[:, labels].toarray().astype(np.float64), entries.block(rows, labels), self.classifier,
+                prior, n_iter, n_keep, rng, "cg", init=None if init is None else init[:, labels],
+                n_mode_steps=n_mode_steps, inference=self.inference)
+            means.append(block_means)
+            variances.append(block_var)
+            trace = np.asarray(block_trace) if trace is None else trace + np.asarray(block_trace)
+        variances = None if variances[0] is None else np.concatenate(variances, axis=1)
+        return np.concatenate(means, axis=2), variances, list(trace)
+
+    def _sgd_passes(self, inputs, Y, entries, rows, rng, bar, passes=None) -> None:
+        """SGD epochs over ``rows``; Y (CSR) and the observed entries densified a minibatch at a time."""
         for _ in range(self.n_passes if passes is None else passes):
             order = rng.permutation(rows)
             for batch in iter_batches(order.size, self.batch_size):
                 take = order[batch]
-                self._sgd.step(Z[take], Y[take], mask[take])
+                self._sgd.step(inputs[take], Y[take].toarray().astype(np.float64), entries.block(take))
                 if bar is not None:
                     bar.update(1)
 
     # ---- calibration ----------------------------------------------------------------------------
-    def _calibrate(self, Z_val, Y_val, mask_val) -> None:
+    def _calibrate(self, Z_val, Y_val, mask_val, gather=None) -> None:
         """Fit (a, b, d) of logit p = a s_clf + b s_pattern + d by Newton's method on the observed
         validation entries; then the threshold (near-best example-F1, then best exact match) and, with
-        ``count_rule="auto"``, the rule with the best example-F1 + exact match on the validation rows."""
+        ``count_rule="auto"``, the rule with the best example-F1 + exact match on the validation rows.
+        ``gather``: this process's validation rows of an (n_val_local, L) array -> all validation
+        rows (several processes)."""
         self._finish_mixture()
         X_val = self._raw_from_classifier(Z_val)
         s_clf, s_pat = self._evidence(Z_val, X_val)
+        if gather is not None:
+            s_clf, s_pat, Y_val, mask_val = (gather(part) for part in (s_clf, s_pat, Y_val, mask_val))
         observed = mask_val > 0
         feats = np.stack([s_clf[observed], s_pat[observed], np.ones(observed.sum())], axis=1)
         target = Y_val[observed]
@@ -486,9 +618,10 @@ class BNMC(MultiLabelEstimator):
         # the threshold: among those within 0.01 of the best validation example-F1, the one with the
         # best exact match (ties: the highest threshold, the smallest label sets)
         grid = np.linspace(0.05, 0.95, 37)
-        preds = [_threshold_rows(proba, t) for t in grid]
-        f1 = np.array([_example_f1(Y_val, mask_val, pred) for pred in preds])
-        exact = np.array([_exact_match(Y_val, mask_val, pred) for pred in preds])
+        f1, exact = np.zeros(grid.size), np.zeros(grid.size)
+        for index, t in enumerate(grid):
+            pred = _threshold_rows(proba, t)
+            f1[index], exact[index] = _example_f1(Y_val, mask_val, pred), _exact_match(Y_val, mask_val, pred)
         near = np.flatnonzero(f1 >= f1.max() - 0.01)
         self.threshold_ = float(grid[near[np.lexsort((grid[near], exact[near]))[-1]]])
         if self.count_rule == "auto":
@@ -502,22 +635,24 @@ class BNMC(MultiLabelEstimator):
         return sp.csr_matrix(Z.toarray() * self.feature_scale_ + self.feature_mean_)
 
     # ---- prediction -----------------------------------------------------------------------------
-    def _classifier_margins(self, Z) -> np.ndarray:
-        """Per kept draw the margins z^T w (S, b, L), or the SGD average's (1, b, L)."""
+    def _classifier_margins(self, inputs) -> np.ndarray:
+        """Per kept draw the margins z^T w (S, b, L), or the SGD average's (1, b, L); ``inputs`` are
+        the classifier inputs (:meth:`_classifier_inputs`)."""
         if self.classifier_samples_ is None:
             W = self._sgd.W_avg
-            return (np.asarray(Z @ W[:-1]) + W[-1])[None]
+            return (np.asarray(inputs @ W[:-1]) + W[-1])[None]
         W = self.classifier_samples_
-        return np.stack([np.asarray(Z @ w[:-1]) + w[-1] for w in W])
+        return np.stack([np.asarray(inputs @ w[:-1]) + w[-1] for w in W])
 
     def _evidence(self, Z, X):
         """Classifier evidence s_clf (logit of the posterior-averaged probability for logistic, the
         posterior-mean margin for svm) and pattern evidence s_pattern = log(sum_k q_k(x) E psi_kc)
         - log(marginal share of c) (eq. 8), both (b, L)."""
-        margins = self._classifier_margins(Z)
+        inputs = self._classifier_inputs(Z)
+        margins = self._classifier_margins(inputs)
         if self.classifier_variances_ is not None:
             # moderated predictive of the factorised Gaussian q(w) (MacKay's probit approximation)
-            Z_sq = Z.multiply(Z).tocsr()
+            Z_sq = inputs.multiply(inputs).tocsr() if sp.issparse(inputs) else inputs * inputs
             spread = np.asarray(Z_sq @ self.classifier_variances_[:-1]) + self.classifier_variances_[-1]
             margins = margins / np.sqrt(1.0 + np.pi * spread / 8.0)[None]
         if self.classifier == "logistic":
@@ -604,7 +739,7 @@ class BNMC(MultiLabelEstimator):
             self._stream_start = time.perf_counter()
         rng = self._stream_rng
         n = X.shape[0]
-        mask, labelled = self._entry_mask(Y, label_mask)
+        entries, labelled = self._entry_mask(Y, label_mask)
         if first:
             self.n_features_in_ = X.shape[1]
             self.n_labels_ = Y.shape[1]
@@ -619,13 +754,14 @@ class BNMC(MultiLabelEstimator):
             self.calibration_ = np.array([1.0, 1.0, 0.0])
             self.threshold_ = 0.5
             self.count_rule_ = "expected" if self.count_rule == "auto" else self.count_rule
-            self.classifier_samples_ = self.classifier_variances_ = None
+            self.classifier_samples_ = self.classifier_variances_ = self.classifier_basis_ = None
             self.classifier_trace_ = np.zeros(0)
+            self.solver_ = "sgd"
         self.label_frequencies_ = self.label_frequencies_ + np.bincount(Y.indices, minlength=self.n_labels_)
-        self.observed_counts_ = self.observed_counts_ + mask.sum(axis=0).astype(np.int64)
+        self.observed_counts_ = self.observed_counts_ + entries.per_label()
         self.label_prior_ = (self.label_frequencies_ + 0.5) / (self.observed_counts_ + 1.0)
         self.empty_labels_ = np.flatnonzero(self.label_frequencies_ == 0)
-        self._update_count_stats(Y, mask, labelled)
+        self._update_count_stats(Y, entries, labelled)
         self.n_seen_ += n
 
         X_mix = self._mixture_features(X)
@@ -637,13 +773,15 @@ class BNMC(MultiLabelEstimator):
             self._svi_step(X_mix, Y_mix, self.n_seen_)
         Z = self._classifier_features(X)
         if getattr(self, "_sgd", None) is None:
-            self._sgd = self._new_sgd(Z, 1e-3)
+            if first and (Z.shape[1] + 1) * self.n_labels_ > SGD_DENSE_WEIGHTS:
+                self._set_basis(Z, rng)  # the stream's classifiers live on the first batch's basis
+            self._sgd = self._new_sgd(self._classifier_inputs(Z), 1e-3)
             if self.classifier_samples_ is not None:
                 self._sgd.W[...] = self.classifier_samples_.mean(axis=0)
                 self._sgd.W_avg[...] = self._sgd.W
                 self.classifier_samples_ = self.classifier_variances_ = None
-        self._sgd_passes(Z, Y.toarray().astype(np.float64), mask,
-                         np.flatnonzero(labelled), rng, None, passes=1)
+            self.solver_ = "sgd"
+        self._sgd_passes(self._classifier_inputs(Z), Y, entries, np.flatnonzero(labelled), rng, None, passes=1)
         self._finish_mixture()
         elbo = self._mixture.local_elbo(X_mix, Y_mix) * (self.n_seen_ / n) - self._mixture.global_kl()
         self.history_["wall_time"].append(time.perf_counter() - self._stream_start)
@@ -689,6 +827,50 @@ class BNMC(MultiLabelEstimator):
             self._sgd.set_state(sgd_state)
 
 
+def _reducing(reduce) -> dict:
+    return {} if reduce is None else {"reduce": reduce}
+
+
+class ObservedEntries:
+    """Which label entries are observed, kept sparse: the stored entries of a CSR ``label_mask``, or,
+    without one, every entry of the ``labelled`` rows. :meth:`block` densifies only the rows and
+    labels asked for.
+    """
+
+    def __init__(self, label_mask, labelled: np.ndarray, n_labels: int):
+        self.label_mask = None if label_mask is None else sp.csr_matrix(label_mask)
+        self.labelled = np.asarray(labelled, dtype=bool)
+        self.n_labels = int(n_labels)
+
+    def block(self, rows=None, labels: slice | None = None) -> np.ndarray:
+        """Dense float64 0/1 array (len(rows), len(labels)) of the observed entries."""
+        labels = slice(0, self.n_labels) if labels is None else labels
+        if self.label_mask is not None:
+            part = self.label_mask if rows is None else self.label_mask[rows]
+            return part[:, labels].toarray().astype(np.float64)
+        flags = self.labelled if rows is None else self.labelled[rows]
+        width = len(range(self.n_labels)[labels])
+        return np.repeat(flags[:, None].astype(np.float64), width, axis=1)
+
+    def per_label(self) -> np.ndarray:
+        """Observed entries per label, (L,) int64."""
+        if self.label_mask is not None:
+            return np.asarray(self.label_mask.sum(axis=0)).ravel().astype(np.int64)
+        return np.full(self.n_labels, int(self.labelled.sum()), dtype=np.int64)
+
+    def complete_rows(self) -> np.ndarray:
+        """Rows whose every label entry is observed, (n,) bool."""
+        if self.label_mask is not None:
+            return np.asarray(self.label_mask.sum(axis=1)).ravel() == self.n_labels
+        return self.labelled
+
+
+def _mean_sq_norm(inputs) -> float:
+    """Mean squared row norm of a sparse or dense (n, d) matrix."""
+    squares = inputs.multiply(inputs).sum() if sp.issparse(inputs) else float(np.sum(np.square(inputs, dtype=np.float64)))
+    return float(squares) / max(inputs.shape[0], 1)
+
+
 def _pad_columns(matrix, n_cols: int, name: str):
     matrix = sp.csr_matrix(matrix)
     if matrix.shape[1] > n_cols:
@@ -715,15 +897,17 @@ def _threshold_rows(proba: np.ndarray, threshold: float) -> np.ndarray:
 
 def _exact_match(Y: np.ndarray, mask: np.ndarray, pred: np.ndarray) -> float:
     """Share of rows whose observed entries are predicted exactly."""
-    return float(np.mean(np.all((pred * mask) == (Y * mask), axis=1)))
+    observed = mask > 0
+    return float(np.mean(np.all(((pred > 0) & observed) == ((Y > 0) & observed), axis=1)))
 
 
 def _example_f1(Y: np.ndarray, mask: np.ndarray, pred: np.ndarray) -> float:
     """Example-based F1 over the rows' observed entries (empty/empty rows score 1)."""
-    pred = pred * mask
-    true = Y * mask
-    inter = (pred * true).sum(axis=1)
-    denom = pred.sum(axis=1) + true.sum(axis=1)
+    observed = mask > 0
+    pred = (pred > 0) & observed
+    true = (Y > 0) & observed
+    inter = np.count_nonzero(pred & true, axis=1)
+    denom = np.count_nonzero(pred, axis=1) + np.count_nonzero(true, axis=1)
     return float(np.mean(np.where(denom > 0, 2 * inter / np.maximum(denom, 1e-12), 1.0)))
 
 
@@ -733,7 +917,7 @@ def _logistic_newton(feats: np.ndarray, target: np.ndarray, theta: np.ndarray, r
 
     def objective(t):
         logits = feats @ t
-        return float(np.sum(target * logits - np.logaddexp(0.0, logits)) - 0.5 * ridge * t @ t)
+        return float(np.sum(target * logits - _softplus(logits)) - 0.5 * ridge * t @ t)
 
     current = objective(theta)
     for _ in range(50):

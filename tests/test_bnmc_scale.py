@@ -1,0 +1,183 @@
+"""BNMC at scale: the low-rank classifiers, solver choice, label blocks, sparse bookkeeping."""
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+import torch
+
+import bayesmlc.bnmc.model as bnmc_model
+from bayesmlc.bnmc import BNMC
+from bayesmlc.bnmc.classifiers import LowRankDesign, _sample_cg, choose_solver
+from bayesmlc.bnmc.mixture import _centred_unit_gram
+from bayesmlc.bnmc.model import ObservedEntries
+from bayesmlc.metrics import auc_micro, precision_at_k
+
+FAST = dict(n_passes=2, n_mode_steps=4, n_sweeps=2, n_keep=1, device="cpu")
+
+
+def _low_rank_problem(n=700, D=60, rank=6, L=30, seed=0):
+    """Non-negative sparse features whose signal lives in a rank-``rank`` subspace; labels from
+    logistic models of that subspace."""
+    rng = np.random.default_rng(seed)
+    U = rng.gamma(1.0, 1.0, size=(n, rank))
+    V = rng.random((rank, D)) * (rng.random((rank, D)) < 0.3)
+    X = U @ V
+    X = X * (rng.random(X.shape) < 0.6)
+    W = rng.normal(scale=1.2, size=(rank, L))
+    P = 1.0 / (1.0 + np.exp(-(U - U.mean(axis=0)) @ W + 1.5))
+    Y = (rng.random(P.shape) < P).astype(float)
+    return sp.csr_matrix(X), sp.csr_matrix(Y)
+
+
+def test_low_rank_design_gives_the_exact_conditional_mean_and_precision_diagonal():
+    rng = np.random.default_rng(1)
+    n, D, r, C = 50, 12, 5, 3
+    X = rng.normal(size=(n, D))
+    basis = np.linalg.qr(rng.normal(size=(D, r)))[0]
+    projected = (X @ basis).astype(np.float32)
+    omega = torch.as_tensor(rng.gamma(2.0, 0.2, size=(n, C)), dtype=torch.float32)
+    beta = torch.as_tensor(rng.normal(size=(n, C)), dtype=torch.float32)
+    prior = torch.full((r + 1,), 2.0)
+    prior[-1] = 0.01
+    design = LowRankDesign(projected, torch.device("cpu"))
+    mean, _ = _sample_cg(design, omega, beta, prior, torch.zeros(r + 1, C), torch.Generator().manual_seed(0), 1e-7, 500,
+                         noise=0.0)
+    Z = np.hstack([X @ basis, np.ones((n, 1))])
+    for c in range(C):
+        P = np.diag(prior.numpy().astype(np.float64)) + Z.T @ (omega[:, c].numpy()[:, None] * Z)
+        np.testing.assert_allclose(mean[:, c].numpy(), np.linalg.solve(P, Z.T @ beta[:, c].numpy()), rtol=1e-3, atol=1e-4)
+        np.testing.assert_allclose(design.precision_diagonal(omega, prior)[:, c].numpy(), np.diag(P), rtol=1e-5)
+
+
+def test_full_rank_basis_has_the_full_space_conditional_mean():
+    """w = V u with V square orthonormal: the prior is rotation invariant, so V times the projected
+    conditional mean is the conditional mean in the original coordinates."""
+    rng = np.random.default_rng(2)
+    n, D = 40, 8
+    X = rng.normal(size=(n, D))
+    basis = np.linalg.qr(rng.normal(size=(D, D)))[0]
+    omega = torch.as_tensor(rng.gamma(2.0, 0.2, size=(n, 1)), dtype=torch.float32)
+    beta = torch.as_tensor(rng.normal(size=(n, 1)), dtype=torch.float32)
+    prior = torch.full((D + 1,), 3.0)
+    prior[-1] = 0.01
+    design = LowRankDesign((X @ basis).astype(np.float32), torch.device("cpu"))
+    u, _ = _sample_cg(design, omega, beta, prior, torch.zeros(D + 1, 1), torch.Generator(), 1e-8, 500, noise=0.0)
+    Z = np.hstack([X, np.ones((n, 1))])
+    P = np.diag(prior.numpy().astype(np.float64)) + Z.T @ (omega.numpy() * Z)
+    w = np.linalg.solve(P, Z.T @ beta.numpy())[:, 0]
+    np.testing.assert_allclose(basis @ u[:-1, 0].numpy(), w[:-1], rtol=1e-3, atol=1e-4)
+    assert u[-1, 0].item() == pytest.approx(w[-1], rel=1e-3, abs=1e-4)
+
+
+@pytest.mark.parametrize("shape, expected", [
+    ((1211, 294, 6, 1211 * 294), "dense"),              # scene
+    ((4880, 1836, 159, 4880 * 69), "cg"),               # bibtex
+    ((2473, 77, 4125, 2473 * 77), "cg"),                # hmc_cellcycle_go (dense would cost 6e10)
+    ((300, 1000, 20, 300 * 30), "woodbury"),            # few rows, many features, few labels
+    ((1243, 5000, 3993, 1243 * 236), "lowrank"),        # eurlex-4k at 10 %
+    ((15539, 5000, 3993, 15539 * 236), "lowrank"),      # eurlex-4k
+    ((43410, 13077, 28, 43410 * 10), "lowrank"),        # goemotions: a 13078^2 Cholesky
+])
+def test_auto_solver_keeps_small_problems_exact_and_sends_large_ones_to_lowrank(shape, expected):
+    assert choose_solver(*shape) == expected
+
+
+def test_label_blocks_give_the_one_block_fit(monkeypatch):
+    X, Y = _low_rank_problem(n=300, L=12)
+    params = dict(solver="lowrank", low_rank=8, random_state=0, **FAST)
+    whole = BNMC(**params).fit(X, Y)
+    monkeypatch.setattr(bnmc_model, "BLOCK_ENTRIES", 300 * 5)  # blocks of 5, 5 and 2 labels (240 rows)
+    blocked = BNMC(**params).fit(X, Y)
+    # equal up to the CG tolerance (1e-3 relative residual; the shared preconditioner is per block)
+    np.testing.assert_allclose(blocked.classifier_samples_, whole.classifier_samples_, rtol=0, atol=2e-3)
+    np.testing.assert_allclose(blocked.predict_proba(X), whole.predict_proba(X), rtol=0, atol=1e-3)
+
+
+def test_low_rank_classifiers_match_the_exact_ones_on_a_low_rank_problem():
+    X, Y = _low_rank_problem()
+    Xtr, Ytr, Xte, Yte = X[:500], Y[:500], X[500:], Y[500:]
+    exact = BNMC(solver="cg", random_state=0, **FAST).fit(Xtr, Ytr)
+    low = BNMC(solver="lowrank", low_rank=10, random_state=0, **FAST).fit(Xtr, Ytr)
+    assert low.solver_ == "lowrank" and low.classifier_basis_.shape == (X.shape[1], 10)
+    assert low.classifier_samples_.shape[1:] == (11, Y.shape[1])  # r + 1 coordinates per label
+    p_exact, p_low = exact.predict_proba(Xte), low.predict_proba(Xte)
+    assert auc_micro(Yte, p_low) > auc_micro(Yte, p_exact) - 0.01
+    assert auc_micro(Yte, p_low) > 0.75
+    assert precision_at_k(Yte, p_low, 1) > precision_at_k(Yte, p_exact, 1) - 0.05
+
+
+def test_low_rank_model_saves_and_loads(tmp_path):
+    X, Y = _low_rank_problem(n=200, L=8)
+    model = BNMC(solver="lowrank", low_rank=6, random_state=0, **FAST).fit(X, Y)
+    path = tmp_path / "bnmc.npz"
+    model.save(path)
+    loaded = BNMC.load(path)
+    np.testing.assert_allclose(loaded.predict_proba(X), model.predict_proba(X), rtol=1e-6)
+
+
+def test_online_sgd_on_the_basis_when_dense_weights_would_be_too_many(monkeypatch):
+    monkeypatch.setattr(bnmc_model, "SGD_DENSE_WEIGHTS", 100)
+    X, Y = _low_rank_problem(n=800, L=20)
+    stream = BNMC(random_state=0, low_rank=10, **FAST)
+    for start in range(0, 600, 100):
+        stream.partial_fit(X[start:start + 100], Y[start:start + 100])
+    assert stream.classifier_basis_.shape == (X.shape[1], 10)
+    assert stream._sgd.W.shape == (11, Y.shape[1])
+    assert auc_micro(Y[600:], stream.predict_proba(X[600:])) > 0.7
+    online = BNMC(online=True, random_state=0, low_rank=10, **FAST).fit(X[:600], Y[:600])
+    assert online._sgd.W.shape == (11, Y.shape[1])
+    assert auc_micro(Y[600:], online.predict_proba(X[600:])) > 0.7
+
+
+def test_centred_unit_gram_matches_the_dense_computation():
+    X = sp.random(30, 50, density=0.2, random_state=4, format="lil")
+    X[5] = 0.0  # an empty row
+    X = X.tocsr()
+    dense = X.toarray()
+    centred = dense - dense.mean(axis=0)
+    unit = centred / (np.linalg.norm(centred, axis=1, keepdims=True) + 1e-12)
+    np.testing.assert_allclose(_centred_unit_gram(X), unit @ unit.T, atol=1e-9)
+    np.testing.assert_allclose(_centred_unit_gram(dense), unit @ unit.T, atol=1e-9)
+
+
+def test_observed_entries_blocks_equal_the_dense_mask():
+    rng = np.random.default_rng(5)
+    mask = (rng.random((9, 7)) < 0.6).astype(float)
+    entries = ObservedEntries(sp.csr_matrix(mask), mask.sum(axis=1) > 0, 7)
+    rows = np.array([0, 3, 8])
+    np.testing.assert_array_equal(entries.block(rows, slice(2, 5)), mask[rows][:, 2:5])
+    np.testing.assert_array_equal(entries.per_label(), mask.sum(axis=0))
+    np.testing.assert_array_equal(entries.complete_rows(), mask.sum(axis=1) == 7)
+    labelled = np.array([True, False, True])
+    no_mask = ObservedEntries(None, labelled, 4)
+    np.testing.assert_array_equal(no_mask.block(), np.repeat(labelled[:, None], 4, axis=1).astype(float))
+    np.testing.assert_array_equal(no_mask.per_label(), [2, 2, 2, 2])
+
+
+def test_dirichlet_loglik_on_the_columns_a_sparse_minibatch_uses_equals_the_full_product():
+    from scipy.special import digamma
+
+    from bayesmlc.bnmc.mixture import DirichletEmission
+
+    emission = DirichletEmission(500, 0.1)
+    emission.conc = np.random.default_rng(0).gamma(1.0, 1.0, (7, 500)) + 0.1
+    X = sp.random(20, 500, density=0.01, format="csr", random_state=1)  # uses < 250 columns
+    e_log = digamma(emission.conc) - digamma(emission.conc.sum(axis=1, keepdims=True))
+    np.testing.assert_allclose(emission.expected_loglik(X), X.toarray() @ e_log.T, rtol=1e-12, atol=1e-12)
+
+
+def test_low_rank_basis_spans_the_top_singular_vectors():
+    from bayesmlc.bnmc.classifiers import low_rank_basis
+
+    rng = np.random.default_rng(6)
+    # a spectrum with a gap after the 8th direction; sparse rows
+    left = np.linalg.qr(rng.normal(size=(400, 40)))[0]
+    right = np.linalg.qr(rng.normal(size=(90, 40)))[0]
+    spectrum = np.r_[np.linspace(20, 10, 8), np.linspace(2, 0.1, 32)]
+    X = sp.csr_matrix((left * spectrum) @ right.T)
+    V = low_rank_basis(X, 8, seed=0)
+    np.testing.assert_allclose(V.T @ V, np.eye(8), atol=1e-5)
+    top = right[:, :8]
+    assert np.linalg.norm(V @ V.T - top @ top.T, 2) < 1e-3
+    # the largest entry of each column is positive (a convention independent of the seed)
+    assert np.all(V[np.abs(V).argmax(axis=0), np.arange(8)] > 0)
