@@ -553,10 +553,10 @@ def _read_npz_shard(path: Path, rank: int, world_size: int):
     from .data.dataset import Dataset
     from .data.formats.cache import check_dataset_npz, csr_from_members
 
-    try:
-        archive_npz = np.load(path, allow_pickle=False)
-    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as exc:
-        raise DataFormatError(f"not a readable dataset .npz file: {exc}", path=path) from None
+    from .safe_io import LazyNpz, error_factory
+
+    # members are read lazily and bounded before decompression; the large ones only as row slices below
+    archive_npz = LazyNpz(path, error_factory(DataFormatError, path=path), kind="dataset .npz")
     with archive_npz, zipfile.ZipFile(path) as archive:
         members = set(archive_npz.files)
         check_dataset_npz(members, archive_npz.__getitem__, path)

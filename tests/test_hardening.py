@@ -416,3 +416,20 @@ def test_arff_duplicate_attribute_names_are_refused(tmp_path):
                     "@data\n1,0,0\n")
     with pytest.raises(DataFormatError, match=r"dup.arff:4: duplicate attribute name 'a' \(first declared at line 3\)"):
         read_arff(path)
+
+
+def test_shard_reader_bounds_members_before_decompression(tmp_path, monkeypatch):
+    from bayesmlc.distributed import read_shard
+
+    class Rank:
+        rank, world_size = 0, 2
+
+    monkeypatch.setenv(MEMORY_LIMIT_ENV, str(16 * 2**20))
+    path = tmp_path / "d.npz"
+    arrays = _members(save_npz(_dataset(), path))
+    del arrays["meta"]
+    np.savez(path, **arrays)
+    _deflated_zeros_member(path, "meta", 64 * 2**20)  # a small file whose metadata member inflates to 64 MiB
+    result, peak = _peak_bytes(lambda: read_shard(path, Rank()))
+    assert isinstance(result, DataFormatError) and "declares 64.0 MiB" in str(result)
+    assert peak < 8 * 2**20
