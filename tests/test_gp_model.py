@@ -384,3 +384,21 @@ def test_partial_fit_after_fit_continues_from_the_fitted_parameters():
     for key, value in before.items():
         assert torch.allclose(model.parameters_[key], value, atol=1e-4), key
     assert np.allclose(model.decision_function(X[200:]), scores, atol=1e-3)
+
+
+def test_batch_negative_sampling_fits_reproducibly_and_checks_its_setting():
+    from bayesmlc.exceptions import ValidationError
+
+    rng = np.random.default_rng(0)
+    n, d, L = 120, 20, 30
+    X = sp.random(n, d, density=0.3, random_state=np.random.RandomState(0), format="csr")
+    Y = sp.csr_matrix((rng.random((n, L)) < 0.1).astype(np.float64))
+    params = dict(n_latent=3, n_inducing=10, epochs=2, batch_size=40, negative_samples=8,
+                  negative_sampling="batch", random_state=0)
+    first = MLGPF(**params).fit(X, Y).decision_function(X)
+    second = MLGPF(**params).fit(X, Y).decision_function(X)
+    assert np.array_equal(first, second)
+    row = MLGPF(**dict(params, negative_sampling="row")).fit(X, Y).decision_function(X)
+    assert not np.allclose(first, row)  # the setting changes the draws, so the fit
+    with pytest.raises(ValidationError, match="negative_sampling"):
+        MLGPF(**dict(params, negative_sampling="rows")).fit(X, Y)

@@ -149,3 +149,46 @@ def test_gradients_pass_finite_difference_check(kernel, inducing, variational):
         return functional_call(bound, dict(zip(names, params)), ())
 
     assert torch.autograd.gradcheck(f, values, eps=1e-6, atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("masked", [False, True])
+def test_batch_shared_negatives_estimate_is_unbiased(masked):
+    """negative_sampling="batch": one sample of labels for all rows, negatives weighted L / S. The Monte
+    Carlo mean over many draws matches the full data term within 4 standard errors."""
+    from bayesmlc.gp.objective import data_term_shared, sample_shared_negatives
+
+    rng = np.random.default_rng(11)
+    B, L, P, S = 8, 30, 3, 6
+    Y = _labels(rng, B, L, 0.1)
+    mask = None
+    if masked:
+        mask = ((_labels(rng, B, L, 0.7) + Y) > 0).astype(np.float32).tocsr()
+    mean_h = torch.as_tensor(rng.standard_normal((B, P)), dtype=DT)
+    var_h = torch.as_tensor(rng.uniform(0.1, 1.0, (B, P)), dtype=DT)
+    Phi = torch.as_tensor(rng.standard_normal((L, P)), dtype=DT)
+    bias = torch.as_tensor(rng.standard_normal(L), dtype=DT)
+    lik = BernoulliLogit(10)
+    Yd = torch.as_tensor(Y.toarray(), dtype=DT)
+    mask_d = None if mask is None else torch.as_tensor(mask.toarray(), dtype=DT)
+    full = float(data_term_full(lik, mean_h, var_h, Phi, bias, Yd, mask_d))
+    # S >= L takes every label with weight 1: the full term exactly, and no draw is made
+    state = rng.bit_generator.state
+    everything = sample_shared_negatives(Y, mask, L, rng)
+    assert rng.bit_generator.state == state
+    assert np.isclose(float(data_term_shared(lik, mean_h, var_h, Phi, bias, everything)), full, rtol=1e-12)
+    # the estimator itself (data_term_shared) over many draws of the shared sample
+    draws = np.array([
+        float(data_term_shared(lik, mean_h, var_h, Phi, bias, sample_shared_negatives(Y, mask, S, rng)))
+        for _ in range(3000)
+    ])
+    standard_error = draws.std() / np.sqrt(draws.size)
+    assert draws.std() > 0
+    assert abs(draws.mean() - full) < 4 * standard_error
+    # and one draw by hand: positives + (L / S) * the sampled labels that are observed negatives
+    e = sample_shared_negatives(Y, mask, S, rng)
+    table = lik.expected_log_lik(mean_h @ Phi.T + bias, var_h @ Phi.pow(2).T, 2 * Yd - 1).numpy()
+    observed = np.ones((B, L)) if mask is None else mask.toarray()
+    negative = (Yd.numpy() == 0) & (observed != 0)
+    by_hand = (table * Yd.numpy()).sum() + (L / S) * (table[:, e.labels] * negative[:, e.labels]).sum()
+    assert np.isclose(float(data_term_shared(lik, mean_h, var_h, Phi, bias, e)), by_hand, rtol=1e-12)
+    assert len(set(e.labels)) == S

@@ -30,7 +30,10 @@ from .inducing import (
 )
 from .kernels import KERNEL_NAMES, make_kernel
 from .likelihoods import BernoulliLogit
-from .objective import LabelEntries, resolve_negative_samples, data_term_full, data_term_sampled, sample_label_entries, utility_moments
+from .objective import (
+    NEGATIVE_SAMPLING, LabelEntries, data_term_full, data_term_sampled, data_term_shared, resolve_negative_samples,
+    sample_label_entries, sample_shared_negatives, utility_moments,
+)
 from .training import (
     TrainingDivergedError,
     all_finite,
@@ -105,13 +108,16 @@ class _Clock:
 def minibatch_elbo(module, likelihood, batch, targets, n_total, kl_weight, jitter, timings=None):
     """The doubly stochastic ELBO estimate for one minibatch (see :mod:`bayesmlc.gp.objective`).
 
-    ``targets`` is ``("full", Y_dense, mask_dense_or_None)`` or ``("sampled", LabelEntries)``.
+    ``targets`` is ``("full", Y_dense, mask_dense_or_None)``, ``("sampled", LabelEntries)`` or
+    ``("shared", SharedNegatives)``.
     Returns (elbo, sum_p KL, mean_h (B, P), relative jitter used).
     """
     mean_h, var_h, prep = module.latent(batch, jitter, timings)
     clock = _Clock(timings)
     if targets[0] == "full":
         data = data_term_full(likelihood, mean_h, var_h, module.Phi, module.bias, targets[1], targets[2])
+    elif targets[0] == "shared":
+        data = data_term_shared(likelihood, mean_h, var_h, module.Phi, module.bias, targets[1])
     else:
         data = data_term_sampled(likelihood, mean_h, var_h, module.Phi, module.bias, targets[1])
     clock.lap("quadrature")
@@ -179,7 +185,14 @@ class MLGPF(MultiLabelEstimator):
         a resumed run must keep ``epochs`` when ``lr_decay > 0``.
     negative_samples : int, None or "auto", negatives sampled per row (None = all labels). "auto" (the
         default) uses all labels up to 1000 labels and samples 500 negatives per row above that
-        (:func:`bayesmlc.gp.objective.resolve_negative_samples`).
+        (:func:`bayesmlc.gp.objective.resolve_negative_samples`). Under ``negative_sampling="batch"``
+        it is the number of labels sampled per minibatch instead.
+    negative_sampling : {"row", "batch"}, how negatives are sampled when ``negative_samples`` does
+        not keep all labels: "row" draws ``negative_samples`` of each row's negatives for that row;
+        "batch" draws ``negative_samples`` labels from all L once per minibatch and every row uses
+        those among them that are its negatives, weighted L / ``negative_samples`` (unbiased too;
+        no per-row sampling, and the negatives' moments are one dense B x S block). See
+        :mod:`bayesmlc.gp.objective`.
     quadrature_points : int, Gauss-Hermite nodes.
     kl_weight : float, weight of sum_p KL (1 = the paper's bound; 0.5 = the authors' code).
     init_factors : {"svd", "random"}, Phi from the top-P singular vectors of the label matrix, or
@@ -247,6 +260,7 @@ class MLGPF(MultiLabelEstimator):
         variational_learning_rate=None,
         lr_decay=0.5,
         negative_samples="auto",
+        negative_sampling="row",
         quadrature_points=10,
         kl_weight=1.0,
         init_factors="svd",
@@ -284,6 +298,7 @@ class MLGPF(MultiLabelEstimator):
         self.variational_learning_rate = variational_learning_rate
         self.lr_decay = lr_decay
         self.negative_samples = negative_samples
+        self.negative_sampling = negative_sampling
         self.quadrature_points = quadrature_points
         self.kl_weight = kl_weight
         self.init_factors = init_factors
@@ -326,6 +341,7 @@ class MLGPF(MultiLabelEstimator):
             ("init_factors", ("svd", "random")),
             ("init_mean", ("ridge", "zero")),
             ("rank_by", ("mean", "proba")),
+            ("negative_sampling", NEGATIVE_SAMPLING),
             ("dtype", tuple(_DTYPES)),
         ):
             if getattr(self, name) not in choices:
@@ -556,6 +572,9 @@ class MLGPF(MultiLabelEstimator):
             Y_dense = torch.as_tensor(Y_rows.toarray(), device=device, dtype=dtype)
             mask_dense = None if mask_rows is None else torch.as_tensor(mask_rows.toarray(), device=device, dtype=dtype)
             return ("full", Y_dense, mask_dense), Y_rows
+        if self.negative_sampling == "batch":
+            # one draw per global batch: every data-parallel process draws the same labels
+            return ("shared", sample_shared_negatives(Y_rows, mask_rows, negative_samples, rng)), Y_rows
         share = slice(0, len(rows)) if share is None else share
         # Negatives are drawn for the whole global batch in row order, so that every data-parallel
         # process consumes the random stream of one process. The other processes' rows only advance
@@ -888,7 +907,8 @@ class MLGPF(MultiLabelEstimator):
         mine = {k: v for k, v in self.get_params().items() if _json_plain(v)}
         ignored = {"epochs", "verbose", "checkpoint_every", "checkpoint_path", "n_threads", "device",
                    "early_stopping_patience", "validation_every", "rank_by"}
-        different = sorted(k for k in mine if k not in ignored and checkpoint["params"].get(k) != mine[k])
+        written = {"negative_sampling": "row", **checkpoint["params"]}  # checkpoints from before the setting
+        different = sorted(k for k in mine if k not in ignored and written.get(k) != mine[k])
         if self.lr_decay > 0 and checkpoint["params"].get("epochs") != self.epochs:
             different.append("epochs (the learning-rate decay depends on it)")
         if different:

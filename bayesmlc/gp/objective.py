@@ -11,6 +11,16 @@ with P_i the observed positives of row i, N_i its observed negatives and L_i eit
 replacement, which makes ELBO_hat an unbiased estimate of the bound. Label entries masked out by
 ``label_mask`` are in neither set: they leave the likelihood.
 
+``negative_sampling="batch"`` draws one sample S of ``negative_samples`` labels per minibatch,
+uniformly without replacement from all L labels, and every row of the batch uses it:
+
+    sum_{k in P_i} E log sigmoid(f_ik) + (L / |S|) sum_{l in S cap N_i} E log sigmoid(-f_il)
+
+Each label is in S with probability |S| / L, so the expectation over S of the second sum is the sum
+over all of N_i: the estimate is unbiased as well (tests/test_gp_objective.py checks it by Monte
+Carlo). Its negatives form a dense B x |S| block of utility moments, two (B, P) x (P, |S|) products,
+with no per-row sampling or gathering.
+
 The utilities are f_i = Phi h_i + b with q(h_ip) = N(mean_ip, var_ip) independent over p, so
 q(f_ik) = N(sum_p Phi_kp mean_ip + b_k, sum_p Phi_kp^2 var_ip).
 """
@@ -25,7 +35,14 @@ import torch
 
 from .likelihoods import BernoulliLogit
 
-__all__ = ["AUTO_NEGATIVE_LABELS", "AUTO_NEGATIVE_SAMPLES", "resolve_negative_samples", "LabelEntries", "sample_label_entries", "data_term_full", "data_term_sampled", "utility_moments"]
+__all__ = [
+    "AUTO_NEGATIVE_LABELS", "AUTO_NEGATIVE_SAMPLES", "NEGATIVE_SAMPLING", "resolve_negative_samples", "LabelEntries",
+    "SharedNegatives", "sample_label_entries", "sample_shared_negatives", "data_term_full", "data_term_sampled",
+    "data_term_shared", "utility_moments",
+]
+
+#: ``negative_sampling``: "row" draws negatives for each row, "batch" one set of labels per minibatch.
+NEGATIVE_SAMPLING = ("row", "batch")
 
 
 #: ``negative_samples="auto"``: all labels enter the bound up to this many labels; above it each row
@@ -62,6 +79,21 @@ class LabelEntries:
     rows: np.ndarray
     labels: np.ndarray
     signs: np.ndarray
+    weights: np.ndarray
+
+
+@dataclass
+class SharedNegatives:
+    """Label entries of a minibatch whose rows share one sample of labels (``negative_sampling="batch"``).
+
+    positives : LabelEntries, every positive of the batch (signs +1, weights 1)
+    labels : int64 (S,), the sampled labels, sorted
+    weights : (B, S), L / S where ``labels[s]`` is an observed negative of row i, 0 elsewhere (a
+        positive, or an entry masked out); 1 instead of L / S when S = L (every label taken)
+    """
+
+    positives: LabelEntries
+    labels: np.ndarray
     weights: np.ndarray
 
 
@@ -113,6 +145,37 @@ def sample_label_entries(
         signs=np.concatenate(signs),
         weights=np.concatenate(weights),
     )
+
+
+def sample_shared_negatives(
+    Y: sp.csr_matrix, label_mask: sp.csr_matrix | None, n_sampled: int, rng: np.random.Generator
+) -> SharedNegatives:
+    """All positives of the batch and one uniform sample of ``n_sampled`` labels (without
+    replacement, from all L; every label when ``n_sampled >= L``, with no draw) for all of its rows.
+
+    Parameters
+    ----------
+    Y : CSR (B, L), observed positives
+    label_mask : CSR (B, L) of observed entries, or None (all observed)
+    n_sampled : int >= 1, |S|
+    rng : the generator the draw comes from (one draw per batch, whatever B is)
+    """
+    n_rows, n_labels = Y.shape
+    if n_sampled >= n_labels:
+        labels, weight = np.arange(n_labels, dtype=np.int64), 1.0
+    else:
+        labels, weight = np.sort(rng.choice(n_labels, n_sampled, replace=False)).astype(np.int64), n_labels / n_sampled
+    negative = 1.0 - Y[:, labels].toarray()
+    if label_mask is not None:
+        negative *= label_mask[:, labels].toarray() != 0
+    counts = np.diff(Y.indptr)
+    positives = LabelEntries(
+        rows=np.repeat(np.arange(n_rows, dtype=np.int64), counts),
+        labels=Y.indices.astype(np.int64),
+        signs=np.ones(Y.indices.size),
+        weights=np.ones(Y.indices.size),
+    )
+    return SharedNegatives(positives=positives, labels=labels, weights=weight * negative)
 
 
 def utility_moments(mean_h: torch.Tensor, var_h: torch.Tensor, Phi: torch.Tensor, bias: torch.Tensor):
@@ -167,3 +230,30 @@ def data_term_sampled(
     signs = torch.as_tensor(entries.signs, device=device, dtype=dtype)
     weights = torch.as_tensor(entries.weights, device=device, dtype=dtype)
     return (likelihood.expected_log_lik(f_mean, f_var, signs) * weights).sum()
+
+
+def data_term_shared(
+    likelihood: BernoulliLogit,
+    mean_h: torch.Tensor,
+    var_h: torch.Tensor,
+    Phi: torch.Tensor,
+    bias: torch.Tensor,
+    entries: SharedNegatives,
+) -> torch.Tensor:
+    """The positives' expected log-likelihoods plus the weighted B x S block of the shared negatives.
+
+    The positives gather their rows of Phi (a few per row); the negatives take two (B, P) x (P, S)
+    products and B S quadratures. ``mean_h``, ``var_h``: (B, P); ``Phi``: (L, P); ``bias``: (L,).
+    """
+    device, dtype = mean_h.device, mean_h.dtype
+    rows = torch.as_tensor(entries.positives.rows, device=device)
+    positive_labels = torch.as_tensor(entries.positives.labels, device=device)
+    Phi_pos = Phi[positive_labels]  # (E+, P)
+    f_mean = (mean_h[rows] * Phi_pos).sum(-1) + bias[positive_labels]
+    f_var = (var_h[rows] * Phi_pos.pow(2)).sum(-1)
+    one = torch.ones((), device=device, dtype=dtype)
+    positive = likelihood.expected_log_lik(f_mean, f_var, one).sum()
+    sampled = torch.as_tensor(entries.labels, device=device)
+    f_mean_s, f_var_s = utility_moments(mean_h, var_h, Phi[sampled], bias[sampled])  # (B, S) each
+    weights = torch.as_tensor(entries.weights, device=device, dtype=dtype)
+    return positive + (likelihood.expected_log_lik(f_mean_s, f_var_s, -one) * weights).sum()
