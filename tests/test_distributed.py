@@ -460,13 +460,18 @@ def _assert_same_fit(distributed: dict, single, rtol, atol):
 
 
 # ---- the spawned runs ---------------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def distributed_run(tmp_path_factory):
-    out = str(tmp_path_factory.mktemp("distributed"))
+def _spawned_run(tmp_path_factory, name, worker) -> str:
+    """A folder with the test data as ``train.npz`` and what ``worker`` wrote there on 2 spawned ranks."""
+    out = str(tmp_path_factory.mktemp(name))
     X, Y = _data()
     write_dataset(Dataset(X=X, Y=Y), os.path.join(out, "train.npz"))
-    _spawn(_training_worker, out)
+    _spawn(worker, out)
     return out
+
+
+@pytest.fixture(scope="module")
+def distributed_run(tmp_path_factory):
+    return _spawned_run(tmp_path_factory, "distributed", _training_worker)
 
 
 def test_each_rank_read_and_trained_on_its_shard_only(distributed_run):
@@ -662,11 +667,7 @@ def _bnmc_arrays(model, X) -> dict:
 
 @pytest.fixture(scope="module")
 def bnmc_distributed_run(tmp_path_factory):
-    out = str(tmp_path_factory.mktemp("bnmc-distributed"))
-    X, Y = _data()
-    write_dataset(Dataset(X=X, Y=Y), os.path.join(out, "train.npz"))
-    _spawn(_bnmc_worker, out)
-    return out
+    return _spawned_run(tmp_path_factory, "bnmc-distributed", _bnmc_worker)
 
 
 @pytest.mark.parametrize("name", sorted(BNMC_RUNS))

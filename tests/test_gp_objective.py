@@ -42,10 +42,9 @@ def test_sampled_entries_hold_every_positive_and_only_observed_negatives():
             assert np.isclose(e.weights[(e.rows == i) & (e.signs < 0)].sum(), observed[i].sum() - Yd[i].sum())
 
 
-@pytest.mark.parametrize("masked", [False, True])
-def test_negative_sampling_estimate_is_unbiased(masked):
-    rng = np.random.default_rng(1)
-    B, L, P = 8, 30, 3
+def _sampling_problem(rng, B, L, P, masked):
+    """Labels (with a mask of observed entries when ``masked``), latent moments, label factors, the
+    likelihood and the full data term: the setting of the negative-sampling tests."""
     Y = _labels(rng, B, L, 0.1)
     mask = None
     if masked:
@@ -58,6 +57,14 @@ def test_negative_sampling_estimate_is_unbiased(masked):
     Yd = torch.as_tensor(Y.toarray(), dtype=DT)
     mask_d = None if mask is None else torch.as_tensor(mask.toarray(), dtype=DT)
     full = float(data_term_full(lik, mean_h, var_h, Phi, bias, Yd, mask_d))
+    return Y, mask, Yd, mask_d, mean_h, var_h, Phi, bias, lik, full
+
+
+@pytest.mark.parametrize("masked", [False, True])
+def test_negative_sampling_estimate_is_unbiased(masked):
+    rng = np.random.default_rng(1)
+    B, L, P = 8, 30, 3
+    Y, mask, Yd, mask_d, mean_h, var_h, Phi, bias, lik, full = _sampling_problem(rng, B, L, P, masked)
     # with every negative kept the sampled form is the full bound exactly
     everything = sample_label_entries(Y, mask, L, rng)
     assert np.isclose(float(data_term_sampled(lik, mean_h, var_h, Phi, bias, everything)), full, rtol=1e-12)
@@ -159,18 +166,7 @@ def test_batch_shared_negatives_estimate_is_unbiased(masked):
 
     rng = np.random.default_rng(11)
     B, L, P, S = 8, 30, 3, 6
-    Y = _labels(rng, B, L, 0.1)
-    mask = None
-    if masked:
-        mask = ((_labels(rng, B, L, 0.7) + Y) > 0).astype(np.float32).tocsr()
-    mean_h = torch.as_tensor(rng.standard_normal((B, P)), dtype=DT)
-    var_h = torch.as_tensor(rng.uniform(0.1, 1.0, (B, P)), dtype=DT)
-    Phi = torch.as_tensor(rng.standard_normal((L, P)), dtype=DT)
-    bias = torch.as_tensor(rng.standard_normal(L), dtype=DT)
-    lik = BernoulliLogit(10)
-    Yd = torch.as_tensor(Y.toarray(), dtype=DT)
-    mask_d = None if mask is None else torch.as_tensor(mask.toarray(), dtype=DT)
-    full = float(data_term_full(lik, mean_h, var_h, Phi, bias, Yd, mask_d))
+    Y, mask, Yd, mask_d, mean_h, var_h, Phi, bias, lik, full = _sampling_problem(rng, B, L, P, masked)
     # S >= L takes every label with weight 1: the full term exactly, and no draw is made
     state = rng.bit_generator.state
     everything = sample_shared_negatives(Y, mask, L, rng)

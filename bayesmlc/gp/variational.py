@@ -159,7 +159,18 @@ class _MeanAndLowerScale(VariationalFamily):
         return _lower_scale(self.scale_offdiag, self.raw_scale_diag)
 
 
-class Whitened(_MeanAndLowerScale):
+class _WhitenedMean:
+    """The mean of a whitened family: q(v) has mean ``self.mean`` (P, M) with u = L_K v."""
+
+    def mean_weights(self, prep):
+        return torch.linalg.solve_triangular(prep.chol.T, self.mean.T, upper=True)
+
+    def set_mean(self, u_mean, L_K):
+        with torch.no_grad():
+            self.mean.copy_(_solve_lower(L_K, u_mean.T).T)  # v = L_K^{-1} u
+
+
+class Whitened(_WhitenedMean, _MeanAndLowerScale):
     """q(v_p) = N(m_p, S_p S_p^T) with u_p = L_K v_p. ``init_scale`` sets diag S at the start."""
 
     def __init__(self, n_latent: int, n_inducing: int, init_scale: float = 1.0):
@@ -176,13 +187,6 @@ class Whitened(_MeanAndLowerScale):
         S = prep.scale
         log_det_S = torch.log(torch.diagonal(S, dim1=-2, dim2=-1)).sum(-1)
         return 0.5 * (S.pow(2).sum((-2, -1)) + self.mean.pow(2).sum(-1) - self.n_inducing - 2.0 * log_det_S)
-
-    def mean_weights(self, prep):
-        return torch.linalg.solve_triangular(prep.chol.T, self.mean.T, upper=True)
-
-    def set_mean(self, u_mean, L_K):
-        with torch.no_grad():
-            self.mean.copy_(_solve_lower(L_K, u_mean.T).T)  # v = L_K^{-1} u
 
     def dense_q_u(self, prep):
         S = prep.scale
@@ -280,7 +284,7 @@ class Preconditioned(VariationalFamily):
         return mean, K - K @ KB
 
 
-class SharedWhitened(VariationalFamily):
+class SharedWhitened(_WhitenedMean, VariationalFamily):
     """q(v_p) = N(m_p, c_p^2 S S^T) with u_p = L_K v_p: one lower-triangular S (M, M) shared by the
     P latent GPs and a positive scale c_p per GP.
 
@@ -325,13 +329,6 @@ class SharedWhitened(VariationalFamily):
         log_det_S = torch.log(torch.diagonal(S)).sum()
         M = self.n_inducing
         return 0.5 * (c.pow(2) * S.pow(2).sum() + self.mean.pow(2).sum(-1) - M - 2.0 * M * torch.log(c) - 2.0 * log_det_S)
-
-    def mean_weights(self, prep):
-        return torch.linalg.solve_triangular(prep.chol.T, self.mean.T, upper=True)
-
-    def set_mean(self, u_mean, L_K):
-        with torch.no_grad():
-            self.mean.copy_(_solve_lower(L_K, u_mean.T).T)  # v = L_K^{-1} u
 
     def dense_q_u(self, prep):
         L = prep.chol
