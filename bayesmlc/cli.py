@@ -438,10 +438,18 @@ def cmd_predict(args) -> int:
     data = _conform_to_model(read_dataset(args.input, format=args.format), model, args.input, labels=False)
     stream = _open_output(args.output, "--output") if args.output else sys.stdout  # before the work
     try:
-        indices, scores = model.predict_topk(data.X, args.top_k)
-        for row_idx, row_scores in zip(indices, scores):
-            labels = [names[i] if names else str(i) for i in row_idx]
-            stream.write(" ".join(f"{label}:{score:.6g}" for label, score in zip(labels, row_scores)) + "\n")
+        indices, values = _top_labels(model, data.X, args.top_k, raw_scores=args.scores)
+        kind = "score" if args.scores else "probability"
+        if not args.json and not args.quiet:
+            stream.write(f"# top {indices.shape[1]} labels per row, best first, as label:{kind}"
+                         f"{' (raw decision_function scores)' if args.scores else ''}\n")
+        for row_idx, row_values in zip(indices, values):
+            labels = [names[i] if names else int(i) for i in row_idx]
+            if args.json:
+                record = {"labels": labels, ("scores" if args.scores else "probabilities"): row_values.tolist()}
+                stream.write(json.dumps(record) + "\n")
+            else:
+                stream.write(" ".join(f"{label}:{value:.6g}" for label, value in zip(labels, row_values)) + "\n")
         if args.output:
             stream.close()
     except OSError as exc:
@@ -455,6 +463,23 @@ def cmd_predict(args) -> int:
             except OSError:
                 pass
     return EXIT_OK
+
+
+def _top_labels(model, X, k: int, raw_scores: bool):
+    """``(indices, values)``: each row's ``k`` best labels by the model's ranking, with their
+    probabilities (``predict_proba``), or with the raw ``decision_function`` scores when
+    ``raw_scores``; one batch of rows x L at a time."""
+    from .base import PREDICT_BATCH_ROWS
+    from .utils import iter_batches
+
+    indices, scores = model.predict_topk(X, k)
+    if raw_scores:
+        return indices, scores
+    probabilities = np.empty_like(scores)
+    for rows in iter_batches(X.shape[0], PREDICT_BATCH_ROWS):
+        proba = np.asarray(model.predict_proba(X[rows]))
+        probabilities[rows] = np.take_along_axis(proba, indices[rows], axis=1)
+    return indices, probabilities
 
 
 def _open_output(path, option: str):
@@ -585,12 +610,19 @@ def build_parser() -> argparse.ArgumentParser:
     common(p, model=False)
     p.set_defaults(func=cmd_evaluate)
 
-    p = sub.add_parser("predict", help="top-k labels per row of a file")
-    p.add_argument("--model-dir", required=True)
-    p.add_argument("--input", required=True)
-    p.add_argument("--top-k", type=int, default=5)
+    p = sub.add_parser(
+        "predict", help="top-k labels per row of a file",
+        description="Print each row's top-k labels with their probabilities: a '#' header line, then "
+                    "'label:probability ...' per row. --json prints one JSON object per row instead "
+                    "({\"labels\": [...], \"probabilities\": [...]}) and no header; --quiet drops the header.",
+        epilog="example: bayesmlc predict --model-dir runs/bibtex-lr --input test.txt --top-k 5 --names")
+    p.add_argument("--model-dir", required=True, help="folder written by 'bayesmlc train --out'")
+    p.add_argument("--input", required=True, help="data file to predict (any supported format)")
+    p.add_argument("--top-k", type=int, default=5, help="labels printed per row (default 5)")
     p.add_argument("--output", help="write here instead of stdout")
     p.add_argument("--names", action="store_true", help="print label names instead of indices")
+    p.add_argument("--scores", action="store_true",
+                   help="print raw decision_function scores instead of probabilities (the default)")
     common(p, model=False)
     p.set_defaults(func=cmd_predict)
 

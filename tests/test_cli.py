@@ -63,15 +63,36 @@ def test_train_json_line_evaluate_and_predict(tiny_files, capsys):
         assert again["metrics"][key] == pytest.approx(value, abs=1e-9), key
 
     assert main(["predict", "--model-dir", str(out), "--input", str(tiny_files / "test.txt"), "--top-k", "2"]) == 0
-    lines = capsys.readouterr().out.strip().splitlines()
+    header, *lines = capsys.readouterr().out.strip().splitlines()
+    assert header.startswith("#") and "label:probability" in header
     assert len(lines) == 40 and all(len(line.split()) == 2 for line in lines)
-    # the printed top label is the model's arg-max
+    # the printed top label is the model's arg-max, with its predict_proba value
     model = LogisticRegression.load(out / "model.npz")
     from bayesmlc.data.io import read_dataset
 
     test = read_dataset(tiny_files / "test.txt")
     best = np.argmax(model.decision_function(test.X), axis=1)
     assert [int(line.split()[0].split(":")[0]) for line in lines] == best.tolist()
+    proba = model.predict_proba(test.X)
+    printed = [float(line.split()[0].split(":")[1]) for line in lines]
+    np.testing.assert_allclose(printed, proba[np.arange(40), best], rtol=1e-5)
+    # --scores: the raw decision_function values, said so in the header
+    assert main(["predict", "--model-dir", str(out), "--input", str(tiny_files / "test.txt"), "--top-k", "2",
+                 "--scores"]) == 0
+    header, *lines = capsys.readouterr().out.strip().splitlines()
+    assert "label:score" in header and "raw" in header
+    scores = model.decision_function(test.X)
+    np.testing.assert_allclose([float(line.split()[0].split(":")[1]) for line in lines],
+                               scores[np.arange(40), best], rtol=1e-5)
+    # --json: one JSON object per row (so the last line is JSON), no header
+    assert main(["predict", "--model-dir", str(out), "--input", str(tiny_files / "test.txt"), "--top-k", "2",
+                 "--json"]) == 0
+    rows = [json.loads(line) for line in capsys.readouterr().out.strip().splitlines()]
+    assert len(rows) == 40 and [row["labels"][0] for row in rows] == best.tolist()
+    np.testing.assert_allclose([row["probabilities"][0] for row in rows], proba[np.arange(40), best], rtol=1e-5)
+    # --quiet: no header
+    assert main(["predict", "--model-dir", str(out), "--input", str(tiny_files / "test.txt"), "--quiet"]) == 0
+    assert not capsys.readouterr().out.startswith("#")
 
 
 def test_errors_exit_with_code_two(tiny_files, capsys):

@@ -363,7 +363,7 @@ def test_predict_and_evaluate_refuse_a_narrower_declared_width_and_pad_an_inferr
         assert "D=8" in line and "D=12" in line
     svm = tmp_path / "narrow.svm"
     svm.write_text("0 1:1 3:1\n1 2:1\n2,3 5:1\n")  # inferred D=5 < 12: padded, as train --test does
-    assert main(["predict", "--model-dir", str(run_dir), "--input", str(svm), "--top-k", "1"]) == 0
+    assert main(["predict", "--model-dir", str(run_dir), "--input", str(svm), "--top-k", "1", "--quiet"]) == 0
     assert len(capsys.readouterr().out.splitlines()) == 3
 
 
@@ -390,7 +390,7 @@ def test_label_names_are_escaped_on_the_terminal(tmp_path, run_dir, capsys):
     meta["label_names"] = ["\x1b[31mred", "bell\x07", "ok", "new\nline"]
     (run_dir / "meta.json").write_text(json.dumps(meta))
     assert main(["predict", "--model-dir", str(run_dir), "--input", str(tmp_path / "train.txt"), "--top-k", "4",
-                 "--names"]) == 0
+                 "--names", "--quiet"]) == 0
     out = capsys.readouterr().out
     assert "\x1b" not in out and "\x07" not in out and len(out.splitlines()) == 40
     assert "\\x1b[31mred:" in out and "bell\\x07:" in out and "new\\x0aline:" in out
