@@ -756,7 +756,7 @@ class MLGPF(MultiLabelEstimator):
                         best_state = {k: v.detach().clone() for k, v in module.state_dict().items()}
                 if progress is not None:
                     progress.update(1)
-                    shown = {"ELBO": f"{epoch_elbo:.4g}", "P@1": f"{history['train_P@1'][-1]:.3f}"}
+                    shown = {"ELBO": f"{epoch_elbo:.4g}", "train P@1": f"{history['train_P@1'][-1]:.3f}"}
                     if not math.isnan(val[0]):
                         shown["val P@1"] = f"{val[0]:.3f}"
                     progress.set_postfix(shown)
