@@ -60,7 +60,8 @@ def printable(text) -> str:
         return text
     out = []
     for char in text:
-        if char == " " or unicodedata.category(char)[0] not in "CZ" or unicodedata.category(char) == "Zs":
+        category = unicodedata.category(char)
+        if category[0] not in "CZ" or category == "Zs":  # letters, marks, numbers, punctuation, symbols, spaces
             out.append(char)
         else:
             code = ord(char)

@@ -26,7 +26,7 @@ import scipy.sparse as sp
 import torch
 
 from .exceptions import ModelFormatError
-from .safe_io import LazyNpz, checked_csr, make_temporary_file, remove_stale_temporaries
+from .safe_io import LazyNpz, checked_csr, error_factory, make_temporary_file, remove_stale_temporaries
 
 FORMAT_NAME = "bayesmlc-model"
 FORMAT_VERSION = 2  # version 2 added nested estimators; files without them are still written as 1
@@ -199,16 +199,13 @@ def read_npz(path) -> tuple[dict, LazyNpz]:
     anything that is not such an archive.
     """
     path = os.fspath(path)
-    def failed(message: str) -> ModelFormatError:
-        return ModelFormatError(f"{path}: not a bayesmlc model file ({message})")
-
-    failed.error_type = ModelFormatError
+    failed = error_factory(ModelFormatError, lambda message: f"{path}: not a bayesmlc model file ({message})")
     arrays = LazyNpz(path, failed)
     if "__meta__" not in arrays:
         arrays.close()
         raise ModelFormatError(f"{path}: not a bayesmlc model file (no __meta__ entry)")
     try:
-        if arrays._members["__meta__"].file_size > MAX_META_BYTES:
+        if arrays.declared_size("__meta__") > MAX_META_BYTES:
             raise failed(f"its __meta__ entry declares more than {MAX_META_BYTES} bytes")
         raw = arrays["__meta__"]
         if raw.dtype != np.uint8 or raw.ndim != 1:

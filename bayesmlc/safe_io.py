@@ -183,6 +183,10 @@ class LazyNpz(Mapping):
     def __contains__(self, key) -> bool:
         return key in self._members
 
+    def declared_size(self, key: str) -> int:
+        """Bytes the member ``key`` declares uncompressed (its zip header), read without decompressing."""
+        return self._members[key].file_size
+
     def __getitem__(self, key) -> np.ndarray:
         if not isinstance(key, str) or key not in self._members:
             raise self._fail(f"no member {str(key)[:100]!r} in the archive")
@@ -245,10 +249,11 @@ class LazyNpz(Mapping):
         self.close()
 
 
-def error_factory(error_type, **kwargs) -> Callable[[str], Exception]:
-    """``fail(message) -> error_type(message, **kwargs)``, recognised by :class:`LazyNpz` as its own."""
+def error_factory(error_type, describe: Callable[[str], str] | None = None, **kwargs) -> Callable[[str], Exception]:
+    """``fail(message) -> error_type(describe(message), **kwargs)`` (``describe`` defaults to the
+    message itself), recognised by :class:`LazyNpz` as its own."""
     def fail(message: str) -> Exception:
-        return error_type(message, **kwargs)
+        return error_type(message if describe is None else describe(message), **kwargs)
 
     fail.error_type = error_type
     return fail
