@@ -27,7 +27,7 @@ from sklearn.base import BaseEstimator
 from . import persistence
 from .exceptions import ModelFormatError, NotFittedError, ValidationError
 from .metrics import precision_at_k, topk
-from .utils import iter_batches
+from .utils import iter_batches, sigmoid
 from .validation import check_features, check_fit_inputs
 
 __all__ = ["MultiLabelEstimator"]
@@ -43,10 +43,6 @@ def label_counts(Y, label_mask=None) -> tuple[np.ndarray, np.ndarray]:
     observed = (np.full(n_labels, n, dtype=np.int64) if label_mask is None
                 else np.bincount(label_mask.indices, minlength=n_labels).astype(np.int64))
     return positives, observed
-
-
-def _sigmoid(scores: np.ndarray) -> np.ndarray:
-    return 0.5 * (1.0 + np.tanh(0.5 * scores))
 
 
 class MultiLabelEstimator(BaseEstimator):
@@ -83,7 +79,7 @@ class MultiLabelEstimator(BaseEstimator):
         raise NotImplementedError
 
     def _predict_proba(self, X) -> np.ndarray:
-        return _sigmoid(self._decision_function(X))
+        return sigmoid(self._decision_function(X))
 
     def _fitted_attribute_names(self):
         return [k for k in vars(self) if k.endswith("_") and not k.startswith("_")]

@@ -49,7 +49,7 @@ from sklearn.isotonic import IsotonicRegression
 from .base import PREDICT_BATCH_ROWS, MultiLabelEstimator
 from .exceptions import ValidationError
 from .metrics import topk
-from .utils import iter_batches
+from .utils import iter_batches, logit, sigmoid
 
 __all__ = ["CalibratedClassifier", "CALIBRATION_METHODS"]
 
@@ -62,12 +62,7 @@ _MIN_SLOPE = 1e-3
 
 
 def _logit(p: np.ndarray) -> np.ndarray:
-    p = np.clip(p, _PROBA_FLOOR, 1.0 - _PROBA_FLOOR)
-    return np.log(p) - np.log1p(-p)
-
-
-def _sigmoid(z: np.ndarray) -> np.ndarray:
-    return 0.5 * (1.0 + np.tanh(0.5 * z))
+    return logit(p, _PROBA_FLOOR)
 
 
 def _log_loss(z: np.ndarray, y: np.ndarray) -> float:
@@ -109,7 +104,7 @@ def fit_platt(p: np.ndarray, y: np.ndarray) -> tuple[float, float]:
     def loss_and_gradient(theta):
         a, b = theta
         t = a * z + b
-        residual = _sigmoid(t) - y  # d loss / d t per pair
+        residual = sigmoid(t) - y  # d loss / d t per pair
         return _log_loss(t, y), np.array([np.mean(residual * z), np.mean(residual)])
 
     result = minimize(loss_and_gradient, x0=np.array([1.0, 0.0]), jac=True, method="L-BFGS-B",
@@ -188,7 +183,7 @@ class CalibratedClassifier(MultiLabelEstimator):
         if self.method == "isotonic":
             return apply_isotonic(calibration_map, p)
         slope, offset = calibration_map
-        return _sigmoid(slope * _logit(p) + offset)
+        return sigmoid(slope * _logit(p) + offset)
 
     def _fit(self, X, Y, label_mask, **fit_params):
         self._check_params()

@@ -26,6 +26,7 @@ from sklearn.base import clone
 
 from .base import MultiLabelEstimator
 from .exceptions import ValidationError
+from .utils import logit
 
 __all__ = ["AveragingEnsemble"]
 
@@ -130,8 +131,7 @@ class AveragingEnsemble(MultiLabelEstimator):
 
     def _decision_function(self, X) -> np.ndarray:
         # the logit is taken in float64, so close probabilities keep their order as float32 scores
-        proba = np.clip(self._mean_proba(X), _PROBA_FLOOR, 1.0 - _PROBA_FLOOR)
-        return (np.log(proba) - np.log1p(-proba)).astype(np.float32)
+        return logit(self._mean_proba(X), _PROBA_FLOOR).astype(np.float32)
 
     # ---- persistence: the members are stored whole (bayesmlc.persistence nests estimators) ------
     def _get_state(self) -> dict:

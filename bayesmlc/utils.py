@@ -66,6 +66,17 @@ def csr_to_torch(matrix: sp.csr_matrix, device="cpu", dtype=torch.float32) -> to
         )
 
 
+def sigmoid(x: np.ndarray) -> np.ndarray:
+    """The logistic function 1 / (1 + e^-x), written with tanh so that no exp overflows."""
+    return 0.5 * (1.0 + np.tanh(0.5 * x))
+
+
+def logit(p: np.ndarray, floor: float = 1e-7) -> np.ndarray:
+    """log(p / (1 - p)), with ``p`` first kept ``floor`` away from 0 and 1 so that it stays finite."""
+    p = np.clip(p, floor, 1.0 - floor)
+    return np.log(p) - np.log1p(-p)
+
+
 def iter_batches(n: int, batch_size: int):
     """Yield ``slice`` objects covering ``range(n)`` in consecutive batches."""
     for start in range(0, n, batch_size):

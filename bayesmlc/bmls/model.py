@@ -12,7 +12,7 @@ import torch
 
 from ..base import MultiLabelEstimator
 from ..exceptions import ValidationError
-from ..utils import iter_batches, numpy_rng, resolve_device
+from ..utils import iter_batches, logit, numpy_rng, resolve_device
 from .gibbs import SweepData, gibbs_sweep, heldout_log_likelihood, init_state, positive_rates
 
 __all__ = ["BMLS", "cooccurrence_matrix"]
@@ -587,8 +587,7 @@ class BMLS(MultiLabelEstimator):
 
     def _decision_function(self, X) -> np.ndarray:
         """Log-odds of the posterior predictive probability (same ranking, the scale of the base's prior logit)."""
-        proba = np.clip(self._mean_probability(X), 1e-12, 1.0 - 1e-12)
-        return (np.log(proba) - np.log1p(-proba)).astype(np.float32)
+        return logit(self._mean_probability(X), 1e-12).astype(np.float32)
 
     def predict_interval(self, X, coverage: float = 0.9, batch_size: int = 256):
         """Equal-tailed posterior interval of Pr(y_l = 1 | x, phi, h) over the kept draws.

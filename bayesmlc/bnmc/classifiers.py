@@ -35,6 +35,7 @@ import numpy as np
 import scipy.sparse as sp
 import torch
 
+from ..utils import sigmoid
 from .polya_gamma import sample_inverse_gaussian, sample_pg
 
 __all__ = ["Design", "LowRankDesign", "choose_solver", "solver_costs", "gibbs_classifier", "SGDClassifier"]
@@ -301,7 +302,7 @@ def _augmentation(kind: str, margins: np.ndarray, Y: np.ndarray, mask: np.ndarra
     with omega replaced by E[1/lambda] = 1/|1 - s m| (a minorise-maximise step)."""
     if rng is None:
         if kind == "logistic":
-            p = _sigmoid(margins)
+            p = sigmoid(margins)
             omega = np.maximum(p * (1.0 - p), 1e-8) * mask
             return omega, (omega * margins + Y - p) * mask
         signs = 2.0 * Y - 1.0
@@ -470,10 +471,6 @@ def _damped(design: Design, W, W_newton, Y, mask, prior_prec, margins, max_halvi
             break
         scale *= 0.5
     return out, out_margins
-
-
-def _sigmoid(x: np.ndarray) -> np.ndarray:
-    return 0.5 * (1.0 + np.tanh(0.5 * x))
 
 
 def _fit_measure(kind: str, margins: np.ndarray, Y: np.ndarray, mask: np.ndarray) -> float:

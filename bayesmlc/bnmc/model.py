@@ -14,7 +14,7 @@ from tqdm.auto import tqdm
 from ..base import MultiLabelEstimator, label_counts
 from ..distributed import ONE_PROCESS, RowShard
 from ..exceptions import ValidationError
-from ..utils import column_mean_and_scale, iter_batches, numpy_rng, resolve_device, resolve_standardize
+from ..utils import column_mean_and_scale, iter_batches, logit, numpy_rng, resolve_device, resolve_standardize, sigmoid
 from ..validation import check_features, check_fit_inputs
 from .classifiers import (Design, LowRankDesign, SGDClassifier, _softplus, choose_solver, gibbs_classifier,
                           low_rank_basis)
@@ -32,15 +32,6 @@ VALIDATION_ENTRIES = 2**22
 #: works on the shared low-rank representation instead.
 SGD_DENSE_WEIGHTS = 2e7
 _RULE_CHOICES = ("auto",) + _COUNT_RULES
-
-
-def _sigmoid(x):
-    return 0.5 * (1.0 + np.tanh(0.5 * x))
-
-
-def _logit(p):
-    p = np.clip(p, 1e-7, 1.0 - 1e-7)
-    return np.log(p) - np.log1p(-p)
 
 
 class BNMC(MultiLabelEstimator):
@@ -610,7 +601,7 @@ class BNMC(MultiLabelEstimator):
         target = Y_val[observed]
         theta = _logistic_newton(feats, target, np.array([1.0, 1.0, 0.0]))
         self.calibration_ = theta
-        proba = _sigmoid(theta[0] * s_clf + theta[1] * s_pat + theta[2])
+        proba = sigmoid(theta[0] * s_clf + theta[1] * s_pat + theta[2])
 
         def quality(pred):  # the selection criterion: example-F1 + exact match
             return _example_f1(Y_val, mask_val, pred) + _exact_match(Y_val, mask_val, pred)
@@ -656,7 +647,7 @@ class BNMC(MultiLabelEstimator):
             spread = np.asarray(Z_sq @ self.classifier_variances_[:-1]) + self.classifier_variances_[-1]
             margins = margins / np.sqrt(1.0 + np.pi * spread / 8.0)[None]
         if self.classifier == "logistic":
-            s_clf = _logit(_sigmoid(margins).mean(axis=0))
+            s_clf = logit(sigmoid(margins).mean(axis=0))
         else:
             s_clf = margins.mean(axis=0)
         resp = self._mixture.responsibilities(self._mixture_features(X))
@@ -921,7 +912,7 @@ def _logistic_newton(feats: np.ndarray, target: np.ndarray, theta: np.ndarray, r
 
     current = objective(theta)
     for _ in range(50):
-        p = _sigmoid(feats @ theta)
+        p = sigmoid(feats @ theta)
         grad = feats.T @ (target - p) - ridge * theta
         hess = (feats * (p * (1 - p))[:, None]).T @ feats + ridge * np.eye(theta.size)
         step = np.linalg.solve(hess, grad)

@@ -18,7 +18,7 @@ from ..base import MultiLabelEstimator, label_counts
 from ..validation import check_fit_inputs
 from ..distributed import ONE_PROCESS, RowShard
 from ..exceptions import ModelFormatError, ValidationError
-from ..utils import column_mean_and_scale, normalize_rows, numpy_rng, resolve_device, resolve_standardize
+from ..utils import column_mean_and_scale, logit, normalize_rows, numpy_rng, resolve_device, resolve_standardize
 from .inducing import (
     INDUCING_NAMES,
     FeatureBatch,
@@ -135,10 +135,6 @@ def _skip_negative_draws(n_negatives: np.ndarray, negative_samples: int, rng: np
     for count in n_negatives:
         if count > negative_samples:
             rng.choice(int(count), negative_samples, replace=False)
-
-
-def _logit(p):
-    return np.log(p) - np.log1p(-p)
 
 
 def inverse_document_frequency(document_counts: np.ndarray, n_rows: int) -> np.ndarray:
@@ -472,7 +468,7 @@ class MLGPF(MultiLabelEstimator):
             arrays["Z"] = shard.gather(X, np.sort(rng.choice(n, M, replace=False)), reduce)
         positives = reduce(label_counts(Y)[0])
         prior = np.clip((positives + 0.5) / (n + 1.0), 1e-6, 1 - 1e-6)
-        arrays["bias"] = _logit(prior).astype(np.float32)
+        arrays["bias"] = logit(prior, floor=0.0).astype(np.float32)
         arrays["Phi"] = self._initial_factors(Y, rng, n, reduce)
         return arrays
 
