@@ -198,6 +198,13 @@ def data_term_full(
     return expected.sum() if mask is None else (expected * mask).sum()
 
 
+def _gathered_moments(mean_h, var_h, Phi, bias, rows, labels):
+    """Mean and variance of the utilities f_il of the entries (rows[e], labels[e]), from the gathered
+    rows of Phi (E, P) and of the latent moments: no B x L block is formed."""
+    Phi_e = Phi[labels]  # (E, P)
+    return (mean_h[rows] * Phi_e).sum(-1) + bias[labels], (var_h[rows] * Phi_e.pow(2)).sum(-1)
+
+
 def data_term_sampled(
     likelihood: BernoulliLogit,
     mean_h: torch.Tensor,
@@ -224,9 +231,7 @@ def data_term_sampled(
         f_mean = f_mean_all.reshape(-1).index_select(0, flat)
         f_var = f_var_all.reshape(-1).index_select(0, flat)
     else:
-        Phi_e = Phi[labels]  # (E, P)
-        f_mean = (mean_h[rows] * Phi_e).sum(-1) + bias[labels]
-        f_var = (var_h[rows] * Phi_e.pow(2)).sum(-1)
+        f_mean, f_var = _gathered_moments(mean_h, var_h, Phi, bias, rows, labels)
     signs = torch.as_tensor(entries.signs, device=device, dtype=dtype)
     weights = torch.as_tensor(entries.weights, device=device, dtype=dtype)
     return (likelihood.expected_log_lik(f_mean, f_var, signs) * weights).sum()
@@ -248,9 +253,7 @@ def data_term_shared(
     device, dtype = mean_h.device, mean_h.dtype
     rows = torch.as_tensor(entries.positives.rows, device=device)
     positive_labels = torch.as_tensor(entries.positives.labels, device=device)
-    Phi_pos = Phi[positive_labels]  # (E+, P)
-    f_mean = (mean_h[rows] * Phi_pos).sum(-1) + bias[positive_labels]
-    f_var = (var_h[rows] * Phi_pos.pow(2)).sum(-1)
+    f_mean, f_var = _gathered_moments(mean_h, var_h, Phi, bias, rows, positive_labels)
     one = torch.ones((), device=device, dtype=dtype)
     positive = likelihood.expected_log_lik(f_mean, f_var, one).sum()
     sampled = torch.as_tensor(entries.labels, device=device)
