@@ -40,7 +40,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     parser.add_argument("--doc", metavar="MARKDOWN",
                         help="also write the report into this markdown file, between the suite's markers "
-                             "(e.g. docs/benchmarks.md), with the plots copied to benchmarks-SUITE/ beside it")
+                             "(e.g. docs/benchmarks-quick.md), with the plots copied to benchmarks-SUITE/ beside it")
     parser.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
 
 
