@@ -39,7 +39,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_mlgpf import STAGES, load_avg, parse_sets, timed_steps  # noqa: E402
 
-from bayesmlc.bench.baselines import OmikujiParabel  # noqa: E402
+from bayesmlc.baselines import OmikujiParabel  # noqa: E402
 from bayesmlc.data.io import read_dataset, write_dataset  # noqa: E402
 from bayesmlc.data.synthetic import make_preset, split  # noqa: E402
 from bayesmlc.gp import MLGPF  # noqa: E402

@@ -170,7 +170,7 @@ def test_predict_into_a_closed_pipe_stops_quietly(tiny_files):
 
 
 def test_evaluate_reads_an_ensemble_saved_from_python(tiny_files, capsys):
-    from bayesmlc.bench.baselines import KNNBaseline
+    from bayesmlc.baselines import KNNBaseline
     from bayesmlc.data.io import read_dataset
     from bayesmlc.ensemble import AveragingEnsemble
     from bayesmlc.metrics import precision_at_k

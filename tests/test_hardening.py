@@ -100,7 +100,7 @@ def test_npz_dataset_with_decreasing_indptr_is_refused(tmp_path):
 
 
 def test_model_file_with_bad_sparse_state_is_refused(tmp_path):
-    from bayesmlc.bench.baselines import KNNBaseline
+    from bayesmlc.baselines import KNNBaseline
 
     data = _dataset(n=20)
     path = tmp_path / "knn.npz"

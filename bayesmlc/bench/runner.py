@@ -173,7 +173,7 @@ def environment_info(threads: int, device: str | None) -> dict:
 def model_unavailable_reason(model: str) -> str | None:
     """Why ``model`` cannot run in this installation, or ``None`` when it can."""
     from ..models import MODEL_CLASSES, get_model_class
-    from .baselines import missing_dependency
+    from ..baselines import missing_dependency
 
     if model not in MODEL_CLASSES:
         return f"model {model!r} is not registered in bayesmlc.models.MODEL_CLASSES"

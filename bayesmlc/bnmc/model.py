@@ -14,9 +14,10 @@ from tqdm.auto import tqdm
 from ..base import MultiLabelEstimator, label_counts
 from ..distributed import ONE_PROCESS, RowShard
 from ..exceptions import ValidationError
-from ..utils import column_mean_and_scale, iter_batches, logit, numpy_rng, resolve_device, resolve_standardize, sigmoid
+from ..utils import (column_mean_and_scale, iter_batches, logit, numpy_rng, resolve_device, resolve_standardize, sigmoid,
+                     softplus)
 from ..validation import check_features, check_fit_inputs
-from .classifiers import (Design, LowRankDesign, SGDClassifier, _softplus, choose_solver, gibbs_classifier,
+from .classifiers import (Design, LowRankDesign, SGDClassifier, choose_solver, gibbs_classifier,
                           low_rank_basis)
 from .mixture import DirichletEmission, DPMixture, GaussianEmission
 
@@ -908,7 +909,7 @@ def _logistic_newton(feats: np.ndarray, target: np.ndarray, theta: np.ndarray, r
 
     def objective(t):
         logits = feats @ t
-        return float(np.sum(target * logits - _softplus(logits)) - 0.5 * ridge * t @ t)
+        return float(np.sum(target * logits - softplus(logits)) - 0.5 * ridge * t @ t)
 
     current = objective(theta)
     for _ in range(50):

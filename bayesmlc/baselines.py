@@ -29,9 +29,9 @@ import weakref
 import numpy as np
 import scipy.sparse as sp
 
-from ..base import MultiLabelEstimator
-from ..exceptions import ModelFormatError, ValidationError
-from ..utils import column_mean_and_scale, iter_batches, normalize_rows, numpy_rng, resolve_standardize
+from .base import MultiLabelEstimator
+from .exceptions import ModelFormatError, ValidationError
+from .utils import column_mean_and_scale, iter_batches, normalize_rows, numpy_rng, resolve_standardize
 
 __all__ = [
     "KNNBaseline",
@@ -45,10 +45,10 @@ __all__ = [
 
 #: Entries for ``bayesmlc.models.MODEL_CLASSES`` (the CLI's ``--model`` names).
 REGISTRY_ENTRIES = {
-    "knn": "bayesmlc.bench.baselines:KNNBaseline",
-    "napkinxc_plt": "bayesmlc.bench.baselines:NapkinXCPLT",
-    "omikuji_parabel": "bayesmlc.bench.baselines:OmikujiParabel",
-    "omikuji_bonsai": "bayesmlc.bench.baselines:OmikujiBonsai",
+    "knn": "bayesmlc.baselines:KNNBaseline",
+    "napkinxc_plt": "bayesmlc.baselines:NapkinXCPLT",
+    "omikuji_parabel": "bayesmlc.baselines:OmikujiParabel",
+    "omikuji_bonsai": "bayesmlc.baselines:OmikujiBonsai",
 }
 
 #: Model name -> the optional package it needs (installed by the ``[compare]`` extra).
