@@ -112,8 +112,9 @@ def _numbers(text: str) -> list[str]:
 
 def test_every_measured_figure_is_in_the_docs():
     """The figures are taken from the docs, never invented: every number of every measurement (and its
-    commit and command) appears in docs/*.md."""
-    docs = "\n".join(path.read_text(encoding="utf-8") for path in DOCS.glob("*.md"))
+    commit and command) appears in docs/*.md (other than presets.md)."""
+    # presets.md repeats the figures: the check is against the measurement records, not against it
+    docs = "\n".join(path.read_text(encoding="utf-8") for path in DOCS.glob("*.md") if path.name != "presets.md")
     for model, presets in PRESETS.items():
         for name, preset in presets.items():
             measured = preset.measured
