@@ -292,6 +292,8 @@ def plan_runs(suite: Suite, out_dir: Path, *, datasets=None, models=None, repeat
     for name in dataset_names:
         spec = suite.dataset(name)
         folder = (Path(out_dir) / "data" / name) if spec.synthetic is not None else data_root / name
+        train_path, test_path = (map(Path, spec.files) if spec.files is not None
+                                 else (folder / "train.txt", folder / "test.txt"))
         for config in suite.configs:
             if config.model not in model_names:
                 continue
@@ -302,7 +304,7 @@ def plan_runs(suite: Suite, out_dir: Path, *, datasets=None, models=None, repeat
                         config=config.config if method is None else f"{config.config}+{method}",
                         params=config.params_for(name), seed=seed + repeat, repeat=repeat, baseline=config.baseline,
                         timeout_s=float(timeout_s or config.timeout_s or suite.timeout_s),
-                        train_path=folder / "train.txt", test_path=folder / "test.txt", dataset_spec=spec,
+                        train_path=train_path, test_path=test_path, dataset_spec=spec,
                         excluded=config.exclude.get(name), calibrate=method,
                     ))
     return runs
