@@ -565,8 +565,12 @@ def cmd_plot_history(args) -> int:
     history = _read_json(history_path, HISTORY_FILE)
     if not isinstance(history, dict):
         raise CLIError(f"{history_path}: corrupt {HISTORY_FILE} (not a JSON object)")
+    meta = _read_json(folder / META_FILE, META_FILE) if (folder / META_FILE).exists() else {}
+    title = (f"{printable(meta['model'])} on {printable(meta['dataset'])}"
+             if isinstance(meta, dict) and isinstance(meta.get("model"), str) and isinstance(meta.get("dataset"), str)
+             else None)
     try:
-        plot_history(history, output)
+        plot_history(history, output, title=title)
     except (KeyError, TypeError, IndexError) as exc:
         raise CLIError(f"{history_path}: corrupt {HISTORY_FILE} ({type(exc).__name__}: {exc})") from None
     print(output)
