@@ -78,7 +78,7 @@ SHAPES = {
     "sweep-l1600": (1600, 2000, 1600), "eurlex-0.1": (1554, 5000, 3993), "eurlex-0.3": (4662, 5000, 3993),
     "amazoncat": (9489, 203882, 13330),
 }
-UNITS = {"mlgpf": "epoch", "bmls": "sweep", "bnmc": "pass", "omikuji_parabel": None}
+UNITS = {"bnmc": "pass", "omikuji_parabel": None, "bmls": "sweep", "mlgpf": "epoch"}  # rows come in a fixed order
 
 
 def _scale_records():

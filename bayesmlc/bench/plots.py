@@ -292,8 +292,9 @@ def _scale_plot(summaries, path, out_dir=None):
     labels = list(dict.fromkeys(summary.label for summary in series))
     colours = _colours(labels)
     units = {summary.label: _epoch_unit(summary, out_dir) for summary in series}
-    quantities = [(("seconds_per_epoch", unit), _UNIT_QUANTITIES.get(unit, f"seconds per {unit}"))
-                  for unit in dict.fromkeys(u for u in units.values() if u)]
+    order = list(_UNIT_QUANTITIES)  # rows in a fixed order: epoch, sweep, pass, iteration, then any other unit
+    present = sorted({u for u in units.values() if u}, key=lambda u: (order.index(u) if u in order else len(order), u))
+    quantities = [(("seconds_per_epoch", unit), _UNIT_QUANTITIES.get(unit, f"seconds per {unit}")) for unit in present]
     quantities.append((("peak_rss_mb", None), "peak memory (MB)"))
     families = {dim: _scale_families(shapes, dim) for dim, _ in _SCALE_DIMENSIONS}
     drawn_sets = {name for groups in families.values() for family in groups for name in family}
