@@ -30,35 +30,15 @@ from bayesmlc.gp.likelihoods import BernoulliLogit
 from bayesmlc.gp.model import minibatch_elbo
 from bayesmlc.gp.training import epoch_batches, make_optimizer
 from bayesmlc.metrics import evaluate, inverse_propensity
+from bayesmlc.presets import MLGPF_AUTHORS_CODE, MLGPF_BEST_SINGLE, MLGPF_PAIR, MLGPF_PAPER
 
 DATA = Path(os.environ.get("BAYESMLC_SHARED_DATASETS", Path(__file__).resolve().parents[1].parent / "shared" / "datasets"))
 
-# The subspace paper's Bibtex settings (Table 3): linear kernel, subspace inducing inputs, P=30, M=500,
-# batch 500, R=1000, on the raw (row-normalised) features. Learning rate and optimiser are not stated there.
-PAPER = dict(n_latent=30, n_inducing=500, kernel="linear", inducing="subspace", subspace_rank=1000,
-             batch_size=500, variational="whitened", idf_weighting=False)
-# The best configuration measured (docs/benchmarks.md, "Session 2 sweeps" and "Session 3"): the defaults
-# (idf-weighted features, a cosine decay of the learning rates over the second half of training) with
-# half the KL weight (the authors' code's 0.5), ranking by the predictive probability.
-# Measured with the whitened family, the default then; named so that the recipe stays the one measured.
-BEST = dict(lr_decay=0.5, rank_by="proba", kl_weight=0.5, variational="whitened", epochs=50)
-# The authors' code's settings (../shared/reference/reference-implementations.md 1.5-1.8): linear+SE
-# with per-feature weights, free inducing inputs (M=400), P=30, the non-whitened Cholesky family, Adam
-# at 0.005 without decay, batches of 100 rows growing by 20 every 10 epochs, half the KL, Phi drawn
-# N(0, 1/P), q(u) started at the prior mean, unit rows of the raw features, ranked by the mean
-# utilities; run it for 100 epochs (its default). Not reproduced: q_mu started at 0.5, Z renormalised
-# on every use, the SE and linear weights tied to sum to one.
-CODE = dict(kernel="linear+se", ard=True, inducing="free", n_inducing=400, n_latent=30, variational="cholesky",
-            batch_size=100, batch_size_growth=20, batch_size_every=10, learning_rate=0.005, lr_decay=0.0,
-            kl_weight=0.5, init_factors="random", init_mean="zero", idf_weighting=False, standardize=False)
+# The recipes measured here are bayesmlc.presets' (their comments say what each is): PAPER the subspace
+# paper's settings, BEST the best single configuration, CODE the authors' code's settings, PAIR the two
+# recipes whose AveragingEnsemble is MLGPF's best configuration (MLGPF.preset("best")).
+PAPER, BEST, CODE, PAIR = MLGPF_PAPER, MLGPF_BEST_SINGLE, MLGPF_AUTHORS_CODE, MLGPF_PAIR
 CONFIGS = {"paper": PAPER, "default": {}, "best": BEST, "code": CODE}
-# The best configuration found (docs/mlgpf.md, "The best configuration"): an AveragingEnsemble of the
-# two recipes that err most differently, the best configuration at M=400 for 15 epochs (100 latent GPs
-# on subspace inducing inputs, 4 min here) and the authors' recipe with this project's idf weighting,
-# SVD/ridge start and cosine decay (30 latent GPs on free inducing inputs with per-feature weights,
-# 20 min here); their predictive probabilities are averaged.
-PAIR = {"subspace": dict(BEST, n_inducing=400, epochs=15),
-        "free": dict(CODE, idf_weighting=True, init_factors="svd", init_mean="ridge", lr_decay=0.5, epochs=100)}
 
 
 def load_avg() -> str:
@@ -178,11 +158,8 @@ def cmd_accuracy(args):
 
 
 def pair_ensemble(random_state, overrides: dict):
-    """The :data:`PAIR` ensemble; ``overrides`` apply to both members."""
-    from bayesmlc.ensemble import AveragingEnsemble
-
-    return AveragingEnsemble([(name, MLGPF(**dict(params, **overrides))) for name, params in PAIR.items()],
-                             random_state=random_state)
+    """The :data:`PAIR` ensemble (``MLGPF.preset("best")``); ``overrides`` apply to both members."""
+    return MLGPF.preset("best", **overrides, random_state=random_state)
 
 
 def cmd_pair(args):
