@@ -75,7 +75,8 @@ def _single_worker(_, args, data_path, out):
 
 
 def _worker(rank, world_size, port, args, data_path, out):
-    from bayesmlc.distributed import DataParallel, read_shard
+    from bayesmlc.data.shard import read_shard
+    from bayesmlc.distributed import DataParallel
     from bayesmlc.gp import MLGPF
 
     os.environ.update(

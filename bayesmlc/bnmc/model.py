@@ -12,7 +12,8 @@ import scipy.sparse as sp
 from tqdm.auto import tqdm
 
 from ..base import MultiLabelEstimator, label_counts
-from ..distributed import ONE_PROCESS, RowShard
+from ..data.shard import RowShard
+from ..distributed import ONE_PROCESS
 from ..exceptions import ValidationError
 from ..utils import column_mean_and_scale, iter_batches, logit, numpy_rng, resolve_device, resolve_standardize, sigmoid
 from ..validation import check_features, check_fit_inputs
