@@ -698,6 +698,28 @@ def _is_linalg_error(exc: BaseException) -> bool:
     return torch is not None and isinstance(exc, torch.linalg.LinAlgError)
 
 
+def _exit_interrupted() -> None:
+    """End the process with exit code 130 after its exit handlers have run.
+
+    Returning 130 through interpreter shutdown is not enough: a second Ctrl-C while Python finalises
+    (or a KeyboardInterrupt that the interpreter has already recorded as unhandled) makes CPython kill
+    itself with SIGINT instead, so a script sees -2 rather than the documented 130. Later interrupts
+    are ignored; the exit handlers (temporary folders, progress bars) still run."""
+    import atexit
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        atexit._run_exitfuncs()
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError):
+                pass
+    finally:
+        os._exit(EXIT_INTERRUPTED)
+
+
 def main(argv=None) -> int:
     """Run one command; returns the exit code (see the module docstring). Every failure is one line
     on stderr."""
@@ -713,6 +735,8 @@ def main(argv=None) -> int:
         return EXIT_OK
     except KeyboardInterrupt:
         print("bayesmlc: interrupted", file=sys.stderr)
+        if argv is None:  # the process's own command line: end it here, with the documented code
+            _exit_interrupted()
         return EXIT_INTERRUPTED
     except Exception as exc:
         if os.environ.get("BAYESMLC_TRACEBACK"):

@@ -38,7 +38,7 @@ _MLGPF = "MLGPF subspace-inducing-inputs paper, Table 3"
 _XC = "Extreme Classification Repository, Bibtex"
 _BMLS = "BMLS paper (AISTATS 2018), AUC table, K=100"
 _BNMC = "BNMC paper (ACML 2016), Tables 2-3, mean of 10 runs"
-_HERE = "targets.md, measured on the 2-core development machine"
+_HERE = "a single run on the 2-core development machine"
 
 PUBLISHED: tuple[PublishedResult, ...] = (
     PublishedResult(
