@@ -10,8 +10,9 @@ import scipy.sparse as sp
 import torch
 
 from bayesmlc.exceptions import ValidationError
-import bayesmlc.gp.model as model_module
+import bayesmlc.gp.training as training_module
 from bayesmlc.gp import MLGPF
+from bayesmlc.gp.initialisation import initial_factors
 from bayesmlc.gp.training import learning_rate_factor, step_progress
 
 SMALL = dict(n_latent=2, n_inducing=10, subspace_rank=8, batch_size=50, learning_rate=0.05, random_state=0,
@@ -67,7 +68,7 @@ def test_resume_with_decay_gives_the_uninterrupted_result_and_needs_the_same_epo
     path = tmp_path / "run.ckpt.npz"
     # interrupt a 4-epoch run after its second checkpoint (epoch 2)
     writes = {"n": 0}
-    real_save = model_module.save_checkpoint
+    real_save = training_module.save_checkpoint
 
     def interrupting_save(*args, **kwargs):
         real_save(*args, **kwargs)
@@ -76,7 +77,7 @@ def test_resume_with_decay_gives_the_uninterrupted_result_and_needs_the_same_epo
             raise KeyboardInterrupt
 
     with monkeypatch.context() as patch:
-        patch.setattr(model_module, "save_checkpoint", interrupting_save)
+        patch.setattr(training_module, "save_checkpoint", interrupting_save)
         with pytest.raises(KeyboardInterrupt):
             MLGPF(epochs=4, checkpoint_every=1, checkpoint_path=str(path), **params).fit(X, Y)
     resumed = MLGPF(epochs=4, checkpoint_every=1, checkpoint_path=str(path), **params).fit(X, Y, resume=True)
@@ -94,7 +95,7 @@ def test_factor_warm_start_uses_the_full_svd_basis_when_p_equals_the_label_count
     rng = np.random.default_rng(3)
     Y = sp.csr_matrix((rng.random((300, 6)) < [0.5, 0.4, 0.3, 0.2, 0.1, 0.05]).astype(np.float32))
     P = L = Y.shape[1]
-    Phi = MLGPF(n_latent=P, random_state=0)._initial_factors(Y, np.random.default_rng(0))
+    Phi = initial_factors(Y, P, "svd", np.random.default_rng(0))
     _, s, Vt = np.linalg.svd(Y.toarray().astype(np.float64), full_matrices=False)
     expected = Vt.T * np.sqrt(s / s.mean())
     expected *= math.sqrt(L) / np.linalg.norm(expected)
