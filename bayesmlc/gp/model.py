@@ -2,11 +2,11 @@
 likelihood, trained by doubly stochastic variational inference (journal paper; subspace paper).
 
 The estimator holds the settings and the fitted state; the pieces live beside it: the bound in
-:mod:`.objective`, the starting values in :mod:`.initialisation`, the loop in :mod:`.training`."""
+:mod:`.objective`, the starting values in :mod:`.initialisation`, the loop in :mod:`.training`, the
+predictions in :mod:`.prediction`."""
 
 from __future__ import annotations
 
-import contextlib
 import math
 import time
 from types import SimpleNamespace
@@ -18,14 +18,14 @@ import torch
 from ..base import MultiLabelEstimator, label_counts
 from ..distributed import ONE_PROCESS, ParallelContext
 from ..exceptions import ValidationError
-from ..utils import column_mean_and_scale, normalize_rows, numpy_rng, resolve_device, resolve_standardize
+from ..utils import column_mean_and_scale, normalize_rows, numpy_rng, resolve_device, resolve_standardize, torch_threads
 from ..validation import check_fit_inputs
 from .inducing import INDUCING_NAMES
-from .initialisation import module_from_parameters, training_projection
+from .initialisation import module_from_parameters
 from .kernels import KERNEL_NAMES
-from .likelihoods import BernoulliLogit
-from .objective import NEGATIVE_SAMPLING, latent_marginals, mean_utilities, utility_moments
-from .training import Trainer, TrainingDivergedError, TrainingRows
+from .objective import NEGATIVE_SAMPLING
+from .prediction import mean_utilities, predictive_probabilities
+from .training import Trainer, TrainingDivergedError
 from .variational import VARIATIONAL_NAMES
 
 __all__ = ["MLGPF"]
@@ -62,12 +62,11 @@ class MLGPF(MultiLabelEstimator):
         lowered with a warning.
     variational : {"shared", "whitened", "cholesky", "preconditioned"} (:mod:`bayesmlc.gp.variational`).
         "shared" (the default) shares one covariance factor among the P GPs, up to a scale each: a
-        row costs O(M^2 + P M) instead of the O(P M^2) of the others (the papers' families);
-        on bibtex_xc it is as accurate as "whitened" at about a ninth of the time (docs/mlgpf.md).
-    batch_size : int or "auto", rows per minibatch (at the start when it grows). "auto" (the default)
-        is 500 rows, fewer on small sets so that an epoch takes at least 8 steps:
-        ``min(500, max(32, ceil(n_train / 8)))`` (:func:`bayesmlc.gp.training.resolve_batch_size`);
-        the sizes used are in ``history_["batch_size"]``.
+        row costs O(M^2 + P M) instead of the O(P M^2) of the others (the papers' families); why it
+        is the default: docs/experiments.md, "MLGPF at scale".
+    batch_size : int or "auto", rows per minibatch (at the start when it grows); "auto" is
+        ``min(500, max(32, ceil(n_train / 8)))``, at least 8 steps an epoch
+        (:func:`bayesmlc.gp.training.resolve_batch_size`); the sizes used are in ``history_["batch_size"]``.
     batch_size_growth, batch_size_every, max_batch_size : the batch grows by ``batch_size_growth``
         rows every ``batch_size_every`` epochs, up to ``max_batch_size`` (0 = fixed size).
     epochs : int
@@ -77,32 +76,28 @@ class MLGPF(MultiLabelEstimator):
         over which both learning rates decay to zero along a half cosine (0 = constant rates; see
         :func:`bayesmlc.gp.training.learning_rate_factor`). The schedule depends on ``epochs``, so
         a resumed run must keep ``epochs`` when ``lr_decay > 0``.
-    negative_samples : int, None or "auto", negatives sampled per row (None = all labels). "auto" (the
-        default) uses all labels up to 1000 labels and samples 500 negatives per row above that
-        (:func:`bayesmlc.gp.objective.resolve_negative_samples`). Under ``negative_sampling="batch"``
-        it is the number of labels sampled per minibatch instead.
-    negative_sampling : {"row", "batch"}, how negatives are sampled when ``negative_samples`` does
-        not keep all labels: "row" draws ``negative_samples`` of each row's negatives for that row;
-        "batch" draws ``negative_samples`` labels from all L once per minibatch and every row uses
-        those among them that are its negatives, weighted L / ``negative_samples`` (unbiased too;
-        no per-row sampling, and the negatives' moments are one dense B x S block). See
-        :mod:`bayesmlc.gp.objective`.
+    negative_samples : int, None or "auto", negatives sampled per row (None = all labels); "auto" keeps
+        all up to 1000 labels and samples 500 above (:func:`bayesmlc.gp.objective.resolve_negative_samples`).
+    negative_sampling : {"row", "batch"}, "row" samples ``negative_samples`` of each row's negatives;
+        "batch" samples that many labels once per minibatch, and each row uses its negatives among
+        them, weighted L / ``negative_samples`` (both unbiased; :mod:`bayesmlc.gp.objective`).
     quadrature_points : int, Gauss-Hermite nodes.
     kl_weight : float, weight of sum_p KL (1 = the paper's bound; 0.5 = the authors' code).
     init_factors : {"svd", "random"}, Phi from the top-P singular vectors of the label matrix, or
         N(0, 1/P) draws as in the authors' code.
     init_mean : {"ridge", "zero"}, start the mean of q(u) at a ridge-regression fit of the latent
-        targets implied by Phi (see ``_warm_start_mean``), or at zero (the prior mean).
+        targets implied by Phi (:func:`bayesmlc.gp.initialisation.warm_start_mean`), or at zero (the
+        prior mean).
     idf_weighting : bool, scale every feature column by its smoothed inverse document frequency in
         the training rows (:func:`inverse_document_frequency`) before the rows are normalised:
-        rare features count more (on bibtex_xc +0.4 P@1 and +0.6 P@3 / P@5; docs/mlgpf.md). Dense
-        columns (non-zero in every row) keep weight 1.
+        rare features count more (measured: docs/experiments.md, "MLGPF on Bibtex"). Dense columns
+        (non-zero in every row) keep weight 1.
     standardize : {"auto", True, False}, centre every feature column and divide it by its standard
         deviation in the training rows (``feature_mean_``, ``feature_scale_``; constant columns keep
         scale 1), first, before idf weighting and row normalisation. For dense real-valued features
         (audio or image descriptors: the emotions, scene and yeast sets), whose uncentred rows all
-        point nearly the same way once normalised (emotions P@1 57 without, 72 with;
-        docs/mlgpf.md). "auto" (the default) standardises when more than half of the training
+        point nearly the same way once normalised (docs/experiments.md, "MLGPF on small and dense
+        sets"). "auto" (the default) standardises when more than half of the training
         entries are non-zero (:func:`bayesmlc.utils.resolve_standardize`), as BNMC and the
         baselines do. Centring makes every entry non-zero, so the rows are densified: for sparse
         features (at most half non-zero) that is refused above ``MAX_STANDARDIZED_ENTRIES``
@@ -111,7 +106,7 @@ class MLGPF(MultiLabelEstimator):
     rank_by : {"mean", "proba"}, what ``decision_function`` (and so ``predict_topk`` and ranking
         metrics) returns: the mean utilities E_q[f] (the papers' and authors' choice), or the
         predictive probabilities E_q[sigmoid(f)] of ``predict_proba``, which use the predictive
-        variance (on Bibtex they ranked 0.6 points of P@1 better; docs/benchmarks.md).
+        variance (how the two rank: docs/experiments.md, "MLGPF on Bibtex").
     jitter : float, relative jitter added to K_ZZ before its Cholesky factorisation (grown x10 on
         failure, recorded in ``history_["jitter"]``).
     svd_max_rows : int or None, rows the subspace SVD and the k-means initialisation see at most.
@@ -129,52 +124,24 @@ class MLGPF(MultiLabelEstimator):
     ----------
     parameters_ : dict of name -> tensor, the fitted parameters.
     jitter_ : float, relative jitter the last factorisation needed.
-    history_ : per-epoch lists: ``epoch``, ``wall_time``, ``objective`` (mean minibatch ELBO
-        estimate), ``kl``, ``batch_size``, ``jitter``, ``train_P@1`` (running, on the batches; on their first
-        ``TRAIN_SCORE_ENTRIES // L`` rows),
-        ``val_P@1``, ``val_P@3``, ``val_P@5`` (NaN when not evaluated).
+    history_ : per-epoch lists: ``epoch``, ``wall_time``, ``objective`` (mean minibatch ELBO estimate),
+        ``kl``, ``batch_size``, ``jitter``, ``train_P@1`` (running, on the first
+        ``TRAIN_SCORE_ENTRIES // L`` rows of each batch), ``val_P@1/3/5`` (NaN when not evaluated).
     step_history_ : per-step lists ``step``, ``wall_time``, ``elbo``.
     """
 
     def __init__(
         self,
-        n_latent=100,
-        n_inducing=200,
-        kernel="linear",
-        ard=False,
-        inducing="subspace",
-        subspace_rank="auto",
+        n_latent=100, n_inducing=200, kernel="linear", ard=False, inducing="subspace", subspace_rank="auto",
         variational="shared",
-        batch_size="auto",
-        batch_size_growth=0,
-        batch_size_every=10,
-        max_batch_size=None,
-        epochs=100,
-        learning_rate=0.03,
-        variational_learning_rate=None,
-        lr_decay=0.5,
-        negative_samples="auto",
-        negative_sampling="row",
-        quadrature_points=10,
-        kl_weight=1.0,
-        init_factors="svd",
-        init_mean="ridge",
-        idf_weighting=True,
-        standardize="auto",
-        normalize_features=True,
-        rank_by="mean",
-        jitter=1e-5,
-        svd_max_rows=100_000,
-        validation_fraction=0.0,
-        validation_every=1,
-        early_stopping_patience=None,
-        checkpoint_every=None,
-        checkpoint_path=None,
-        dtype="float32",
-        n_threads=None,
-        random_state=None,
-        device="auto",
-        verbose=False,
+        batch_size="auto", batch_size_growth=0, batch_size_every=10, max_batch_size=None, epochs=100,
+        learning_rate=0.03, variational_learning_rate=None, lr_decay=0.5,
+        negative_samples="auto", negative_sampling="row", quadrature_points=10, kl_weight=1.0,
+        init_factors="svd", init_mean="ridge", idf_weighting=True, standardize="auto", normalize_features=True,
+        rank_by="mean", jitter=1e-5, svd_max_rows=100_000,
+        validation_fraction=0.0, validation_every=1, early_stopping_patience=None,
+        checkpoint_every=None, checkpoint_path=None,
+        dtype="float32", n_threads=None, random_state=None, device="auto", verbose=False,
     ):
         self.n_latent = n_latent
         self.n_inducing = n_inducing
@@ -276,19 +243,7 @@ class MLGPF(MultiLabelEstimator):
                 "the inducing inputs; lower n_inducing"
             )
 
-    # ---- context ------------------------------------------------------------------------------
-    @contextlib.contextmanager
-    def _threads(self):
-        if self.n_threads is None:
-            yield
-            return
-        previous = torch.get_num_threads()
-        torch.set_num_threads(int(self.n_threads))
-        try:
-            yield
-        finally:
-            torch.set_num_threads(previous)
-
+    # ---- features -----------------------------------------------------------------------------
     def _prepare_features(self, X: sp.csr_matrix) -> sp.csr_matrix:
         """The rows the kernel sees: standardised columns (``feature_mean_``, ``feature_scale_``), then
         idf-weighted columns (``feature_idf_``), then unit rows."""
@@ -328,17 +283,16 @@ class MLGPF(MultiLabelEstimator):
         ``DataParallel`` every rank passes the same settings and either its shard of the rows
         (:func:`bayesmlc.data.shard.read_shard`) or the whole data set (it then keeps its shard),
         and computes the bound on its rows of each global batch (:class:`~bayesmlc.gp.training.Trainer`)."""
-        self._device = resolve_device(self.device)
-        self._torch_dtype = _DTYPES[self.dtype]
         parallel = ONE_PROCESS if parallel is None else parallel
-        with self._threads():
+        with torch_threads(self.n_threads):
             try:
                 X, Y, label_mask, shard = parallel.local_data(X, Y, label_mask)
                 self._check_params(shard.n_total)
-                if parallel.world_size > 1:
-                    self._global_label_statistics(Y, label_mask, parallel)
+                if parallel.world_size > 1:  # the label statistics of all processes' rows (fit counted this one's)
+                    totals = parallel.reduce_sum(np.concatenate(label_counts(Y, label_mask)))
+                    self._set_label_statistics(totals[: Y.shape[1]], totals[Y.shape[1] :])
                 self._set_feature_statistics(X, shard.n_total, parallel)
-                trainer = Trainer(self.get_params(), numpy_rng(self.random_state), self._device, self._torch_dtype)
+                trainer = self._trainer()
                 try:
                     trainer.fit(self._prepare_features(X), Y, label_mask, ParallelContext(shard, parallel), resume)
                 except TrainingDivergedError:
@@ -355,13 +309,6 @@ class MLGPF(MultiLabelEstimator):
         self._stream = None  # a later partial_fit starts a fresh optimizer from these parameters
         return self
 
-    def _global_label_statistics(self, Y, label_mask, parallel):
-        """The base class's ``label_frequencies_``, ``label_prior_`` and ``empty_labels_`` over all
-        processes' rows (``fit`` computed them from this process's rows)."""
-        n_labels = Y.shape[1]
-        totals = parallel.reduce_sum(np.concatenate(label_counts(Y, label_mask)))
-        self._set_label_statistics(totals[:n_labels], totals[n_labels:])
-
     def partial_fit(self, X, Y, label_mask=None, n_total=None):
         """Continue stochastic variational training on a batch of rows as it arrives.
 
@@ -376,7 +323,7 @@ class MLGPF(MultiLabelEstimator):
         ``variational_learning_rate`` as they are set at the call (``lr_decay`` needs the total
         number of steps, which a stream does not have: anneal with ``set_params`` between calls;
         Adam's state is kept between calls, not across ``save``/``load``), and the bound of
-        :func:`minibatch_elbo` with N = ``n_total`` or else ``n_rows_seen_``, the rows seen so far including these
+        :class:`~bayesmlc.gp.objective.VariationalELBO` with N = ``n_total`` or else ``n_rows_seen_``, the rows seen so far including these
         (the training rows after ``fit``): the posterior given the data seen. The label
         statistics (``label_frequencies_``, ``label_prior_``, ``empty_labels_``) accumulate over
         calls; the feature statistics (idf, standardisation) stay those of the set-up.
@@ -398,6 +345,8 @@ class MLGPF(MultiLabelEstimator):
                 f"partial_fit: the model has {self.n_features_in_} features and {self.n_labels_} labels (fixed by "
                 f"its first fit); got {X.shape[1]} and {Y.shape[1]}"
             )
+        if n_total is not None and (not isinstance(n_total, (int, np.integer)) or n_total < X.shape[0]):
+            raise ValidationError(f"n_total must be an integer >= the rows of this call ({X.shape[0]}), got {n_total!r}")
         positives, observed = label_counts(Y, label_mask)
         if first:
             self.n_features_in_, self.n_labels_ = X.shape[1], Y.shape[1]
@@ -409,43 +358,33 @@ class MLGPF(MultiLabelEstimator):
                 self.n_rows_seen_ = int(previous.max())
             positives, observed = positives + self.label_frequencies_, observed + previous
         self._set_label_statistics(positives, observed)
-        if n_total is not None and (not isinstance(n_total, (int, np.integer)) or n_total < X.shape[0]):
-            raise ValidationError(f"n_total must be an integer >= the rows of this call ({X.shape[0]}), got {n_total!r}")
-        with self._threads():
-            self._stream_pass(X, Y, label_mask, first, n_total)
-        return self
-
-    def _stream_pass(self, X, Y, label_mask, first, n_total=None):
-        """One pass of ``partial_fit`` over its rows (see there); the trainer and its optimizer are
-        kept between calls in ``_stream``."""
-        self._device, self._torch_dtype = resolve_device(self.device), _DTYPES[self.dtype]
-        stream = getattr(self, "_stream", None)
-        if first:
-            self._check_params(X.shape[0])
-            self._set_feature_statistics(X, X.shape[0], ONE_PROCESS)
-            X = self._prepare_features(X)
-            stream = Trainer(self.get_params(), numpy_rng(self.random_state), self._device, self._torch_dtype)
-            projection = stream.initialise(X, Y)
-        else:
-            X = self._prepare_features(X)
-            if stream is None:
-                stream = Trainer(self.get_params(), numpy_rng(self.random_state), self._device, self._torch_dtype,
-                                 module=self._ensure_module(), jitter=self.jitter_)
-            projection = training_projection(stream.module, X)
-        self._stream = stream
-        stream.settings = SimpleNamespace(**self.get_params())  # read on every call: a caller anneals with set_params
-        self.n_rows_seen_ += X.shape[0]
         start = time.perf_counter()
-        try:
-            total = stream.stream_pass(TrainingRows(X, Y, label_mask, projection),
-                                       self.n_rows_seen_ if n_total is None else int(n_total))
-        except TrainingDivergedError:
+        with torch_threads(self.n_threads):
+            if first:
+                self._check_params(X.shape[0])
+                self._set_feature_statistics(X, X.shape[0], ONE_PROCESS)
+            if first or getattr(self, "_stream", None) is None:  # kept between calls, with its optimizer
+                self._stream = self._trainer(None if first else self._ensure_module())
+            stream = self._stream
+            stream.settings = SimpleNamespace(**self.get_params())  # read on every call: a caller anneals with set_params
+            self.n_rows_seen_ += X.shape[0]
+            try:
+                total = stream.stream_pass(self._prepare_features(X), Y, label_mask,
+                                           self.n_rows_seen_ if n_total is None else int(n_total))
+            except TrainingDivergedError:  # keep the parameters before the failed step
+                self._keep_parameters(stream.module, stream.jitter)
+                raise
             self._keep_parameters(stream.module, stream.jitter)
-            raise
-        self._keep_parameters(stream.module, stream.jitter)
         self.history_.setdefault("objective", []).append(total)
         previous = self.history_.setdefault("wall_time", [])
         previous.append((previous[-1] if previous else 0.0) + time.perf_counter() - start)
+        return self
+
+    def _trainer(self, module=None) -> Trainer:
+        """A :class:`~bayesmlc.gp.training.Trainer` with these settings and seed, of ``module`` (None: it
+        sets the module up from the training rows)."""
+        return Trainer(self.get_params(), numpy_rng(self.random_state), resolve_device(self.device),
+                       _DTYPES[self.dtype], module=module, jitter=None if module is None else self.jitter_)
 
     def _keep_parameters(self, module, jitter):
         self._module = module
@@ -469,26 +408,15 @@ class MLGPF(MultiLabelEstimator):
     def _decision_function(self, X) -> np.ndarray:
         if self.rank_by == "proba":
             return self._predict_proba(X)
-        with self._threads():
+        with torch_threads(self.n_threads):
             return self._mean_utilities(self._prepare_features(X))
 
     def _predict_proba(self, X) -> np.ndarray:
-        """E[sigmoid(f)] under q(f), by Gauss-Hermite quadrature over the predictive variance.
-
-        Rows are processed in chunks so the (rows, L, Q) quadrature grid stays under 2^24 entries.
-        """
+        """E[sigmoid(f)] under q(f), by Gauss-Hermite quadrature over the predictive variance
+        (:func:`bayesmlc.gp.prediction.predictive_probabilities`)."""
         module = self._ensure_module()
-        likelihood = BernoulliLogit(self.quadrature_points)
-        chunk = max(1, (1 << 24) // (self.n_labels_ * self.quadrature_points))
-        X = self._prepare_features(X)
-        out = np.empty((X.shape[0], self.n_labels_), dtype=np.float32)
-        with self._threads(), torch.no_grad():
-            for start in range(0, X.shape[0], chunk):
-                batch = module.inducing.make_batch(X[start : start + chunk])
-                mean_h, var_h, _ = latent_marginals(module, batch, self.jitter_)
-                f_mean, f_var = utility_moments(mean_h, var_h, module.Phi, module.bias)
-                out[start : start + chunk] = likelihood.predictive_mean(f_mean, f_var).float().cpu().numpy()
-        return out
+        with torch_threads(self.n_threads):
+            return predictive_probabilities(module, self._prepare_features(X), self.jitter_, self.quadrature_points)
 
     # ---- persistence --------------------------------------------------------------------------
     def _set_state(self, state: dict) -> None:

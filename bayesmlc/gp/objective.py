@@ -268,7 +268,7 @@ def data_term_shared(
 
 
 # ---- the parameters, the conditional and the minibatch bound ----------------------------------------
-__all__ += ["MLGPFModule", "StageClock", "latent_marginals", "mean_utilities", "BoundEstimate", "minibatch_elbo", "VariationalELBO"]
+__all__ += ["MLGPFModule", "StageClock", "latent_marginals", "BoundEstimate", "minibatch_elbo", "VariationalELBO"]
 
 
 class MLGPFModule(nn.Module):
@@ -324,23 +324,6 @@ def latent_marginals(module: MLGPFModule, batch: FeatureBatch, jitter: float, ti
     mean_h, var_h = module.variational.marginals(prep, blocks.xz, blocks.xx)
     clock.lap("marginals")
     return mean_h, var_h, prep
-
-
-def mean_utilities(module: MLGPFModule, X, jitter: float, mean_weights: torch.Tensor | None = None):
-    """E_q[f] = E_q[h] Phi^T + b for prepared rows ``X`` (b, D), without gradients.
-
-    Returns ((b, L) float32 array, the (M, P) weights W with E_q[h(x)] = k_Z(x)^T W). Passing
-    ``mean_weights`` from an earlier call with the same parameters and jitter skips the M x M
-    factorisation.
-    """
-    with torch.no_grad():
-        batch = module.inducing.make_batch(X)
-        blocks = module.kernel(module.inducing.inner_products(batch, module.kernel.input_weights()))
-        if mean_weights is None:
-            mean_weights = module.variational.mean_weights(module.variational.prepare(blocks.zz, jitter))
-        mean_h = blocks.xz @ mean_weights
-        scores = mean_h @ module.Phi.T + module.bias
-    return scores.float().cpu().numpy(), mean_weights
 
 
 class BoundEstimate(NamedTuple):

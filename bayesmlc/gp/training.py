@@ -27,9 +27,9 @@ from ..persistence import decode, encode, read_npz, write_npz_atomically
 from .initialisation import feature_batch, initial_module, module_from_parameters, training_projection
 from .likelihoods import BernoulliLogit
 from .objective import (
-    LabelEntries, StageClock, VariationalELBO, mean_utilities, resolve_negative_samples, sample_label_entries,
-    sample_shared_negatives,
+    LabelEntries, StageClock, VariationalELBO, resolve_negative_samples, sample_label_entries, sample_shared_negatives,
 )
+from .prediction import mean_utilities
 
 __all__ = [
     "Trainer",
@@ -372,11 +372,14 @@ class Trainer:
         return StepResult(estimate, value, rows, share, Y_rows)
 
     # ---- a stream -----------------------------------------------------------------------------
-    def stream_pass(self, data: TrainingRows, num_data: int) -> float:
-        """One pass over ``data``'s rows in random minibatches of ``settings.batch_size`` rows
-        (``"auto"`` resolved on these rows) at the current ``learning_rate`` and
-        ``variational_learning_rate``, on the bound of ``num_data`` rows. Returns the mean bound
-        estimate of its steps."""
+    def stream_pass(self, X, Y, label_mask, num_data: int) -> float:
+        """One pass over the prepared rows ``X``, ``Y`` (``label_mask`` or None) in random minibatches
+        of ``settings.batch_size`` rows (``"auto"`` resolved on these rows) at the current
+        ``learning_rate`` and ``variational_learning_rate``, on the bound of ``num_data`` rows; the
+        first pass of a trainer without a module sets it up from these rows (:meth:`initialise`).
+        Returns the mean bound estimate of its steps."""
+        projection = self.initialise(X, Y) if self.module is None else training_projection(self.module, X)
+        data = TrainingRows(X, Y, label_mask, projection)
         settings = self.settings
         variational_rate = settings.learning_rate if settings.variational_learning_rate is None \
             else settings.variational_learning_rate
