@@ -140,3 +140,43 @@ def test_a_stream_of_bibtex_comes_within_one_point_of_fit():
     p_fit = precision_at_k(test.Y, fitted.decision_function(test.X), 1)
     p_stream = precision_at_k(test.Y, stream.decision_function(test.X), 1)
     assert p_stream > p_fit - 0.01, (p_stream, p_fit)
+
+
+class _RecordingBar:
+    """Stands in for tqdm: keeps every ``set_postfix`` figure set."""
+
+    def __init__(self, *args, **kwargs):
+        self.postfixes = []
+
+    def update(self, n=1):
+        pass
+
+    def set_postfix(self, figures):
+        self.postfixes.append(dict(figures))
+
+    def close(self):
+        pass
+
+
+def _bar_of_fit(monkeypatch, **params):
+    import tqdm.auto
+
+    bars = []
+    monkeypatch.setattr(tqdm.auto, "tqdm", lambda *args, **kwargs: bars.append(_RecordingBar()) or bars[-1])
+    X, Y = _data()
+    model = MLGPF(verbose=True, **{**SMALL, **params}).fit(X, Y)
+    assert len(bars) == 1
+    return bars[0].postfixes, model.history_
+
+
+def test_progress_bar_labels_training_and_validation_precision(monkeypatch):
+    postfixes, history = _bar_of_fit(monkeypatch, epochs=3)
+    assert [set(p) for p in postfixes] == [{"ELBO", "train P@1"}] * 3  # no "P@1" that could pass for a test score
+    assert [p["train P@1"] for p in postfixes] == [f"{v:.3f}" for v in history["train_P@1"]]
+    assert [p["ELBO"] for p in postfixes] == [f"{v:.4g}" for v in history["objective"]]
+    # validation every second epoch: none shown before the first evaluation, then the latest one
+    postfixes, history = _bar_of_fit(monkeypatch, epochs=4, validation_fraction=0.2, validation_every=2)
+    assert [set(p) for p in postfixes] == [{"ELBO", "train P@1"}] + [{"ELBO", "train P@1", "val P@1"}] * 3
+    assert math.isnan(history["val_P@1"][0]) and math.isnan(history["val_P@1"][2])
+    expected = [history["val_P@1"][1]] * 2 + [history["val_P@1"][3]]
+    assert [p["val P@1"] for p in postfixes[1:]] == [f"{v:.3f}" for v in expected]
