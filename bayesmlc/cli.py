@@ -307,7 +307,7 @@ def _read_training_data(args, parallel, is_main):
 
     sharded = parallel is not None and (args.format or infer_format(args.train)) in ("npz", "xc")
     if sharded:  # each rank reads only its rows; rank 0 alone reads the test file
-        from .distributed import read_shard
+        from .data.shard import read_shard
 
         train = read_shard(args.train, parallel, format=args.format)
         test = read_dataset(args.test, format=args.format) if args.test and is_main else None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import warnings
 
 import numpy as np
@@ -10,7 +11,7 @@ import torch
 
 from .exceptions import ValidationError
 
-__all__ = ["resolve_device", "numpy_rng", "torch_generator", "csr_to_torch", "iter_batches"]
+__all__ = ["resolve_device", "numpy_rng", "torch_generator", "torch_threads", "csr_to_torch", "iter_batches"]
 
 
 def resolve_device(device) -> torch.device:
@@ -49,6 +50,21 @@ def torch_generator(rng: np.random.Generator, device="cpu") -> torch.Generator:
     gen = torch.Generator(device=device)
     gen.manual_seed(int(rng.integers(0, 2**62)))
     return gen
+
+
+@contextlib.contextmanager
+def torch_threads(n_threads: int | None):
+    """Run the ``with`` block with ``torch.set_num_threads(n_threads)``, restoring the previous setting
+    after it; ``None`` leaves torch's setting alone."""
+    if n_threads is None:
+        yield
+        return
+    previous = torch.get_num_threads()
+    torch.set_num_threads(int(n_threads))
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous)
 
 
 def csr_to_torch(matrix: sp.csr_matrix, device="cpu", dtype=torch.float32) -> torch.Tensor:

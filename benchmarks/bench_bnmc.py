@@ -219,7 +219,8 @@ def cmd_scale(args, params):
 
 
 def _distributed_worker(rank, world_size, port, path, params, out):
-    from bayesmlc.distributed import DataParallel, read_shard
+    from bayesmlc.data.shard import read_shard
+    from bayesmlc.distributed import DataParallel
 
     os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world_size), MASTER_ADDR="127.0.0.1",
                       MASTER_PORT=str(port))

@@ -1,6 +1,8 @@
 """MLGPF benchmarks: accuracy on Bibtex, seconds per epoch with a time split, AmazonCat-13K-shaped scale.
 
-Usage (from the repository root; ``../shared/datasets`` beside it)::
+Usage (from the repository root; the ``bibtex_xc`` set, read from the folder the benchmark harness reads:
+``$BAYESMLC_SHARED_DATASETS`` or its default, ``bayesmlc.bench.runner.default_data_root``; what the set is
+and where to get it: ``bayesmlc.datasets.get_info("bibtex_xc")``)::
 
     python benchmarks/bench_mlgpf.py speed    [--threads 2] [--epochs 2] [--set variational=cholesky ...]
     python benchmarks/bench_mlgpf.py accuracy [--threads 2] [--config paper|default|best|code] [--epochs 100]
@@ -9,6 +11,11 @@ Usage (from the repository root; ``../shared/datasets`` beside it)::
     python benchmarks/bench_mlgpf.py pair     [--threads 1] [--seed 0]
 
 Each prints a Markdown table (and the machine's load average) to paste into docs/benchmarks.md.
+
+``speed`` and ``scale`` time the steps of :class:`bayesmlc.gp.Trainer` (set up by
+:meth:`~bayesmlc.gp.training.Trainer.initialise`, stepped by :meth:`~bayesmlc.gp.training.Trainer.step`
+with a clock around each stage) on unit-normalised rows without idf weighting or standardisation: a
+step's cost depends on the rows' sparsity pattern, which those keep.
 """
 
 from __future__ import annotations
@@ -23,16 +30,18 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from bayesmlc.bench.runner import default_data_root
 from bayesmlc.cli import parse_set_values
 from bayesmlc.data.io import read_dataset
-from bayesmlc.gp import MLGPF
+from bayesmlc.gp import MLGPF, Trainer
 from bayesmlc.gp.likelihoods import BernoulliLogit
-from bayesmlc.gp.model import minibatch_elbo
-from bayesmlc.gp.training import epoch_batches, make_optimizer
+from bayesmlc.gp.objective import VariationalELBO
+from bayesmlc.gp.training import TrainingRows, epoch_batches, resolve_batch_size
 from bayesmlc.metrics import evaluate, inverse_propensity
 from bayesmlc.presets import MLGPF_AUTHORS_CODE, MLGPF_BEST_SINGLE, MLGPF_PAIR, MLGPF_PAPER
+from bayesmlc.utils import normalize_rows
 
-DATA = Path(os.environ.get("BAYESMLC_SHARED_DATASETS", Path(__file__).resolve().parents[1].parent / "shared" / "datasets"))
+DATA = default_data_root()
 
 # The recipes measured here are bayesmlc.presets' (their comments say what each is): PAPER the subspace
 # paper's settings, BEST the best single configuration, CODE the authors' code's settings, PAIR the two
@@ -47,7 +56,7 @@ def load_avg() -> str:
 
 def parse_sets(items) -> dict:
     """``--set key=value`` pairs, parsed and checked as ``bayesmlc train --set`` does."""
-    return parse_set_values(items, MLGPF._get_param_names())
+    return parse_set_values(items, MLGPF().get_params())
 
 
 def bibtex():
@@ -59,37 +68,30 @@ def bibtex():
 STAGES = ["batching", "kernels", "factorisations", "marginals", "quadrature", "kl", "backward", "adam"]
 
 
-def setup(model: MLGPF, X, Y, rng):
-    """Model initialisation as in fit (with the ridge warm start); returns (module, projection, optimizer, seconds)."""
-    model._check_params(X.shape[0])
+def setup(params: dict, X, Y, rng):
+    """A :class:`~bayesmlc.gp.Trainer` of ``MLGPF(**params)``'s settings set up on the rows ``X``, ``Y`` as
+    fit sets it up (subspace SVD, k-means, Phi, bias, ridge warm start, Adam) with the random stream
+    ``rng``; returns (trainer, training rows, seconds)."""
+    settings = MLGPF(**params).get_params()
+    trainer = Trainer(settings, rng, "cpu", getattr(torch, settings["dtype"]))
     t0 = time.perf_counter()
-    module = model._build_module(model._initial_arrays(X, Y, rng), Y.shape[1])
-    projection = model._training_projection(module, X)
-    if model.init_mean == "ridge":
-        model._warm_start_mean(module, X, Y, projection, rng)
-    optimizer = make_optimizer(module, model.learning_rate, model.variational_learning_rate)
-    return module, projection, optimizer, time.perf_counter() - t0
+    projection = trainer.initialise(X, Y)
+    return trainer, TrainingRows(X, Y, None, projection), time.perf_counter() - t0
 
 
-def timed_steps(model, module, optimizer, X, Y, projection, batches, rng) -> dict:
-    """Adam steps as in MLGPF.fit with a clock around each stage; returns seconds per stage."""
-    likelihood = BernoulliLogit(model.quadrature_points)
+def timed_steps(trainer: Trainer, rows: TrainingRows, batches) -> dict:
+    """Adam steps as in MLGPF.fit (:meth:`~bayesmlc.gp.training.Trainer.step`) on ``batches`` of
+    ``rows``; returns seconds per stage (:data:`STAGES`)."""
+    settings = trainer.settings
+    elbo = VariationalELBO(BernoulliLogit(settings.quadrature_points), rows.context.n_total, settings.kl_weight)
     timings: dict = {}
-    for rows in batches:
-        t = time.perf_counter()
-        batch = model._feature_batch(module, X, rows, projection)
-        targets, _ = model._targets(Y, None, rows, rng, torch.device("cpu"), torch.float32)
-        timings["batching"] = timings.get("batching", 0.0) + time.perf_counter() - t
-        optimizer.zero_grad(set_to_none=True)
-        elbo, _, _, _ = minibatch_elbo(module, likelihood, batch, targets, X.shape[0], model.kl_weight,
-                                       model.jitter, timings)
-        t = time.perf_counter()
-        (-elbo / X.shape[0]).backward()
-        timings["backward"] = timings.get("backward", 0.0) + time.perf_counter() - t
-        t = time.perf_counter()
-        optimizer.step()
-        timings["adam"] = timings.get("adam", 0.0) + time.perf_counter() - t
+    for batch_rows in batches:
+        trainer.step(rows, batch_rows, elbo, timings)
     return timings
+
+
+def batch_size(trainer: Trainer, n_rows: int) -> int:
+    return resolve_batch_size(trainer.settings.batch_size, n_rows)
 
 
 def split_row(timings: dict) -> str:
@@ -99,10 +101,9 @@ def split_row(timings: dict) -> str:
 def cmd_speed(args):
     train, _ = bibtex()
     params = dict(PAPER, **parse_sets(args.set))
-    model = MLGPF(**params)
     rng = np.random.default_rng(0)
-    X = model._prepare_features(train.X)
-    module, projection, optimizer, init_s = setup(model, X, train.Y, rng)
+    X = normalize_rows(train.X)
+    trainer, rows, init_s = setup(params, X, train.Y, rng)
     print(f"\nMLGPF speed on bibtex_xc train ({train.X.shape[0]} rows), threads={torch.get_num_threads()}, {load_avg()}")
     print(f"settings: {params}")
     print(f"initialisation (SVD + k-means + factor and mean warm starts): {init_s:.1f} s")
@@ -110,8 +111,7 @@ def cmd_speed(args):
     print("|---|---|---|" + "---|" * len(STAGES))
     for epoch in range(1, args.epochs + 1):
         start, cpu_start = time.perf_counter(), time.process_time()
-        timings = timed_steps(model, module, optimizer, X, train.Y, projection,
-                              epoch_batches(X.shape[0], model.batch_size, rng), rng)
+        timings = timed_steps(trainer, rows, epoch_batches(X.shape[0], batch_size(trainer, X.shape[0]), rng))
         wall, cpu = time.perf_counter() - start, time.process_time() - cpu_start
         print(f"| {epoch} | {wall:.2f} | {cpu:.2f} | {split_row(timings)} |", flush=True)
     total = sum(timings.values())
@@ -202,20 +202,19 @@ def cmd_scale(args):
                   batch_size=500, negative_samples=args.negative_samples, svd_max_rows=20000, random_state=0,
                   epochs=1)
     params.update(parse_sets(args.set))
-    model = MLGPF(**params)
-    X = model._prepare_features(data.X)
+    X = normalize_rows(data.X)
     rng = np.random.default_rng(0)
-    module, projection, optimizer, init_s = setup(model, X, data.Y, rng)
-    batches = epoch_batches(X.shape[0], model.batch_size, rng)[: args.steps]
+    trainer, rows, init_s = setup(params, X, data.Y, rng)
+    batches = epoch_batches(X.shape[0], batch_size(trainer, X.shape[0]), rng)[: args.steps]
     t = time.perf_counter()
-    timings = timed_steps(model, module, optimizer, X, data.Y, projection, batches, rng)
+    timings = timed_steps(trainer, rows, batches)
     step_s = (time.perf_counter() - t) / len(batches)
     rows_done = sum(len(r) for r in batches)
     full_rows = 1_186_239
     peak_gb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024**2
     print(f"\nMLGPF scale: synthetic amazoncat-13k preset, scale={args.scale} ({X.shape[0]} rows, {X.shape[1]} features, "
           f"{data.Y.shape[1]} labels), threads={torch.get_num_threads()}, {load_avg()}")
-    print(f"settings: {params}; projections cached: {projection is not None}")
+    print(f"settings: {params}; projections cached: {rows.projection is not None}")
     print("\n| data gen s | init s | s/step (B=500) | s per 1000 rows | projected s/epoch at 1.19M rows | peak RSS GB |")
     print("|---|---|---|---|---|---|")
     per_row = step_s * len(batches) / rows_done

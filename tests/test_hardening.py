@@ -419,7 +419,7 @@ def test_arff_duplicate_attribute_names_are_refused(tmp_path):
 
 
 def test_shard_reader_bounds_members_before_decompression(tmp_path, monkeypatch):
-    from bayesmlc.distributed import read_shard
+    from bayesmlc.data.shard import read_shard
 
     class Rank:
         rank, world_size = 0, 2

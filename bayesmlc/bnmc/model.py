@@ -12,7 +12,8 @@ import scipy.sparse as sp
 from tqdm.auto import tqdm
 
 from ..base import MultiLabelEstimator, label_counts
-from ..distributed import ONE_PROCESS, RowShard
+from ..data.shard import RowShard
+from ..distributed import ONE_PROCESS
 from ..exceptions import ValidationError
 from ..utils import (column_mean_and_scale, iter_batches, logit, numpy_rng, resolve_device, resolve_standardize, sigmoid,
                      softplus)
@@ -357,7 +358,7 @@ class BNMC(MultiLabelEstimator):
     def _fit(self, X, Y, label_mask, parallel=None, **fit_params):
         """``parallel``: a :mod:`bayesmlc.distributed` strategy; None = one process. Under
         ``DataParallel`` every rank passes the same settings and either its shard of the rows
-        (:func:`bayesmlc.distributed.read_shard`) or the whole data set (it then keeps its shard);
+        (:func:`bayesmlc.data.shard.read_shard`) or the whole data set (it then keeps its shard);
         every sum over rows (mixture statistics and ELBO, classifier products, calibration data) is
         summed over ranks, so every rank ends with the single-process model (to rounding)."""
         if fit_params:
