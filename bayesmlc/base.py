@@ -87,6 +87,14 @@ class MultiLabelEstimator(BaseEstimator):
         return {"multilabel": True, "multioutput": True, "multioutput_only": True, "requires_y": True,
                 "binary_only": True, "X_types": ["2darray", "sparse", "2dlabels"]}
 
+    @staticmethod
+    def _check_partial_fit_classes(classes) -> None:
+        """``partial_fit(classes=...)`` as scikit-learn's incremental classifiers take it: the label set
+        here is the columns of Y, so ``classes`` can only name the values Y holds (a subset of {0, 1})."""
+        if classes is not None and not set(np.unique(np.asarray(classes)).tolist()) <= {0, 1}:
+            raise ValidationError(f"classes must be None or a subset of [0, 1] (the values of the 0/1 label "
+                                  f"matrix; labels are its columns), got {np.asarray(classes).tolist()[:10]}")
+
     @property
     def classes_(self) -> np.ndarray:
         """The label columns ``arange(n_labels_)`` (scikit-learn's multi-label convention)."""
@@ -167,9 +175,13 @@ class MultiLabelEstimator(BaseEstimator):
         return self
 
     def _check_fit_params(self, fit_params) -> None:
-        """Refuse keyword arguments ``_fit`` does not take (``sample_weight`` and the like) before any
-        work, with the TypeError Python gives for an unexpected keyword."""
+        """Refuse keyword arguments ``_fit`` does not take before any work, with the TypeError Python
+        gives for an unexpected keyword. ``sample_weight`` is refused unless ``_fit`` names it, also
+        where ``_fit`` passes ``**fit_params`` on to other models (no model here weights rows)."""
         accepted = inspect.signature(self._fit).parameters
+        if "sample_weight" in fit_params and "sample_weight" not in accepted:
+            raise TypeError(f"{type(self).__name__}.fit() got an unexpected keyword argument 'sample_weight' "
+                            "(rows cannot be weighted)")
         if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in accepted.values()):
             return
         unknown = sorted(set(fit_params) - set(accepted))

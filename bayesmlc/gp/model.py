@@ -374,7 +374,7 @@ class MLGPF(MultiLabelEstimator):
             raise ValidationError("checkpoint_every is set but checkpoint_path is not: say where to write checkpoints")
         if self.n_inducing > n_rows:
             raise ValidationError(
-                f"n_inducing={self.n_inducing} exceeds the {n_rows} training rows available to initialise "
+                f"n_inducing={self.n_inducing} exceeds the n_samples={n_rows} training rows available to initialise "
                 "the inducing inputs; lower n_inducing"
             )
 
@@ -517,7 +517,11 @@ class MLGPF(MultiLabelEstimator):
             Phi_np = Phi.double().cpu().numpy()
             mean_loading = reduce(np.asarray(Y.sum(axis=0), dtype=np.float64).ravel() @ Phi_np) / n  # ybar Phi
             centred = Y_rows @ Phi_np - mean_loading  # (n, P)
-            H0 = torch.as_tensor(np.linalg.solve(Phi_np.T @ Phi_np, centred.T).T, dtype=A.dtype, device=A.device)
+            try:
+                H0 = np.linalg.solve(Phi_np.T @ Phi_np, centred.T).T
+            except np.linalg.LinAlgError:  # exactly singular (P > L, e.g. one label): minimum-norm solution
+                H0 = np.linalg.lstsq(Phi_np.T @ Phi_np, centred.T, rcond=None)[0].T
+            H0 = torch.as_tensor(H0, dtype=A.dtype, device=A.device)
             normal = reduce(torch.cat([A @ A.T, A @ H0], dim=1).cpu().numpy())  # [A A^T, A H0], summed
             normal = torch.as_tensor(normal, dtype=A.dtype, device=A.device)
             eye = torch.eye(A.shape[0], dtype=A.dtype, device=A.device)
@@ -792,7 +796,7 @@ class MLGPF(MultiLabelEstimator):
         self._stream = None  # a later partial_fit starts a fresh optimizer from these parameters
 
     # ---- streams ------------------------------------------------------------------------------
-    def partial_fit(self, X, Y, label_mask=None, n_total=None):
+    def partial_fit(self, X, Y, label_mask=None, n_total=None, classes=None):
         """Continue stochastic variational training on a batch of rows as it arrives.
 
         The first call on an unfitted model fixes the features and the label set (the columns of
@@ -816,18 +820,22 @@ class MLGPF(MultiLabelEstimator):
         X : (n, D) features, Y : (n, L) 0/1 labels, label_mask : (n, L) 0/1 or None, as for ``fit``.
         n_total : int or None, N in the bound when the stream passes over a data set of known size
             more than once (repeated rows must not count as new data); None = ``n_rows_seen_``.
+        classes : None or a subset of [0, 1], scikit-learn's ``partial_fit`` argument (see
+            ``MultiLabelEstimator._check_partial_fit_classes``); the label set is the columns of ``Y``.
 
         Returns
         -------
         self
         """
+        self._check_partial_fit_classes(classes)
         X, Y, label_mask = check_fit_inputs(X, Y, label_mask)
         first = not hasattr(self, "n_labels_")
-        if not first and (X.shape[1], Y.shape[1]) != (self.n_features_in_, self.n_labels_):
-            raise ValidationError(
-                f"partial_fit: the model has {self.n_features_in_} features and {self.n_labels_} labels (fixed by "
-                f"its first fit); got {X.shape[1]} and {Y.shape[1]}"
-            )
+        if not first and X.shape[1] != self.n_features_in_:
+            raise ValidationError(f"X has {X.shape[1]} features, but MLGPF is expecting {self.n_features_in_} "
+                                  "features as input (fixed by its first fit)")
+        if not first and Y.shape[1] != self.n_labels_:
+            raise ValidationError(f"Y has {Y.shape[1]} labels, but MLGPF was fitted with {self.n_labels_} "
+                                  "(fixed by its first fit)")
         positives, observed = label_counts(Y, label_mask)
         if first:
             self.n_features_in_, self.n_labels_ = X.shape[1], Y.shape[1]
@@ -936,7 +944,7 @@ class MLGPF(MultiLabelEstimator):
         self._module = module
         self.parameters_ = {k: v.detach().cpu().clone() for k, v in module.state_dict().items()}
         self.jitter_ = float(jitter)
-        self._mean_cache = None
+        self._prediction_cache = {}
 
     # ---- prediction ---------------------------------------------------------------------------
     def _ensure_module(self):
@@ -952,9 +960,11 @@ class MLGPF(MultiLabelEstimator):
         with torch.no_grad():
             batch = module.inducing.make_batch(X)
             blocks = module.kernel(module.inducing.inner_products(batch, module.kernel.input_weights()))
-            if getattr(self, "_mean_cache", None) is None:
-                self._mean_cache = module.variational.mean_weights(module.variational.prepare(blocks.zz, self.jitter_))
-            mean_h = blocks.xz @ self._mean_cache
+            # a memo of a function of the fitted parameters: filling it leaves the model as it was
+            cache = self.__dict__.setdefault("_prediction_cache", {})
+            if "mean_weights" not in cache:
+                cache["mean_weights"] = module.variational.mean_weights(module.variational.prepare(blocks.zz, self.jitter_))
+            mean_h = blocks.xz @ cache["mean_weights"]
             scores = mean_h @ module.Phi.T + module.bias
         return scores.float().cpu().numpy()
 
@@ -987,7 +997,7 @@ class MLGPF(MultiLabelEstimator):
         super()._set_state(state)
         self.parameters_ = {k: torch.as_tensor(v) for k, v in self.parameters_.items()}
         self._module = None
-        self._mean_cache = None
+        self._prediction_cache = {}
         self._stream = None
 
 
