@@ -24,6 +24,7 @@ import warnings
 import numpy as np
 import scipy.sparse as sp
 from sklearn.base import BaseEstimator
+from sklearn.utils import ClassifierTags
 
 from . import persistence
 from .exceptions import ModelFormatError, NotFittedError, ValidationError
@@ -67,12 +68,8 @@ class MultiLabelEstimator(BaseEstimator):
         ``objective`` (the model's training objective: ELBO, log-likelihood, ...); may be empty.
     """
 
-    _estimator_type = "classifier"
-
-    # ---- scikit-learn tags: a multi-label classifier on sparse or dense X, 2-D 0/1 Y only ----
-    def __sklearn_tags__(self):  # scikit-learn >= 1.6
-        from sklearn.utils import ClassifierTags
-
+    # ---- scikit-learn: tags (a multi-label classifier on sparse or dense X, 2-D 0/1 Y only) ----
+    def __sklearn_tags__(self):
         tags = super().__sklearn_tags__()
         tags.estimator_type = "classifier"
         tags.classifier_tags = ClassifierTags(multi_class=False, multi_label=True)
@@ -82,10 +79,6 @@ class MultiLabelEstimator(BaseEstimator):
         tags.target_tags.single_output = False
         tags.input_tags.sparse = True
         return tags
-
-    def _more_tags(self):  # the same tags for scikit-learn < 1.6
-        return {"multilabel": True, "multioutput": True, "multioutput_only": True, "requires_y": True,
-                "binary_only": True, "X_types": ["2darray", "sparse", "2dlabels"]}
 
     @staticmethod
     def _check_partial_fit_classes(classes) -> None:

@@ -1,4 +1,6 @@
-"""scikit-learn's own estimator checks on every registered model, with tiny settings.
+"""scikit-learn's own estimator checks on every model, with tiny settings (the models with their own
+fit in the default suite; the ensemble, the calibration wrapper and the napkinXC/omikuji baselines
+with ``-m slow``).
 
 The checks that cannot apply to a multi-label estimator with a sparse ``predict`` are listed in
 ``NOT_APPLICABLE`` with the reason (docs/estimators.md repeats them); scikit-learn runs them as
@@ -30,37 +32,40 @@ from bayesmlc.models import MODEL_CLASSES, get_model_class
 
 #: tiny settings: each model's whole set of checks runs in seconds
 FAST = {
-    "logistic": lambda: LogisticRegression(max_iter=30, device="cpu"),
+    "logistic": lambda: LogisticRegression(max_iter=5, device="cpu"),
     "mlgpf": lambda: MLGPF(n_latent=2, n_inducing=4, subspace_rank=3, batch_size=32, epochs=2, n_threads=1,
                            device="cpu"),
     "bmls": lambda: BMLS(n_topics=2, schedule="fixed", n_burnin=4, n_samples=4, thin=1, device="cpu"),
     "bnmc": lambda: BNMC(truncation=3, n_passes=1, n_mode_steps=2, n_sweeps=1, n_keep=1, merge_trials=0,
                          validation_fraction=0.0, device="cpu"),
     "knn": lambda: KNNBaseline(n_neighbors=3, device="cpu"),
-    "ensemble": lambda: AveragingEnsemble([("logistic", LogisticRegression(max_iter=30, device="cpu")),
+    "ensemble": lambda: AveragingEnsemble([("logistic", LogisticRegression(max_iter=5, device="cpu")),
                                            ("knn", KNNBaseline(n_neighbors=3, device="cpu"))]),
-    "calibration": lambda: CalibratedClassifier(LogisticRegression(max_iter=30, device="cpu"), method="platt",
+    "calibration": lambda: CalibratedClassifier(LogisticRegression(max_iter=5, device="cpu"), method="platt",
                                                 min_label_positives=None),
 }
 
 
 def _optional_baselines():
     """The napkinXC and omikuji baselines, where the [compare] extra is installed."""
-    found = {}
-    for name in ("napkinxc_plt", "omikuji_parabel", "omikuji_bonsai"):
-        try:
-            found[name] = get_model_class(name)
-        except Exception:  # the library is not installed
-            continue
-    return found
+    import importlib.util
+
+    libraries = {"napkinxc_plt": "napkinxc", "omikuji_parabel": "omikuji", "omikuji_bonsai": "omikuji"}
+    return {name: get_model_class(name) for name, library in libraries.items()
+            if importlib.util.find_spec(library) is not None}
 
 
 OPTIONAL = _optional_baselines()
 
 
-def all_estimators():
-    models = [make() for make in FAST.values()]
-    models += [cls(n_threads=1, device="cpu") if "n_threads" in cls().get_params() else cls() for cls in OPTIONAL.values()]
+#: the default suite runs every check on the models with their own fit; the wrappers (which add clones
+#: and fit their members several times) and the optional library baselines run under -m slow
+DEFAULT_SUITE = ("logistic", "mlgpf", "bmls", "bnmc", "knn")
+
+
+def slow_suite_estimators():
+    models = [make() for name, make in FAST.items() if name not in DEFAULT_SUITE]
+    models += [cls(n_threads=1, device="cpu") for cls in OPTIONAL.values()]
     return models
 
 
@@ -114,10 +119,18 @@ def expected_failed_checks(estimator):
     return {**NOT_APPLICABLE, **NOT_APPLICABLE_TO.get(type(estimator).__name__, {})}
 
 
-@parametrize_with_checks(all_estimators(), expected_failed_checks=expected_failed_checks)
+@parametrize_with_checks([FAST[name]() for name in DEFAULT_SUITE], expected_failed_checks=expected_failed_checks)
 def test_scikit_learn_checks(estimator, check):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # tiny data: empty label columns, convergence
+        check(estimator)
+
+
+@pytest.mark.slow
+@parametrize_with_checks(slow_suite_estimators(), expected_failed_checks=expected_failed_checks)
+def test_scikit_learn_checks_on_wrappers_and_library_baselines(estimator, check):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
         check(estimator)
 
 
