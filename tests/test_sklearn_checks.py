@@ -225,10 +225,44 @@ def test_classes_are_the_label_columns():
     assert not hasattr(LogisticRegression(), "classes_")
 
 
-def test_unexpected_fit_argument_is_refused_before_any_work():
+@pytest.mark.parametrize("name", ["logistic", "bmls", "ensemble", "calibration"])
+def test_sample_weight_is_refused_before_any_work(name):
+    """Also by the wrappers, which pass other fit arguments on to their members, and with a 1-D y
+    (scikit-learn's check_classifiers_one_label_sample_weights wants sample_weight named first)."""
     X, Y = linear_multilabel_problem(n=20, d=4, n_labels=2)
-    with pytest.raises(TypeError, match="unexpected keyword argument 'sample_weight'"):
-        LogisticRegression().fit(X, Y, sample_weight=np.ones(20))
+    for labels in (Y, Y[:, 0]):
+        with pytest.raises(TypeError, match="unexpected keyword argument 'sample_weight'"):
+            FAST[name]().fit(X, labels, sample_weight=np.ones(20))
+
+
+@pytest.mark.parametrize("name", ["mlgpf", "bnmc"])
+def test_partial_fit_takes_scikit_learns_classes_argument(name):
+    X, Y = linear_multilabel_problem(n=40, d=5, n_labels=3, seed=1, density=0.6)
+    with_classes = FAST[name]().set_params(random_state=0).partial_fit(X, Y, classes=np.array([0, 1]))
+    without = FAST[name]().set_params(random_state=0).partial_fit(X, Y)
+    np.testing.assert_array_equal(with_classes.predict_proba(X), without.predict_proba(X))
+    with pytest.raises(ValueError, match="classes must be None or a subset of"):
+        FAST[name]().partial_fit(X, Y, classes=["cat", "dog"])
+    with pytest.raises(ValueError, match="X has 4 features, but .* is expecting 5 features"):
+        without.partial_fit(X[:, :4].toarray(), Y)
+
+
+def test_mlgpf_with_more_latent_processes_than_labels():
+    """One label and P = 2 latent GPs: Phi^T Phi is singular, the warm start takes the minimum-norm
+    latent targets instead of failing."""
+    X, Y = linear_multilabel_problem(n=60, d=5, n_labels=1, seed=4, density=0.6)
+    proba = FAST["mlgpf"]().set_params(random_state=0).fit(X, Y).predict_proba(X)
+    assert proba.shape == (60, 1) and np.all((proba > 0) & (proba < 1))
+
+
+def test_library_baseline_pickles_and_predicts_the_same():
+    pytest.importorskip("napkinxc")
+    import pickle
+
+    X, Y = linear_multilabel_problem(n=60, d=5, n_labels=3, seed=4, density=0.6)
+    model = get_model_class("napkinxc_plt")(n_threads=1, random_state=0).fit(X, Y)
+    copy = pickle.loads(pickle.dumps(model))
+    np.testing.assert_array_equal(copy.predict_proba(X), model.predict_proba(X))
 
 
 def test_clone_of_every_model_keeps_its_parameters():
