@@ -834,7 +834,7 @@ class MLGPF(MultiLabelEstimator):
             raise ValidationError(f"X has {X.shape[1]} features, but MLGPF is expecting {self.n_features_in_} "
                                   "features as input (fixed by its first fit)")
         if not first and Y.shape[1] != self.n_labels_:
-            raise ValidationError(f"Y has {Y.shape[1]} labels, but MLGPF was fitted with {self.n_labels_} "
+            raise ValidationError(f"Y has {Y.shape[1]} labels, but MLGPF has {self.n_labels_} labels "
                                   "(fixed by its first fit)")
         positives, observed = label_counts(Y, label_mask)
         if first:
