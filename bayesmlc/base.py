@@ -18,17 +18,19 @@ The base class does validation, batching, label columns without positives, top-k
 
 from __future__ import annotations
 
+import inspect
 import warnings
 
 import numpy as np
 import scipy.sparse as sp
 from sklearn.base import BaseEstimator
+from sklearn.utils import ClassifierTags
 
 from . import persistence
 from .exceptions import ModelFormatError, NotFittedError, ValidationError
 from .metrics import precision_at_k, topk
 from .utils import iter_batches, sigmoid
-from .validation import check_features, check_fit_inputs
+from .validation import check_feature_names, check_features, check_fit_inputs, feature_names
 
 __all__ = ["MultiLabelEstimator"]
 
@@ -52,6 +54,11 @@ class MultiLabelEstimator(BaseEstimator):
     Fitted attributes set here
     --------------------------
     n_features_in_ : int
+    feature_names_in_ : ndarray of str objects (n_features_in_,), the column names of a DataFrame ``X``
+        whose names are all strings; absent otherwise. Predicting on other names, or the same names in
+        another order, is refused.
+    classes_ : ndarray (L,), ``arange(n_labels_)``: the label columns, as in scikit-learn's multi-label
+        estimators.
     n_labels_ : int
     label_frequencies_ : ndarray (L,), positives per label in the observed training labels
     label_prior_ : ndarray (L,), smoothed positive rate (freq + 0.5) / (observed + 1) per label
@@ -61,7 +68,31 @@ class MultiLabelEstimator(BaseEstimator):
         ``objective`` (the model's training objective: ELBO, log-likelihood, ...); may be empty.
     """
 
-    _estimator_type = "classifier"
+    # ---- scikit-learn: tags (a multi-label classifier on sparse or dense X, 2-D 0/1 Y only) ----
+    def __sklearn_tags__(self):
+        tags = super().__sklearn_tags__()
+        tags.estimator_type = "classifier"
+        tags.classifier_tags = ClassifierTags(multi_class=False, multi_label=True)
+        tags.target_tags.required = True
+        tags.target_tags.two_d_labels = True
+        tags.target_tags.multi_output = True
+        tags.target_tags.single_output = False
+        tags.input_tags.sparse = True
+        return tags
+
+    @staticmethod
+    def _check_partial_fit_classes(classes) -> None:
+        """``partial_fit(classes=...)`` as scikit-learn's incremental classifiers take it: the label set
+        here is the columns of Y, so ``classes`` can only name the values Y holds (a subset of {0, 1})."""
+        if classes is not None and not set(np.unique(np.asarray(classes)).tolist()) <= {0, 1}:
+            raise ValidationError(f"classes must be None or a subset of [0, 1] (the values of the 0/1 label "
+                                  f"matrix; labels are its columns), got {np.asarray(classes).tolist()[:10]}")
+
+    @property
+    def classes_(self) -> np.ndarray:
+        """The label columns ``arange(n_labels_)`` (scikit-learn's multi-label convention)."""
+        self._check_is_fitted()
+        return np.arange(self.n_labels_)
 
     # ---- hooks ------------------------------------------------------------------------------
     def _set_label_statistics(self, positives, observed) -> None:
@@ -86,11 +117,16 @@ class MultiLabelEstimator(BaseEstimator):
 
     def _get_state(self) -> dict:
         """Fitted state to save: by default every public attribute ending in ``_``."""
-        return {k: getattr(self, k) for k in self._fitted_attribute_names()}
+        state = {k: getattr(self, k) for k in self._fitted_attribute_names()}
+        if "feature_names_in_" in state:  # an object array cannot be stored without pickle
+            state["feature_names_in_"] = [str(name) for name in state["feature_names_in_"]]
+        return state
 
     def _set_state(self, state: dict) -> None:
         for key, value in state.items():
             setattr(self, key, value)
+        if "feature_names_in_" in state:
+            self.feature_names_in_ = np.asarray(state["feature_names_in_"], dtype=object)
 
     # ---- public API -------------------------------------------------------------------------
     def fit(self, X, Y, label_mask=None, **fit_params):
@@ -108,9 +144,15 @@ class MultiLabelEstimator(BaseEstimator):
         -------
         self
         """
-        X, Y, label_mask = check_fit_inputs(X, Y, label_mask)
+        self._check_fit_params(fit_params)
+        names = feature_names(X)
+        X, Y, label_mask = check_fit_inputs(X, Y, label_mask, estimator_name=type(self).__name__)
         n_labels = Y.shape[1]
         self.n_features_in_ = X.shape[1]
+        if names is None:
+            self.__dict__.pop("feature_names_in_", None)
+        else:
+            self.feature_names_in_ = names
         self.n_labels_ = n_labels
         self._set_label_statistics(*label_counts(Y, label_mask))
         if self.empty_labels_.size:
@@ -125,6 +167,20 @@ class MultiLabelEstimator(BaseEstimator):
         self._fit(X, Y, label_mask, **fit_params)
         return self
 
+    def _check_fit_params(self, fit_params) -> None:
+        """Refuse keyword arguments ``_fit`` does not take before any work, with the TypeError Python
+        gives for an unexpected keyword. ``sample_weight`` is refused unless ``_fit`` names it, also
+        where ``_fit`` passes ``**fit_params`` on to other models (no model here weights rows)."""
+        accepted = inspect.signature(self._fit).parameters
+        if "sample_weight" in fit_params and "sample_weight" not in accepted:
+            raise TypeError(f"{type(self).__name__}.fit() got an unexpected keyword argument 'sample_weight' "
+                            "(rows cannot be weighted)")
+        if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in accepted.values()):
+            return
+        unknown = sorted(set(fit_params) - set(accepted))
+        if unknown:
+            raise TypeError(f"{type(self).__name__}.fit() got an unexpected keyword argument {unknown[0]!r}")
+
     def _check_is_fitted(self):
         if not hasattr(self, "n_labels_"):
             raise NotFittedError(
@@ -133,7 +189,9 @@ class MultiLabelEstimator(BaseEstimator):
 
     def _validated(self, X) -> sp.csr_matrix:
         self._check_is_fitted()
-        return check_features(X, self.n_features_in_)
+        if not sp.issparse(X):  # a sparse matrix has no column names
+            check_feature_names(getattr(self, "feature_names_in_", None), X, type(self).__name__)
+        return check_features(X, self.n_features_in_, estimator_name=type(self).__name__)
 
     def _batched(self, X, hook, fill) -> np.ndarray:
         X = self._validated(X)
@@ -194,9 +252,11 @@ class MultiLabelEstimator(BaseEstimator):
             indices[rows], scores[rows] = topk(self.decision_function(X[rows]), k)
         return indices, scores
 
-    def score(self, X, Y) -> float:
-        """Precision at 1 on (X, Y), the field's headline number."""
-        return float(precision_at_k(Y, self.decision_function(X), k=1))
+    def score(self, X, y) -> float:
+        """Precision at 1 on (X, y), the field's headline number; ``y`` is the (n, L) 0/1 label
+        matrix, dense or sparse (named ``y`` as scikit-learn's model selection passes it)."""
+        scores = self.decision_function(X)  # X is checked before y, as in scikit-learn
+        return float(precision_at_k(y, scores, k=1))
 
     # ---- named configurations (bayesmlc.presets) ---------------------------------------------
     @classmethod

@@ -284,6 +284,13 @@ class _FileBackedModel(MultiLabelEstimator):
         super()._set_state(state)
         self._loaded = None
 
+    def __getstate__(self):
+        """Pickle without the library's in-memory model (it cannot be pickled); it is loaded again
+        from ``model_files_`` on first use."""
+        state = super().__getstate__()
+        state.pop("_loaded", None)
+        return state
+
     def _model(self):
         if getattr(self, "_loaded", None) is None:
             self._loaded = self._load_from(self._unpacked_folder())

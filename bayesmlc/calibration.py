@@ -187,7 +187,7 @@ class CalibratedClassifier(MultiLabelEstimator):
         n_held_out = int(round(self.calibration_fraction * n))
         if n_held_out < 1 or n_held_out >= n:
             raise ValidationError(
-                f"calibration_fraction={self.calibration_fraction} of {n} rows leaves no rows to "
+                f"calibration_fraction={self.calibration_fraction} of n_samples={n} rows leaves no rows to "
                 f"{'calibrate on' if n_held_out < 1 else 'train on'}"
             )
         order = np.random.RandomState(self.random_state).permutation(n)

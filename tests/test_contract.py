@@ -142,7 +142,7 @@ def test_predict_errors(fitted):
     with pytest.raises(NotFittedError, match="not fitted yet"):
         LogisticRegression().predict_proba(X)
     wider = sp.hstack([X, sp.csr_matrix((X.shape[0], 2))]).tocsr()
-    with pytest.raises(ValidationError, match="32 features but the model was fitted with 30"):
+    with pytest.raises(ValidationError, match="X has 32 features, but LogisticRegression is expecting 30 features"):
         model.predict(wider)
     narrower = X[:, :20]
     assert model.decision_function(narrower).shape == (X.shape[0], 6)  # padded with empty columns

@@ -709,22 +709,24 @@ class BNMC(MultiLabelEstimator):
         return pred
 
     # ---- online ---------------------------------------------------------------------------------
-    def partial_fit(self, X_batch, Y_batch, label_mask=None):
+    def partial_fit(self, X, Y, label_mask=None, classes=None):
         """Update the model with one batch of a stream, without revisiting earlier data.
 
         The first call initialises the model from the batch (feature scaling, emission and the
         label count are fixed then). Later calls: one SVI natural-gradient step (eqs. 2-5) with the
         natural gradient scaled to the number of rows seen so far, and one epoch of SGD (eq. 7) on
         the batch in minibatches of ``batch_size``. A model fitted in batch mode continues with SGD
-        from the posterior mean of its classifiers.
+        from the posterior mean of its classifiers. ``classes``: None or a subset of [0, 1],
+        scikit-learn's ``partial_fit`` argument; the label set is the columns of ``Y``.
         """
+        self._check_partial_fit_classes(classes)
         self._check_params()
         first = not hasattr(self, "n_labels_")
         if first:
-            X, Y, label_mask = check_fit_inputs(X_batch, Y_batch, label_mask)
+            X, Y, label_mask = check_fit_inputs(X, Y, label_mask)
         else:
-            X = check_features(X_batch, self.n_features_in_, name="X_batch")
-            Y = self._check_stream_labels(Y_batch, X.shape[0])
+            X = check_features(X, self.n_features_in_, estimator_name="BNMC")
+            Y = self._check_stream_labels(Y, X.shape[0])
             if label_mask is not None:
                 _, Y, label_mask = check_fit_inputs(X, Y, _pad_columns(label_mask, self.n_labels_, "label_mask"))
         if first or getattr(self, "_stream_rng", None) is None:
@@ -783,17 +785,17 @@ class BNMC(MultiLabelEstimator):
         self.history_.setdefault("n_patterns", []).append(int(self.n_patterns_))
         return self
 
-    def _check_stream_labels(self, Y_batch, n_rows: int) -> sp.csr_matrix:
+    def _check_stream_labels(self, Y, n_rows: int) -> sp.csr_matrix:
         from ..validation import check_labels
 
-        Y = check_labels(Y_batch, name="Y_batch")
+        Y = check_labels(Y, name="Y")
         if Y.shape[0] != n_rows:
-            raise ValidationError(f"Y_batch has {Y.shape[0]} rows but X_batch has {n_rows}")
+            raise ValidationError(f"Y has {Y.shape[0]} rows but X has {n_rows}")
         if Y.shape[1] > self.n_labels_:
             beyond = Y.indices[Y.indices >= self.n_labels_]
             if beyond.size:
                 raise ValidationError(
-                    f"Y_batch uses label index {int(beyond.max())} but the model was initialised with "
+                    f"Y uses label index {int(beyond.max())} but the model was initialised with "
                     f"{self.n_labels_} labels (0..{self.n_labels_ - 1}); new labels cannot be added online"
                 )
         return sp.csr_matrix((Y.data, Y.indices, Y.indptr), shape=(n_rows, self.n_labels_))

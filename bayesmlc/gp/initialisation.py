@@ -121,7 +121,11 @@ def warm_start_mean(settings, module: MLGPFModule, X, Y, projection, rng: np.ran
         Phi_np = Phi.double().cpu().numpy()
         mean_loading = context.reduce_sum(np.asarray(Y.sum(axis=0), dtype=np.float64).ravel() @ Phi_np) / n  # ybar Phi
         centred = Y_rows @ Phi_np - mean_loading  # (n, P)
-        H0 = torch.as_tensor(np.linalg.solve(Phi_np.T @ Phi_np, centred.T).T, dtype=A.dtype, device=A.device)
+        try:
+            H0 = np.linalg.solve(Phi_np.T @ Phi_np, centred.T).T
+        except np.linalg.LinAlgError:  # exactly singular (P > L, e.g. one label): minimum-norm solution
+            H0 = np.linalg.lstsq(Phi_np.T @ Phi_np, centred.T, rcond=None)[0].T
+        H0 = torch.as_tensor(H0, dtype=A.dtype, device=A.device)
         normal = context.reduce_sum(torch.cat([A @ A.T, A @ H0], dim=1).cpu().numpy())  # [A A^T, A H0], summed
         normal = torch.as_tensor(normal, dtype=A.dtype, device=A.device)
         eye = torch.eye(A.shape[0], dtype=A.dtype, device=A.device)

@@ -239,7 +239,7 @@ class MLGPF(MultiLabelEstimator):
             raise ValidationError("checkpoint_every is set but checkpoint_path is not: say where to write checkpoints")
         if self.n_inducing > n_rows:
             raise ValidationError(
-                f"n_inducing={self.n_inducing} exceeds the {n_rows} training rows available to initialise "
+                f"n_inducing={self.n_inducing} exceeds the n_samples={n_rows} training rows available to initialise "
                 "the inducing inputs; lower n_inducing"
             )
 
@@ -309,7 +309,7 @@ class MLGPF(MultiLabelEstimator):
         self._stream = None  # a later partial_fit starts a fresh optimizer from these parameters
         return self
 
-    def partial_fit(self, X, Y, label_mask=None, n_total=None):
+    def partial_fit(self, X, Y, label_mask=None, n_total=None, classes=None):
         """Continue stochastic variational training on a batch of rows as it arrives.
 
         The first call on an unfitted model fixes the features and the label set (the columns of
@@ -333,18 +333,22 @@ class MLGPF(MultiLabelEstimator):
         X : (n, D) features, Y : (n, L) 0/1 labels, label_mask : (n, L) 0/1 or None, as for ``fit``.
         n_total : int or None, N in the bound when the stream passes over a data set of known size
             more than once (repeated rows must not count as new data); None = ``n_rows_seen_``.
+        classes : None or a subset of [0, 1], scikit-learn's ``partial_fit`` argument (see
+            ``MultiLabelEstimator._check_partial_fit_classes``); the label set is the columns of ``Y``.
 
         Returns
         -------
         self
         """
+        self._check_partial_fit_classes(classes)
         X, Y, label_mask = check_fit_inputs(X, Y, label_mask)
         first = not hasattr(self, "n_labels_")
-        if not first and (X.shape[1], Y.shape[1]) != (self.n_features_in_, self.n_labels_):
-            raise ValidationError(
-                f"partial_fit: the model has {self.n_features_in_} features and {self.n_labels_} labels (fixed by "
-                f"its first fit); got {X.shape[1]} and {Y.shape[1]}"
-            )
+        if not first and X.shape[1] != self.n_features_in_:
+            raise ValidationError(f"X has {X.shape[1]} features, but MLGPF is expecting {self.n_features_in_} "
+                                  "features as input (fixed by its first fit)")
+        if not first and Y.shape[1] != self.n_labels_:
+            raise ValidationError(f"Y has {Y.shape[1]} labels, but MLGPF has {self.n_labels_} labels "
+                                  "(fixed by its first fit)")
         if n_total is not None and (not isinstance(n_total, (int, np.integer)) or n_total < X.shape[0]):
             raise ValidationError(f"n_total must be an integer >= the rows of this call ({X.shape[0]}), got {n_total!r}")
         positives, observed = label_counts(Y, label_mask)
@@ -390,7 +394,7 @@ class MLGPF(MultiLabelEstimator):
         self._module = module
         self.parameters_ = {k: v.detach().cpu().clone() for k, v in module.state_dict().items()}
         self.jitter_ = float(jitter)
-        self._mean_cache = None
+        self._prediction_cache = {}
 
     # ---- prediction ---------------------------------------------------------------------------
     def _ensure_module(self):
@@ -401,8 +405,10 @@ class MLGPF(MultiLabelEstimator):
 
     def _mean_utilities(self, X) -> np.ndarray:
         """E_q[f] for a batch of (already prepared) rows: (b, L) float32."""
-        scores, self._mean_cache = mean_utilities(self._ensure_module(), X, self.jitter_,
-                                                  getattr(self, "_mean_cache", None))
+        # a memo of a function of the fitted parameters, filled in place: predicting leaves the
+        # model's attributes as they were (scikit-learn's check_dict_unchanged)
+        cache = self.__dict__.setdefault("_prediction_cache", {})
+        scores, cache["mean_weights"] = mean_utilities(self._ensure_module(), X, self.jitter_, cache.get("mean_weights"))
         return scores
 
     def _decision_function(self, X) -> np.ndarray:
@@ -423,7 +429,7 @@ class MLGPF(MultiLabelEstimator):
         super()._set_state(state)
         self.parameters_ = {k: torch.as_tensor(v) for k, v in self.parameters_.items()}
         self._module = None
-        self._mean_cache = None
+        self._prediction_cache = {}
         self._stream = None
 
 
