@@ -13,6 +13,8 @@ A model subclasses :class:`MultiLabelEstimator` and implements three hooks:
     Probabilities for a batch: ndarray (b, L) in [0, 1]. Defaults to the logistic of the scores.
 
 and, when its fitted state is not plain arrays and numbers, ``_get_state`` / ``_set_state``.
+It declares what each constructor parameter may be in ``_parameter_constraints``
+(:mod:`bayesmlc.parameters`), checked at the start of ``fit``.
 The base class does validation, batching, label columns without positives, top-k, save and load.
 """
 
@@ -27,6 +29,7 @@ from sklearn.base import BaseEstimator
 from . import persistence
 from .exceptions import ModelFormatError, NotFittedError, ValidationError
 from .metrics import precision_at_k, topk
+from .parameters import check_parameters
 from .utils import iter_batches, sigmoid
 from .validation import check_features, check_fit_inputs
 
@@ -62,6 +65,8 @@ class MultiLabelEstimator(BaseEstimator):
     """
 
     _estimator_type = "classifier"
+    #: parameter name -> list of allowed values or constraints (bayesmlc.parameters)
+    _parameter_constraints: dict = {}
 
     # ---- hooks ------------------------------------------------------------------------------
     def _set_label_statistics(self, positives, observed) -> None:
@@ -108,6 +113,7 @@ class MultiLabelEstimator(BaseEstimator):
         -------
         self
         """
+        check_parameters(self)
         X, Y, label_mask = check_fit_inputs(X, Y, label_mask)
         n_labels = Y.shape[1]
         self.n_features_in_ = X.shape[1]

@@ -29,6 +29,7 @@ LOADABLE_CLASSES = frozenset({
     "bayesmlc.gp.model:MLGPF",
     "bayesmlc.ensemble:AveragingEnsemble",
     "bayesmlc.calibration:CalibratedClassifier",
+    "bayesmlc.preprocessing:FeaturePreprocessor",
     "bayesmlc.bench.baselines:KNNBaseline",
     "bayesmlc.bench.baselines:NapkinXCPLT",
     "bayesmlc.bench.baselines:OmikujiParabel",

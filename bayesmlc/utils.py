@@ -83,11 +83,11 @@ def iter_batches(n: int, batch_size: int):
         yield slice(start, min(start + batch_size, n))
 
 
-def normalize_rows(X: sp.csr_matrix) -> sp.csr_matrix:
-    """``X`` with every non-zero row scaled to unit L2 norm (all-zero rows kept), as float32 CSR."""
+def normalize_rows(X: sp.csr_matrix, dtype=np.float32) -> sp.csr_matrix:
+    """``X`` with every non-zero row scaled to unit L2 norm (all-zero rows kept), as CSR of ``dtype``."""
     norms = np.sqrt(np.asarray(X.multiply(X).sum(axis=1)).ravel())
     norms[norms == 0] = 1.0
-    return sp.csr_matrix(sp.diags((1.0 / norms).astype(np.float32)) @ X, dtype=np.float32)
+    return sp.csr_matrix(sp.diags((1.0 / norms).astype(dtype)) @ X, dtype=dtype)
 
 
 def column_mean_and_scale(X, n_rows: int | None = None, reduce=None) -> tuple[np.ndarray, np.ndarray]:
