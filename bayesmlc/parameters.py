@@ -27,7 +27,7 @@ import numpy as np
 
 from .exceptions import ValidationError
 
-__all__ = ["Boolean", "Integer", "Options", "Real", "check_parameters", "describe"]
+__all__ = ["Boolean", "InstanceOf", "Integer", "Options", "Real", "check_parameters", "describe"]
 
 
 def _is_integer(value) -> bool:
@@ -94,6 +94,19 @@ class Options:
 
     def phrases(self) -> list[str]:
         return [repr(option) for option in self.values]
+
+
+class InstanceOf:
+    """An instance of ``cls``, described as ``description`` ("a bayesmlc estimator")."""
+
+    def __init__(self, cls: type, description: str):
+        self.cls, self.description = cls, description
+
+    def accepts(self, value) -> bool:
+        return isinstance(value, self.cls)
+
+    def phrases(self) -> list[str]:
+        return [self.description]
 
 
 class Boolean:

@@ -238,9 +238,8 @@ class BNMC(MultiLabelEstimator):
         "sgd_alpha": [None, Real(0, low_open=True)],
     }
 
-    def _check_params(self):
-        """The declared constraints, and the one between two parameters."""
-        check_parameters(self)
+    def _check_n_keep(self):
+        """The one constraint between two parameters (``fit`` checks the declared ones)."""
         if self.n_keep > self.n_sweeps:
             raise ValidationError(f"n_keep ({self.n_keep}) cannot exceed n_sweeps ({self.n_sweeps})")
 
@@ -338,7 +337,7 @@ class BNMC(MultiLabelEstimator):
         summed over ranks, so every rank ends with the single-process model (to rounding)."""
         if fit_params:
             raise ValidationError(f"BNMC.fit got unexpected arguments: {', '.join(fit_params)}")
-        self._check_params()
+        self._check_n_keep()
         parallel = ONE_PROCESS if parallel is None else parallel
         if parallel.world_size == 1:
             self._fit_rows(X, Y, label_mask, parallel, RowShard.whole(X.shape[0]))
@@ -693,7 +692,8 @@ class BNMC(MultiLabelEstimator):
         the batch in minibatches of ``batch_size``. A model fitted in batch mode continues with SGD
         from the posterior mean of its classifiers.
         """
-        self._check_params()
+        check_parameters(self)
+        self._check_n_keep()
         first = not hasattr(self, "n_labels_")
         if first:
             X, Y, label_mask = check_fit_inputs(X_batch, Y_batch, label_mask)
