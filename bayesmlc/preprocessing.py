@@ -235,12 +235,16 @@ def legacy_preprocessor_state(state: dict, params: dict, reciprocal_scale: bool)
         scale = 1.0 / np.asarray(scale, dtype=np.float64)
     n_features = state.get("n_features_in_")
     preprocessor = FeaturePreprocessor(**params)
-    preprocessor._set_state({
-        "n_features_in_": int(n_features) if isinstance(n_features, (int, np.integer)) else n_features,
-        "standardized_": scale is not None,
-        "mean_": None if mean is None or not params.get("with_mean", True) else np.asarray(mean),
-        "scale_": None if scale is None else np.asarray(scale),
-        "idf_": None if idf is None else np.asarray(idf),
-    })
+    try:
+        preprocessor._set_state({
+            "n_features_in_": int(n_features) if isinstance(n_features, (int, np.integer)) else n_features,
+            "standardized_": scale is not None,
+            "mean_": None if mean is None or not params.get("with_mean", True) else np.asarray(mean),
+            "scale_": None if scale is None else np.asarray(scale),
+            "idf_": None if idf is None else np.asarray(idf),
+        })
+    except (ModelFormatError, TypeError, ValueError, ZeroDivisionError) as exc:
+        raise ModelFormatError(f"the old-form feature_mean_ / feature_scale_ / feature_idf_ do not make a "
+                               f"feature preprocessor ({exc})") from None
     state["preprocessor_"] = preprocessor
     return state
