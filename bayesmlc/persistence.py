@@ -12,8 +12,11 @@ loading never unpickles anything (``allow_pickle=False``). Files are written ato
 A bayesmlc estimator inside ``params`` or ``state`` (the members of an ensemble, a model's
 :class:`~bayesmlc.preprocessing.FeaturePreprocessor`) is stored as
 ``{"__estimator__": "module:Class", "params": {...}, "state": {...} or null}`` with its arrays beside
-the others; such files are format version 2, every other file stays version 1, so an older bayesmlc
-still reads what it can and refuses the rest with a clear message.
+the others. A file gets the lowest format version that holds it: 1 without nested estimators, 2 with
+them, 3 with a nested ``FeaturePreprocessor`` (models keep their feature scaling in one since
+version 3; files of versions 1 and 2 hold the older ``feature_mean_`` / ``feature_scale_`` form, which
+the models convert when loading). An older bayesmlc reads what it can and refuses the rest with a
+clear message.
 
 An estimator is anything scikit-learn-like with ``_get_state`` and ``_set_state``
 (:func:`is_storable_estimator`): this module does not import the estimator classes (the base class
@@ -36,7 +39,7 @@ from .models import LOADABLE_CLASSES
 from .safe_io import LazyNpz, checked_csr, error_factory, make_temporary_file, remove_stale_temporaries
 
 FORMAT_NAME = "bayesmlc-model"
-FORMAT_VERSION = 2  # version 2 added nested estimators; files without them are still written as 1
+FORMAT_VERSION = 3  # 2 added nested estimators, 3 a nested FeaturePreprocessor; a file gets the lowest that holds it
 
 __all__ = ["FORMAT_VERSION", "save_model", "load_model", "encode", "decode", "estimator_class", "write_npz_atomically",
            "read_npz"]
@@ -157,12 +160,20 @@ def _build(class_path: str, params, state, arrays):
     return model
 
 
-def _has_estimator(encoded) -> bool:
+#: The first format version that may nest each class (other nested estimators: version 2). Models
+#: keep their feature scaling in a nested FeaturePreprocessor since version 3, so an older reader
+#: refuses such a file with "upgrade bayesmlc" rather than misreading it.
+_NESTED_FROM_VERSION = {"bayesmlc.preprocessing:FeaturePreprocessor": 3}
+
+
+def _needed_version(encoded) -> int:
+    """The lowest format version that can hold an encoded params or state tree."""
     if isinstance(encoded, dict):
-        return "__estimator__" in encoded or any(_has_estimator(v) for v in encoded.values())
+        own = _NESTED_FROM_VERSION.get(encoded["__estimator__"], 2) if "__estimator__" in encoded else 1
+        return max([own] + [_needed_version(v) for v in encoded.values()])
     if isinstance(encoded, list):
-        return any(_has_estimator(v) for v in encoded)
-    return False
+        return max([1] + [_needed_version(v) for v in encoded])
+    return 1
 
 
 def save_model(path, model, library_version: str) -> None:
@@ -172,7 +183,7 @@ def save_model(path, model, library_version: str) -> None:
     encoded = encode(model, arrays, "model")
     meta = {
         "format": FORMAT_NAME,
-        "format_version": FORMAT_VERSION if _has_estimator([encoded["params"], encoded["state"]]) else 1,
+        "format_version": _needed_version([encoded["params"], encoded["state"]]),
         "class": encoded["__estimator__"],
         "library_version": library_version,
         "params": encoded["params"],

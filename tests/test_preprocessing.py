@@ -10,6 +10,7 @@ from sklearn.feature_extraction.text import TfidfTransformer
 from sklearn.preprocessing import StandardScaler, normalize
 
 from bayesmlc.base import MultiLabelEstimator
+from bayesmlc.bmls import BMLS
 from bayesmlc.exceptions import ModelFormatError, NotFittedError, ValidationError
 from bayesmlc.linear import LogisticRegression
 from bayesmlc.persistence import load_model, read_npz
@@ -139,6 +140,19 @@ def test_model_keeps_its_preprocessor_through_save_and_load(tmp_path):
     loaded = LogisticRegression.load(path)
     np.testing.assert_array_equal(loaded.predict_proba(X), model.predict_proba(X))
     np.testing.assert_array_equal(loaded.preprocessor_.scale_, model.preprocessor_.scale_)
+
+
+def test_a_file_gets_the_lowest_format_version_that_holds_it(tmp_path):
+    X = (_dense(6) > 3).astype(float)
+    Y = X[:, :3]
+    BMLS(n_topics=2, schedule="fixed", n_burnin=1, n_samples=1, random_state=0).fit(X, Y).save(tmp_path / "bmls.npz")
+    LogisticRegression().fit(X, Y).save(tmp_path / "lr.npz")
+    versions = {}
+    for name in ("bmls", "lr"):
+        meta, arrays = read_npz(tmp_path / f"{name}.npz")
+        arrays.close()
+        versions[name] = meta["format_version"]
+    assert versions == {"bmls": 1, "lr": 3}  # BMLS keeps no preprocessor: older readers still read it
 
 
 # ---- model files of the old form --------------------------------------------------------------
