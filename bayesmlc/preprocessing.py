@@ -24,12 +24,17 @@ from .exceptions import ModelFormatError, NotFittedError, ValidationError
 from .parameters import Boolean, Options, check_parameters
 from .utils import column_mean_and_scale, normalize_rows, resolve_standardize
 
-__all__ = ["FeaturePreprocessor", "STANDARDIZE_CONSTRAINT", "inverse_document_frequency", "legacy_preprocessor_state"]
+__all__ = ["FeaturePreprocessor", "MAX_CENTRED_ENTRIES", "STANDARDIZE_CONSTRAINT", "inverse_document_frequency",
+           "legacy_preprocessor_state"]
 
 #: The ``standardize`` setting every model takes: "auto" (dense features only), True or False.
 STANDARDIZE_CONSTRAINT = ["auto", Boolean()]
 
 _DTYPES = {"float32": np.float32, "float64": np.float64}
+
+#: Centring densifies the rows it transforms: at most this many entries (1 GB of float32) per call
+#: when the input is sparse (dense input costs at most twice its own size).
+MAX_CENTRED_ENTRIES = 1 << 28
 
 
 def inverse_document_frequency(document_counts: np.ndarray, n_rows: int) -> np.ndarray:
@@ -171,6 +176,13 @@ class FeaturePreprocessor(TransformerMixin, BaseEstimator):
 
     def _standardised_dense(self, X: sp.csr_matrix) -> np.ndarray:
         """(X - mean_) * (1 / scale_) as a dense ndarray of ``dtype``."""
+        entries = X.shape[0] * X.shape[1]
+        if entries > MAX_CENTRED_ENTRIES and entries > 2 * X.nnz:
+            raise ValidationError(
+                f"standardisation (standardize={self.standardize!r}) centres the features, which densifies them: "
+                f"{X.shape[0]} x {X.shape[1]} = {entries} entries is above MAX_CENTRED_ENTRIES = {MAX_CENTRED_ENTRIES}. "
+                "Pass fewer rows per call, or for sparse features use standardize=False (with idf weighting)"
+            )
         dtype = _DTYPES[self.dtype]
         return (X.toarray().astype(dtype, copy=False) - self.mean_.astype(dtype)) * self._inverse_scale()
 

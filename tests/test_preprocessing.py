@@ -129,6 +129,18 @@ def test_checks_settings_fit_and_width():
         FeaturePreprocessor().fit(_dense()).transform(np.ones((2, 3)))
 
 
+def test_centring_refuses_to_densify_a_large_sparse_block(monkeypatch):
+    import bayesmlc.preprocessing as preprocessing
+
+    X = _counts()  # 50 x 30, 15% non-zero
+    pre = FeaturePreprocessor(standardize=True).fit(X)
+    monkeypatch.setattr(preprocessing, "MAX_CENTRED_ENTRIES", 1000)
+    with pytest.raises(ValidationError, match="50 x 30 = 1500 entries is above MAX_CENTRED_ENTRIES = 1000"):
+        pre.transform(X)
+    assert pre.transform(X[:20]).shape == (20, 30)  # fewer rows per call pass
+    assert FeaturePreprocessor(standardize=True).fit(_dense(n=300)).transform(_dense(n=300)).shape == (300, 5)
+
+
 def test_model_keeps_its_preprocessor_through_save_and_load(tmp_path):
     X = _dense(5)
     Y = (X[:, :3] > np.median(X[:, :3], axis=0)).astype(float)
