@@ -130,11 +130,6 @@ class FeaturePreprocessor(TransformerMixin, BaseEstimator):
             raise ValidationError(f"X has {X.shape[1]} features but the preprocessor was fitted with {self.n_features_in_}")
         return X
 
-    @property
-    def active(self) -> bool:
-        """Whether :meth:`transform` changes anything."""
-        return self.scale_ is not None or self.idf_ is not None or bool(self.normalize)
-
     def transform(self, X) -> sp.csr_matrix:
         """The preprocessed rows, CSR (n, D) of ``dtype`` (``X`` itself, converted, when nothing applies)."""
         X = self._check_fitted(X)
@@ -166,8 +161,10 @@ class FeaturePreprocessor(TransformerMixin, BaseEstimator):
             raise ValidationError("inverse_transform undoes standardisation only, not idf weighting or normalisation")
         Z = self._check_fitted(Z)
         dtype = _DTYPES[self.dtype]
+        if self.scale_ is None:
+            return Z.astype(dtype)
         if self.mean_ is None:
-            return Z.astype(dtype) if self.scale_ is None else sp.csr_matrix(Z.multiply(self.scale_.astype(dtype)[None, :]), dtype=dtype)
+            return sp.csr_matrix(Z.multiply(self.scale_.astype(dtype)[None, :]), dtype=dtype)
         dense = Z.toarray().astype(dtype, copy=False) * self.scale_.astype(dtype) + self.mean_.astype(dtype)
         return sp.csr_matrix(dense)
 
@@ -197,6 +194,8 @@ class FeaturePreprocessor(TransformerMixin, BaseEstimator):
         n_features = state["n_features_in_"]
         if not isinstance(n_features, int) or n_features < 0:
             raise ModelFormatError(f"FeaturePreprocessor n_features_in_ must be a non-negative integer, got {n_features!r}")
+        if not isinstance(state["standardized_"], bool) or state["standardized_"] != (state["scale_"] is not None):
+            raise ModelFormatError("FeaturePreprocessor standardized_ must be True exactly when scale_ is set")
         for name in ("mean_", "scale_", "idf_"):
             array = state[name]
             if array is None:

@@ -93,7 +93,7 @@ def test_standardise_then_normalise_is_both_in_order():
 def test_auto_standardises_dense_features_only():
     assert FeaturePreprocessor(standardize="auto").fit(_dense()).standardized_
     pre = FeaturePreprocessor(standardize="auto").fit(_counts())
-    assert not pre.standardized_ and pre.scale_ is None and not pre.active
+    assert not pre.standardized_ and pre.scale_ is None and pre.mean_ is None
     X = _counts()
     np.testing.assert_array_equal(pre.transform(X).toarray(), X.toarray())
 
@@ -208,3 +208,16 @@ def test_old_model_file_with_a_bad_feature_scale_is_refused_naming_the_file(tmp_
     message = str(info.value)
     assert message.startswith(str(target)) and "\n" not in message
     assert "feature_scale_" in message
+
+
+def test_persistence_and_preprocessing_import_no_estimator_module():
+    """persistence sits below the estimators (they import it, never the other way round)."""
+    import subprocess
+    import sys
+
+    code = ("import sys, bayesmlc.persistence, bayesmlc.preprocessing, bayesmlc.parameters; "
+            "print(sorted(m for m in sys.modules if m.split('.')[:2] in "
+            "(['bayesmlc', 'base'], ['bayesmlc', 'linear'], ['bayesmlc', 'gp'], ['bayesmlc', 'bnmc'])))")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                            env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    assert result.stdout.strip() == "[]"
