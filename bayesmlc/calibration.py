@@ -62,10 +62,6 @@ _PROBA_FLOOR = 1e-7
 _MIN_SLOPE = 1e-3
 
 
-def _logit(p: np.ndarray) -> np.ndarray:
-    return logit(p, _PROBA_FLOOR)
-
-
 def _log_loss(z: np.ndarray, y: np.ndarray) -> float:
     """Mean binary log-loss of logits ``z`` against 0/1 ``y``: mean of log(1 + e^z) - y z."""
     return float(np.mean(np.logaddexp(0.0, z) - y * z))
@@ -91,7 +87,7 @@ def apply_isotonic(thresholds: np.ndarray, p: np.ndarray) -> np.ndarray:
 
 def fit_temperature(p: np.ndarray, y: np.ndarray) -> float:
     """The temperature T > 0 minimising the log-loss of ``sigmoid(logit(p) / T)``."""
-    z = _logit(p)
+    z = logit(p, _PROBA_FLOOR)
     result = minimize_scalar(lambda log_t: _log_loss(z * np.exp(-log_t), y), bounds=(-7.0, 7.0), method="bounded",
                              options={"xatol": 1e-6})
     return float(np.exp(result.x))
@@ -100,7 +96,7 @@ def fit_temperature(p: np.ndarray, y: np.ndarray) -> float:
 def fit_platt(p: np.ndarray, y: np.ndarray) -> tuple[float, float]:
     """(a, b), a >= 1e-3, minimising the log-loss of ``sigmoid(a logit(p) + b)`` (L-BFGS-B with the
     exact gradient, started at the identity a = 1, b = 0)."""
-    z = _logit(p)
+    z = logit(p, _PROBA_FLOOR)
 
     def loss_and_gradient(theta):
         a, b = theta
@@ -176,7 +172,7 @@ class CalibratedClassifier(MultiLabelEstimator):
         if self.method == "isotonic":
             return apply_isotonic(calibration_map, p)
         slope, offset = calibration_map
-        return sigmoid(slope * _logit(p) + offset)
+        return sigmoid(slope * logit(p, _PROBA_FLOOR) + offset)
 
     def _fit(self, X, Y, label_mask, **fit_params):
         n = X.shape[0]

@@ -123,7 +123,8 @@ def propensity_constants(name: str):
     return float(info.propensity_a), float(info.propensity_b)
 
 
-def build_model(name: str, settings, seed, device, quiet: bool):
+def build_model(name: str, settings, seed, device, quiet: bool, preset: str | None = None):
+    """The estimator ``--model name`` with ``--set`` values (over the named ``--preset``'s, if any)."""
     from .models import get_model_class
 
     cls = get_model_class(name)
@@ -140,6 +141,10 @@ def build_model(name: str, settings, seed, device, quiet: bool):
     if isinstance(threads, int) and not isinstance(threads, bool) and threads > limit:
         raise CLIError(f"--set n_threads={threads}: more than {limit} threads ({MAX_THREADS_PER_CORE} per core) "
                        "is refused")
+    if preset is not None:
+        from .presets import build_preset
+
+        return build_preset(name, preset, params)
     return cls(**params)
 
 
@@ -284,6 +289,10 @@ def cmd_train(args) -> int:
         parallel = DataParallel.from_env()  # under torchrun: RANK, WORLD_SIZE, MASTER_ADDR, ...
     if args.resume and args.model != "mlgpf":
         raise CLIError(f"--resume: only --model mlgpf writes checkpoints, not {args.model}")
+    if args.preset is not None:  # before any work: an unknown name, or an ensemble where one model is needed
+        from .presets import check_cli_preset
+
+        check_cli_preset(args.model, args.preset, resume=args.resume, distributed=args.distributed)
     try:
         return _train(args, parallel)
     finally:
@@ -298,7 +307,7 @@ def _read_training_data(args, parallel, is_main):
 
     sharded = parallel is not None and (args.format or infer_format(args.train)) in ("npz", "xc")
     if sharded:  # each rank reads only its rows; rank 0 alone reads the test file
-        from .distributed import read_shard
+        from .data.shard import read_shard
 
         train = read_shard(args.train, parallel, format=args.format)
         test = read_dataset(args.test, format=args.format) if args.test and is_main else None
@@ -323,7 +332,7 @@ def _train(args, parallel) -> int:
         n_rows = train.source["shard"]["n_rows"] if sharded else train.n_samples
         check_training_data(train, n_rows, args.train)
         device = args.device if args.device is not None or parallel is None else str(parallel.device)
-        model = build_model(args.model, args.set, args.seed, device, quiet)
+        model = build_model(args.model, args.set, args.seed, device, quiet, preset=args.preset)
         if args.calibrate:
             from .calibration import CalibratedClassifier
 
@@ -493,6 +502,13 @@ def _open_output(path, option: str):
 def cmd_info(args) -> int:
     from .data.io import read_dataset
 
+    if args.presets:
+        from .presets import format_presets, presets_as_dicts
+
+        print(json.dumps(presets_as_dicts()) if args.json else format_presets())
+        return EXIT_OK
+    if args.path is None:
+        raise CLIError("info: give a data file, or --presets")
     dataset = read_dataset(args.path, format=args.format)
     if args.json:
         print(json.dumps(dataset.stats()))
@@ -549,8 +565,12 @@ def cmd_plot_history(args) -> int:
     history = _read_json(history_path, HISTORY_FILE)
     if not isinstance(history, dict):
         raise CLIError(f"{history_path}: corrupt {HISTORY_FILE} (not a JSON object)")
+    meta = _read_json(folder / META_FILE, META_FILE) if (folder / META_FILE).exists() else {}
+    title = (f"{printable(meta['model'])} on {printable(meta['dataset'])}"
+             if isinstance(meta, dict) and isinstance(meta.get("model"), str) and isinstance(meta.get("dataset"), str)
+             else None)
     try:
-        plot_history(history, output)
+        plot_history(history, output, title=title)
     except (KeyError, TypeError, IndexError) as exc:
         raise CLIError(f"{history_path}: corrupt {HISTORY_FILE} ({type(exc).__name__}: {exc})") from None
     print(output)
@@ -599,6 +619,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="data-parallel training under torchrun (mlgpf; see docs/scaling.md)")
     p.add_argument("--resume", action="store_true",
                    help="continue from the model's checkpoint (mlgpf: --set checkpoint_path=...)")
+    p.add_argument("--preset", metavar="NAME",
+                   help="a named configuration of the model: fast, paper or best (default: none, the model's "
+                        "defaults); --set overrides its values; 'bayesmlc info --presets' lists them with "
+                        "their measured figures")
     p.add_argument("--calibrate", choices=("isotonic", "temperature", "platt"),
                    help="fit on 80%% of the training rows and recalibrate the probabilities on the other 20%% "
                         "(bayesmlc.calibration.CalibratedClassifier)")
@@ -627,8 +651,9 @@ def build_parser() -> argparse.ArgumentParser:
     common(p, model=False)
     p.set_defaults(func=cmd_predict)
 
-    p = sub.add_parser("info", help="statistics of a data file")
-    p.add_argument("path")
+    p = sub.add_parser("info", help="statistics of a data file, or the model presets")
+    p.add_argument("path", nargs="?", help="data file (any supported format)")
+    p.add_argument("--presets", action="store_true", help="list the presets of every model with their measured figures")
     common(p, model=False)
     p.set_defaults(func=cmd_info)
 

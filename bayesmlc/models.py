@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+from types import MappingProxyType
 
 from .exceptions import ValidationError
 
@@ -12,17 +13,18 @@ MODEL_CLASSES = {
     "bnmc": "bayesmlc.bnmc:BNMC",
     "mlgpf": "bayesmlc.gp:MLGPF",
     # comparison baselines (napkinXC and omikuji need the optional [compare] extra)
-    "knn": "bayesmlc.bench.baselines:KNNBaseline",
-    "napkinxc_plt": "bayesmlc.bench.baselines:NapkinXCPLT",
-    "omikuji_parabel": "bayesmlc.bench.baselines:OmikujiParabel",
-    "omikuji_bonsai": "bayesmlc.bench.baselines:OmikujiBonsai",
+    "knn": "bayesmlc.baselines:KNNBaseline",
+    "napkinxc_plt": "bayesmlc.baselines:NapkinXCPLT",
+    "omikuji_parabel": "bayesmlc.baselines:OmikujiParabel",
+    "omikuji_bonsai": "bayesmlc.baselines:OmikujiBonsai",
 }
 
 
-# Every class a model file may name, exactly as ``bayesmlc.persistence`` writes it ("module:Class").
-# Loading refuses any other name *before* importing anything, so a crafted file cannot make Python import
-# a module of its choosing; adding an estimator class means adding it here (a test checks the registry).
-LOADABLE_CLASSES = frozenset({
+# Every class a model file may name, exactly as ``bayesmlc.persistence`` writes it ("module:Class"), mapped
+# to where that class lives now. Loading refuses any other name *before* importing anything, so a crafted
+# file cannot make Python import a module of its choosing; adding an estimator class means adding it here
+# (a test checks the registry). A class that moves keeps its old name here, pointing at the new home.
+_CURRENT_CLASSES = (
     "bayesmlc.linear:LogisticRegression",
     "bayesmlc.bmls.model:BMLS",
     "bayesmlc.bnmc.model:BNMC",
@@ -30,11 +32,19 @@ LOADABLE_CLASSES = frozenset({
     "bayesmlc.ensemble:AveragingEnsemble",
     "bayesmlc.calibration:CalibratedClassifier",
     "bayesmlc.preprocessing:FeaturePreprocessor",
-    "bayesmlc.bench.baselines:KNNBaseline",
-    "bayesmlc.bench.baselines:NapkinXCPLT",
-    "bayesmlc.bench.baselines:OmikujiParabel",
-    "bayesmlc.bench.baselines:OmikujiBonsai",
-})
+    "bayesmlc.baselines:KNNBaseline",
+    "bayesmlc.baselines:NapkinXCPLT",
+    "bayesmlc.baselines:OmikujiParabel",
+    "bayesmlc.baselines:OmikujiBonsai",
+)
+#: Names written by earlier versions -> the class's current "module:Class".
+_MOVED_CLASSES = {
+    "bayesmlc.bench.baselines:KNNBaseline": "bayesmlc.baselines:KNNBaseline",
+    "bayesmlc.bench.baselines:NapkinXCPLT": "bayesmlc.baselines:NapkinXCPLT",
+    "bayesmlc.bench.baselines:OmikujiParabel": "bayesmlc.baselines:OmikujiParabel",
+    "bayesmlc.bench.baselines:OmikujiBonsai": "bayesmlc.baselines:OmikujiBonsai",
+}
+LOADABLE_CLASSES = MappingProxyType({**{path: path for path in _CURRENT_CLASSES}, **_MOVED_CLASSES})
 
 
 def get_model_class(name: str):

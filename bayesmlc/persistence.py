@@ -142,7 +142,7 @@ def estimator_class(class_path: str):
     if not isinstance(class_path, str) or class_path not in LOADABLE_CLASSES:
         shown = class_path if isinstance(class_path, str) else type(class_path).__name__
         raise ModelFormatError(f"{shown[:200]!s} is not a bayesmlc estimator class that model files may name")
-    module_name, _, class_name = class_path.partition(":")
+    module_name, _, class_name = LOADABLE_CLASSES[class_path].partition(":")  # a moved class: its new home
     try:
         cls = getattr(importlib.import_module(module_name), class_name)
     except (ImportError, AttributeError) as exc:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import warnings
 
 import numpy as np
@@ -10,7 +11,7 @@ import torch
 
 from .exceptions import ValidationError
 
-__all__ = ["resolve_device", "numpy_rng", "torch_generator", "csr_to_torch", "iter_batches"]
+__all__ = ["resolve_device", "numpy_rng", "torch_generator", "torch_threads", "csr_to_torch", "iter_batches"]
 
 
 def resolve_device(device) -> torch.device:
@@ -51,6 +52,21 @@ def torch_generator(rng: np.random.Generator, device="cpu") -> torch.Generator:
     return gen
 
 
+@contextlib.contextmanager
+def torch_threads(n_threads: int | None):
+    """Run the ``with`` block with ``torch.set_num_threads(n_threads)``, restoring the previous setting
+    after it; ``None`` leaves torch's setting alone."""
+    if n_threads is None:
+        yield
+        return
+    previous = torch.get_num_threads()
+    torch.set_num_threads(int(n_threads))
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous)
+
+
 def csr_to_torch(matrix: sp.csr_matrix, device="cpu", dtype=torch.float32) -> torch.Tensor:
     """A scipy CSR matrix as a torch sparse CSR tensor (no densification)."""
     matrix = sp.csr_matrix(matrix)
@@ -75,6 +91,12 @@ def logit(p: np.ndarray, floor: float = 1e-7) -> np.ndarray:
     """log(p / (1 - p)), with ``p`` first kept ``floor`` away from 0 and 1 so that it stays finite."""
     p = np.clip(p, floor, 1.0 - floor)
     return np.log(p) - np.log1p(-p)
+
+
+def softplus(x: np.ndarray) -> np.ndarray:
+    """log(1 + e^x) = -log sigmoid(-x), elementwise in float64 (torch's kernel; the linear branch above 40,
+    where the two differ by less than 1e-17 relative)."""
+    return torch.nn.functional.softplus(torch.from_numpy(np.asarray(x, dtype=np.float64)), threshold=40.0).numpy()
 
 
 def iter_batches(n: int, batch_size: int):

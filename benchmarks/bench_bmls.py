@@ -10,7 +10,7 @@ Usage (from the repository root; ../shared/datasets/bibtex is the BMLS split)::
     python benchmarks/bench_bmls.py scale --datasets amazoncat-13k-0.01,eurlex-4k-1.0
 
 Part ``scale`` (docs/benchmarks.md, "BMLS at scale"): on each data set the BMLS default
-(``schedule="auto"``), omikuji Parabel (``bayesmlc.bench.baselines.OmikujiParabel``, 3 trees) and, where
+(``schedule="auto"``), omikuji Parabel (``bayesmlc.baselines.OmikujiParabel``, 3 trees) and, where
 cheap, one-vs-rest logistic regression are trained in the same process with one thread; the table gives
 wall and CPU seconds of ``fit``, BMLS's ratio to omikuji, global AUC (where every label is scored), P@1
 and P@5 on the test rows, and BMLS's seconds per sweep split by step (topics, labels, features,
@@ -184,7 +184,7 @@ def scale_run(name: str, shared: Path, seed: int, bmls_params: dict):
     """Rows of the ``scale`` table for one data set (see the module docstring)."""
     import torch
 
-    from bayesmlc.bench.baselines import OmikujiParabel
+    from bayesmlc.baselines import OmikujiParabel
     from bayesmlc.linear import LogisticRegression
     from bayesmlc.metrics import auc_micro
 

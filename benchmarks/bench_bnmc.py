@@ -17,7 +17,7 @@ micro-F1 (what the authors' code reports as F1), P@1/3/5 and micro-AUC, all from
 fit + predict (and the process CPU seconds, all threads), printed with the 1-minute load average (the
 machine may be shared).
 
-``scale``: the default BNMC fit beside omikuji Parabel (``bayesmlc.bench.baselines.OmikujiParabel``,
+``scale``: the default BNMC fit beside omikuji Parabel (``bayesmlc.baselines.OmikujiParabel``,
 one thread) on the extreme-classification shapes of ``bayesmlc.data.synthetic.make_preset``
 (``eurlex-4k`` = the full EURLex-4K shape, ``amazoncat-13k-0.01`` = AmazonCat-13K at 1 %: 4/3 of the
 preset's rows are generated and a random quarter held out, so the model trains on the preset's row
@@ -186,7 +186,7 @@ def _bnmc_default(params):
 
 
 def _parabel():
-    from bayesmlc.bench.baselines import OmikujiParabel
+    from bayesmlc.baselines import OmikujiParabel
 
     return OmikujiParabel(n_threads=1, predict_top_k=100, random_state=0)
 
@@ -219,7 +219,8 @@ def cmd_scale(args, params):
 
 
 def _distributed_worker(rank, world_size, port, path, params, out):
-    from bayesmlc.distributed import DataParallel, read_shard
+    from bayesmlc.data.shard import read_shard
+    from bayesmlc.distributed import DataParallel
 
     os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world_size), MASTER_ADDR="127.0.0.1",
                       MASTER_PORT=str(port))

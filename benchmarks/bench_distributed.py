@@ -75,8 +75,10 @@ def _single_worker(_, args, data_path, out):
 
 
 def _worker(rank, world_size, port, args, data_path, out):
-    from bayesmlc.distributed import DataParallel, read_shard
+    from bayesmlc.data.shard import read_shard
+    from bayesmlc.distributed import DataParallel
     from bayesmlc.gp import MLGPF
+    from bayesmlc.gp.initialisation import module_from_parameters
 
     os.environ.update(
         RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world_size), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)
@@ -90,7 +92,8 @@ def _worker(rank, world_size, port, args, data_path, out):
     measures = _measures(model, train.source["shard"]["n_rows"])
     peak_rss = parallel.reduce_sum(np.eye(world_size)[rank] * measures["peak_rss_mb"])  # every rank's
     # the cost of one step's collectives alone: failure/consistency check + flattened gradient all-reduce
-    params = [p for p in model._module.parameters() if p.requires_grad]
+    module = module_from_parameters(model, model.parameters_, parallel.device, torch.float32)
+    params = [p for p in module.parameters() if p.requires_grad]
     for param in params:
         param.grad = torch.ones_like(param)
     started = time.perf_counter()

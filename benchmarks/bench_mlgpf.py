@@ -1,6 +1,8 @@
 """MLGPF benchmarks: accuracy on Bibtex, seconds per epoch with a time split, AmazonCat-13K-shaped scale.
 
-Usage (from the repository root; ``../shared/datasets`` beside it)::
+Usage (from the repository root; the ``bibtex_xc`` set, read from the folder the benchmark harness reads:
+``$BAYESMLC_SHARED_DATASETS`` or its default, ``bayesmlc.bench.runner.default_data_root``; what the set is
+and where to get it: ``bayesmlc.datasets.get_info("bibtex_xc")``)::
 
     python benchmarks/bench_mlgpf.py speed    [--threads 2] [--epochs 2] [--set variational=cholesky ...]
     python benchmarks/bench_mlgpf.py accuracy [--threads 2] [--config paper|default|best|code] [--epochs 100]
@@ -9,6 +11,11 @@ Usage (from the repository root; ``../shared/datasets`` beside it)::
     python benchmarks/bench_mlgpf.py pair     [--threads 1] [--seed 0]
 
 Each prints a Markdown table (and the machine's load average) to paste into docs/benchmarks.md.
+
+``speed`` and ``scale`` time the steps of :class:`bayesmlc.gp.Trainer` (set up by
+:meth:`~bayesmlc.gp.training.Trainer.initialise`, stepped by :meth:`~bayesmlc.gp.training.Trainer.step`
+with a clock around each stage) on unit-normalised rows without idf weighting or standardisation: a
+step's cost depends on the rows' sparsity pattern, which those keep.
 """
 
 from __future__ import annotations
@@ -23,42 +30,24 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from bayesmlc.bench.runner import default_data_root
 from bayesmlc.cli import parse_set_values
 from bayesmlc.data.io import read_dataset
-from bayesmlc.gp import MLGPF
+from bayesmlc.gp import MLGPF, Trainer
 from bayesmlc.gp.likelihoods import BernoulliLogit
-from bayesmlc.gp.model import minibatch_elbo
-from bayesmlc.gp.training import epoch_batches, make_optimizer
+from bayesmlc.gp.objective import VariationalELBO
+from bayesmlc.gp.training import TrainingRows, epoch_batches, resolve_batch_size
 from bayesmlc.metrics import evaluate, inverse_propensity
+from bayesmlc.presets import MLGPF_AUTHORS_CODE, MLGPF_BEST_SINGLE, MLGPF_PAIR, MLGPF_PAPER
+from bayesmlc.utils import normalize_rows
 
-DATA = Path(os.environ.get("BAYESMLC_SHARED_DATASETS", Path(__file__).resolve().parents[1].parent / "shared" / "datasets"))
+DATA = default_data_root()
 
-# The subspace paper's Bibtex settings (Table 3): linear kernel, subspace inducing inputs, P=30, M=500,
-# batch 500, R=1000, on the raw (row-normalised) features. Learning rate and optimiser are not stated there.
-PAPER = dict(n_latent=30, n_inducing=500, kernel="linear", inducing="subspace", subspace_rank=1000,
-             batch_size=500, variational="whitened", idf_weighting=False)
-# The best configuration measured (docs/benchmarks.md, "Session 2 sweeps" and "Session 3"): the defaults
-# (idf-weighted features, a cosine decay of the learning rates over the second half of training) with
-# half the KL weight (the authors' code's 0.5), ranking by the predictive probability.
-# Measured with the whitened family, the default then; named so that the recipe stays the one measured.
-BEST = dict(lr_decay=0.5, rank_by="proba", kl_weight=0.5, variational="whitened", epochs=50)
-# The authors' code's settings (../shared/reference/reference-implementations.md 1.5-1.8): linear+SE
-# with per-feature weights, free inducing inputs (M=400), P=30, the non-whitened Cholesky family, Adam
-# at 0.005 without decay, batches of 100 rows growing by 20 every 10 epochs, half the KL, Phi drawn
-# N(0, 1/P), q(u) started at the prior mean, unit rows of the raw features, ranked by the mean
-# utilities; run it for 100 epochs (its default). Not reproduced: q_mu started at 0.5, Z renormalised
-# on every use, the SE and linear weights tied to sum to one.
-CODE = dict(kernel="linear+se", ard=True, inducing="free", n_inducing=400, n_latent=30, variational="cholesky",
-            batch_size=100, batch_size_growth=20, batch_size_every=10, learning_rate=0.005, lr_decay=0.0,
-            kl_weight=0.5, init_factors="random", init_mean="zero", idf_weighting=False, standardize=False)
+# The recipes measured here are bayesmlc.presets' (their comments say what each is): PAPER the subspace
+# paper's settings, BEST the best single configuration, CODE the authors' code's settings, PAIR the two
+# recipes whose AveragingEnsemble is MLGPF's best configuration (MLGPF.preset("best")).
+PAPER, BEST, CODE, PAIR = MLGPF_PAPER, MLGPF_BEST_SINGLE, MLGPF_AUTHORS_CODE, MLGPF_PAIR
 CONFIGS = {"paper": PAPER, "default": {}, "best": BEST, "code": CODE}
-# The best configuration found (docs/mlgpf.md, "The best configuration"): an AveragingEnsemble of the
-# two recipes that err most differently, the best configuration at M=400 for 15 epochs (100 latent GPs
-# on subspace inducing inputs, 4 min here) and the authors' recipe with this project's idf weighting,
-# SVD/ridge start and cosine decay (30 latent GPs on free inducing inputs with per-feature weights,
-# 20 min here); their predictive probabilities are averaged.
-PAIR = {"subspace": dict(BEST, n_inducing=400, epochs=15),
-        "free": dict(CODE, idf_weighting=True, init_factors="svd", init_mean="ridge", lr_decay=0.5, epochs=100)}
 
 
 def load_avg() -> str:
@@ -67,7 +56,7 @@ def load_avg() -> str:
 
 def parse_sets(items) -> dict:
     """``--set key=value`` pairs, parsed and checked as ``bayesmlc train --set`` does."""
-    return parse_set_values(items, MLGPF._get_param_names())
+    return parse_set_values(items, MLGPF().get_params())
 
 
 def bibtex():
@@ -79,37 +68,30 @@ def bibtex():
 STAGES = ["batching", "kernels", "factorisations", "marginals", "quadrature", "kl", "backward", "adam"]
 
 
-def setup(model: MLGPF, X, Y, rng):
-    """Model initialisation as in fit (with the ridge warm start); returns (module, projection, optimizer, seconds)."""
-    model._check_params(X.shape[0])
+def setup(params: dict, X, Y, rng):
+    """A :class:`~bayesmlc.gp.Trainer` of ``MLGPF(**params)``'s settings set up on the rows ``X``, ``Y`` as
+    fit sets it up (subspace SVD, k-means, Phi, bias, ridge warm start, Adam) with the random stream
+    ``rng``; returns (trainer, training rows, seconds)."""
+    settings = MLGPF(**params).get_params()
+    trainer = Trainer(settings, rng, "cpu", getattr(torch, settings["dtype"]))
     t0 = time.perf_counter()
-    module = model._build_module(model._initial_arrays(X, Y, rng), Y.shape[1])
-    projection = model._training_projection(module, X)
-    if model.init_mean == "ridge":
-        model._warm_start_mean(module, X, Y, projection, rng)
-    optimizer = make_optimizer(module, model.learning_rate, model.variational_learning_rate)
-    return module, projection, optimizer, time.perf_counter() - t0
+    projection = trainer.initialise(X, Y)
+    return trainer, TrainingRows(X, Y, None, projection), time.perf_counter() - t0
 
 
-def timed_steps(model, module, optimizer, X, Y, projection, batches, rng) -> dict:
-    """Adam steps as in MLGPF.fit with a clock around each stage; returns seconds per stage."""
-    likelihood = BernoulliLogit(model.quadrature_points)
+def timed_steps(trainer: Trainer, rows: TrainingRows, batches) -> dict:
+    """Adam steps as in MLGPF.fit (:meth:`~bayesmlc.gp.training.Trainer.step`) on ``batches`` of
+    ``rows``; returns seconds per stage (:data:`STAGES`)."""
+    settings = trainer.settings
+    elbo = VariationalELBO(BernoulliLogit(settings.quadrature_points), rows.context.n_total, settings.kl_weight)
     timings: dict = {}
-    for rows in batches:
-        t = time.perf_counter()
-        batch = model._feature_batch(module, X, rows, projection)
-        targets, _ = model._targets(Y, None, rows, rng, torch.device("cpu"), torch.float32)
-        timings["batching"] = timings.get("batching", 0.0) + time.perf_counter() - t
-        optimizer.zero_grad(set_to_none=True)
-        elbo, _, _, _ = minibatch_elbo(module, likelihood, batch, targets, X.shape[0], model.kl_weight,
-                                       model.jitter, timings)
-        t = time.perf_counter()
-        (-elbo / X.shape[0]).backward()
-        timings["backward"] = timings.get("backward", 0.0) + time.perf_counter() - t
-        t = time.perf_counter()
-        optimizer.step()
-        timings["adam"] = timings.get("adam", 0.0) + time.perf_counter() - t
+    for batch_rows in batches:
+        trainer.step(rows, batch_rows, elbo, timings)
     return timings
+
+
+def batch_size(trainer: Trainer, n_rows: int) -> int:
+    return resolve_batch_size(trainer.settings.batch_size, n_rows)
 
 
 def split_row(timings: dict) -> str:
@@ -119,10 +101,9 @@ def split_row(timings: dict) -> str:
 def cmd_speed(args):
     train, _ = bibtex()
     params = dict(PAPER, **parse_sets(args.set))
-    model = MLGPF(**params)
     rng = np.random.default_rng(0)
-    X = model._prepare_features(train.X)
-    module, projection, optimizer, init_s = setup(model, X, train.Y, rng)
+    X = normalize_rows(train.X)
+    trainer, rows, init_s = setup(params, X, train.Y, rng)
     print(f"\nMLGPF speed on bibtex_xc train ({train.X.shape[0]} rows), threads={torch.get_num_threads()}, {load_avg()}")
     print(f"settings: {params}")
     print(f"initialisation (SVD + k-means + factor and mean warm starts): {init_s:.1f} s")
@@ -130,8 +111,7 @@ def cmd_speed(args):
     print("|---|---|---|" + "---|" * len(STAGES))
     for epoch in range(1, args.epochs + 1):
         start, cpu_start = time.perf_counter(), time.process_time()
-        timings = timed_steps(model, module, optimizer, X, train.Y, projection,
-                              epoch_batches(X.shape[0], model.batch_size, rng), rng)
+        timings = timed_steps(trainer, rows, epoch_batches(X.shape[0], batch_size(trainer, X.shape[0]), rng))
         wall, cpu = time.perf_counter() - start, time.process_time() - cpu_start
         print(f"| {epoch} | {wall:.2f} | {cpu:.2f} | {split_row(timings)} |", flush=True)
     total = sum(timings.values())
@@ -178,11 +158,8 @@ def cmd_accuracy(args):
 
 
 def pair_ensemble(random_state, overrides: dict):
-    """The :data:`PAIR` ensemble; ``overrides`` apply to both members."""
-    from bayesmlc.ensemble import AveragingEnsemble
-
-    return AveragingEnsemble([(name, MLGPF(**dict(params, **overrides))) for name, params in PAIR.items()],
-                             random_state=random_state)
+    """The :data:`PAIR` ensemble (``MLGPF.preset("best")``); ``overrides`` apply to both members."""
+    return MLGPF.preset("best", **overrides, random_state=random_state)
 
 
 def cmd_pair(args):
@@ -225,20 +202,19 @@ def cmd_scale(args):
                   batch_size=500, negative_samples=args.negative_samples, svd_max_rows=20000, random_state=0,
                   epochs=1)
     params.update(parse_sets(args.set))
-    model = MLGPF(**params)
-    X = model._prepare_features(data.X)
+    X = normalize_rows(data.X)
     rng = np.random.default_rng(0)
-    module, projection, optimizer, init_s = setup(model, X, data.Y, rng)
-    batches = epoch_batches(X.shape[0], model.batch_size, rng)[: args.steps]
+    trainer, rows, init_s = setup(params, X, data.Y, rng)
+    batches = epoch_batches(X.shape[0], batch_size(trainer, X.shape[0]), rng)[: args.steps]
     t = time.perf_counter()
-    timings = timed_steps(model, module, optimizer, X, data.Y, projection, batches, rng)
+    timings = timed_steps(trainer, rows, batches)
     step_s = (time.perf_counter() - t) / len(batches)
     rows_done = sum(len(r) for r in batches)
     full_rows = 1_186_239
     peak_gb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024**2
     print(f"\nMLGPF scale: synthetic amazoncat-13k preset, scale={args.scale} ({X.shape[0]} rows, {X.shape[1]} features, "
           f"{data.Y.shape[1]} labels), threads={torch.get_num_threads()}, {load_avg()}")
-    print(f"settings: {params}; projections cached: {projection is not None}")
+    print(f"settings: {params}; projections cached: {rows.projection is not None}")
     print("\n| data gen s | init s | s/step (B=500) | s per 1000 rows | projected s/epoch at 1.19M rows | peak RSS GB |")
     print("|---|---|---|---|---|---|")
     per_row = step_s * len(batches) / rows_done

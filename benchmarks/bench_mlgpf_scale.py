@@ -12,12 +12,14 @@ For each shape (``make_preset(name, scale, random_state=0)``, written once to an
 
 * trains omikuji Parabel (``n_threads=1``) on the training rows (80% of the rows; the other 20% are the
   test rows of ``--full-fit``), timed in wall and CPU seconds;
-* for every family builds the default ``MLGPF`` (``variational=family``, everything else at its
-  default, or ``--set``) from one set-up shared by the families (SVD, k-means, Phi: the same code as
-  ``fit``, timed once) and its own ridge warm start, and times ``--steps`` optimiser steps of the default batch with a clock around each
-  stage (kernels, factorisations, marginals, quadrature, kl, backward, adam): rows/s, CPU s per 1,000
-  rows, and the epoch of this shape and of the full AmazonCat-13K shape (1,186,239 rows) that rate
-  projects;
+* for every family builds the default ``MLGPF``'s module (``variational=family``, everything else at
+  its default, or ``--set``) from one set-up shared by the families (SVD, k-means, Phi:
+  :func:`bayesmlc.gp.initialisation.initial_arrays`, as ``fit`` does, timed once) and its own ridge warm
+  start, and times ``--steps`` steps of :class:`bayesmlc.gp.Trainer` on the default batch with a clock
+  around each stage (kernels, factorisations, marginals, quadrature, kl, backward, adam): rows/s, CPU s
+  per 1,000 rows, and the epoch of this shape and of the full AmazonCat-13K shape (1,186,239 rows) that
+  rate projects. The steps see unit-normalised rows without idf weighting (a step's cost depends on
+  the sparsity pattern, which idf keeps);
 * with ``--full-fit``, a complete default ``MLGPF`` fit and its test P@1 beside omikuji's.
 
 Every figure is measured with ``torch.set_num_threads(--threads)`` and printed with the load average,
@@ -37,14 +39,16 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_mlgpf import STAGES, load_avg, parse_sets, timed_steps  # noqa: E402
+from bench_mlgpf import STAGES, batch_size, load_avg, parse_sets, timed_steps  # noqa: E402
 
-from bayesmlc.bench.baselines import OmikujiParabel  # noqa: E402
+from bayesmlc.baselines import OmikujiParabel  # noqa: E402
 from bayesmlc.data.io import read_dataset, write_dataset  # noqa: E402
 from bayesmlc.data.synthetic import make_preset, split  # noqa: E402
-from bayesmlc.gp import MLGPF  # noqa: E402
-from bayesmlc.gp.training import epoch_batches, make_optimizer, resolve_batch_size  # noqa: E402
+from bayesmlc.gp import MLGPF, Trainer  # noqa: E402
+from bayesmlc.gp.initialisation import build_module, initial_arrays, training_projection, warm_start_mean  # noqa: E402
+from bayesmlc.gp.training import TrainingRows, epoch_batches  # noqa: E402
 from bayesmlc.metrics import precision_at_k  # noqa: E402
+from bayesmlc.utils import normalize_rows  # noqa: E402
 
 FULL_AMAZONCAT_ROWS = 1_186_239
 FAMILIES = ("shared", "whitened", "cholesky", "preconditioned")
@@ -69,12 +73,11 @@ def timed(fn):
     return out, time.perf_counter() - wall, time.process_time() - cpu
 
 
-def initial_arrays(model: MLGPF, train):
+def shared_setup(model: MLGPF, train):
     """The prepared training rows and the data-driven initial arrays (subspace SVD, k-means on U S, bias,
     Phi from the SVD of Y): computed once per shape and shared by the families (they do not depend on it)."""
-    X = model._prepare_features(train.X)
-    model._check_params(X.shape[0])
-    return X, model._initial_arrays(X, train.Y, np.random.default_rng(0))
+    X = normalize_rows(train.X)
+    return X, initial_arrays(model, X, train.Y, np.random.default_rng(0))
 
 
 def family_rows(model: MLGPF, X, Y, arrays: dict, steps: int) -> dict:
@@ -83,19 +86,19 @@ def family_rows(model: MLGPF, X, Y, arrays: dict, steps: int) -> dict:
     rng = np.random.default_rng(1)
 
     def build():
-        module = model._build_module(arrays, Y.shape[1])
-        projection = model._training_projection(module, X)
+        module = build_module(model, arrays)
+        projection = training_projection(module, X)
         if model.init_mean == "ridge":
-            model._warm_start_mean(module, X, Y, projection, rng)
-        return module, projection, make_optimizer(module, model.learning_rate, model.variational_learning_rate)
+            warm_start_mean(model, module, X, Y, projection, rng)
+        return Trainer(model.get_params(), rng, module=module), TrainingRows(X, Y, None, projection)
 
-    (module, projection, optimizer), warm_s, _ = timed(build)
-    batch = resolve_batch_size(model.batch_size, X.shape[0])
+    (trainer, rows), warm_s, _ = timed(build)
+    batch = batch_size(trainer, X.shape[0])
     batches = epoch_batches(X.shape[0], batch, rng)[: steps + 1]
-    timed_steps(model, module, optimizer, X, Y, projection, batches[:1], rng)  # warm-up step, not counted
-    timings, wall, cpu = timed(lambda: timed_steps(model, module, optimizer, X, Y, projection, batches[1:], rng))
-    rows = sum(len(b) for b in batches[1:])
-    return dict(warm_s=warm_s, rows=rows, wall=wall, cpu=cpu, timings=timings, batch=batch)
+    timed_steps(trainer, rows, batches[:1])  # warm-up step, not counted
+    timings, wall, cpu = timed(lambda: timed_steps(trainer, rows, batches[1:]))
+    n_rows = sum(len(b) for b in batches[1:])
+    return dict(warm_s=warm_s, rows=n_rows, wall=wall, cpu=cpu, timings=timings, batch=batch)
 
 
 def main(argv=None):
@@ -121,8 +124,8 @@ def main(argv=None):
         _, parabel_s, parabel_cpu = timed(lambda: parabel.fit(train.X, train.Y))
         print(f"omikuji Parabel fit: {parabel_s:.1f} s wall, {parabel_cpu:.1f} s CPU ({load_avg()})")
         base = dict(random_state=0, n_threads=args.threads, **overrides)
-        (X, arrays), init_s, init_cpu = timed(lambda: initial_arrays(MLGPF(**base), train))
-        print(f"set-up shared by the families (feature weighting, subspace SVD, k-means, bias, Phi): "
+        (X, arrays), init_s, init_cpu = timed(lambda: shared_setup(MLGPF(**base), train))
+        print(f"set-up shared by the families (row normalisation, subspace SVD, k-means, bias, Phi): "
               f"{init_s:.1f} s wall, {init_cpu:.1f} s CPU")
         print("\n| family | warm start s | rows/s | CPU s / 1000 rows | epoch s, this shape | epoch min, 1.19M rows | "
               + " | ".join(STAGES) + " |")

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 
-from bayesmlc.bench import baselines
-from bayesmlc.bench.baselines import KNNBaseline, missing_dependency
+from bayesmlc import baselines
+from bayesmlc.baselines import KNNBaseline, missing_dependency
 from bayesmlc.bench.cli import main as bench_main
 from bayesmlc.bench.plots import make_plots
 from bayesmlc.bench.report import format_cell, render_report, splice_into_document
@@ -279,7 +279,7 @@ def test_scale_plot_and_table(tmp_path):
 
 @pytest.mark.parametrize("suite_name", sorted(SUITES))
 def test_suite_settings_are_valid_model_parameters(suite_name):
-    from bayesmlc.bench.baselines import REGISTRY_ENTRIES
+    from bayesmlc.baselines import REGISTRY_ENTRIES
     from bayesmlc.models import MODEL_CLASSES, get_model_class
 
     for config in SUITES[suite_name].configs:

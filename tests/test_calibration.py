@@ -10,7 +10,7 @@ from sklearn.linear_model import LogisticRegression as SkLogisticRegression
 
 from bayesmlc import metrics as M
 from bayesmlc.base import MultiLabelEstimator
-from bayesmlc.bench.baselines import KNNBaseline
+from bayesmlc.baselines import KNNBaseline
 from bayesmlc.calibration import CalibratedClassifier, apply_isotonic, fit_isotonic, fit_platt, fit_temperature
 from bayesmlc.exceptions import ValidationError
 from bayesmlc.linear import LogisticRegression

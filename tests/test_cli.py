@@ -141,7 +141,7 @@ def test_logistic_on_bibtex_xc_metrics_match_scikit_learn(capsys, tmp_path):
     scores = model.decision_function(test.X)
     predicted = model.predict(test.X).toarray()
     m = record["metrics"]
-    assert m["P@1"] > 0.55  # one-vs-rest logistic reaches about 0.62 here (targets.md)
+    assert m["P@1"] > 0.55  # one-vs-rest logistic reaches about 0.62 here (the BMLS paper's baseline table)
     assert m["AUC_micro"] == pytest.approx(skm.roc_auc_score(Y.ravel(), scores.ravel()), abs=1e-6)
     has_both = (Y.sum(0) > 0) & (Y.sum(0) < len(Y))
     assert m["AUC_macro"] == pytest.approx(skm.roc_auc_score(Y[:, has_both], scores[:, has_both], average="macro"), abs=1e-6)
@@ -170,7 +170,7 @@ def test_predict_into_a_closed_pipe_stops_quietly(tiny_files):
 
 
 def test_evaluate_reads_an_ensemble_saved_from_python(tiny_files, capsys):
-    from bayesmlc.bench.baselines import KNNBaseline
+    from bayesmlc.baselines import KNNBaseline
     from bayesmlc.data.io import read_dataset
     from bayesmlc.ensemble import AveragingEnsemble
     from bayesmlc.metrics import precision_at_k

@@ -26,11 +26,12 @@ import scipy.sparse as sp
 import torch
 import torch.multiprocessing as mp
 
-import bayesmlc.distributed as distributed
+import bayesmlc.data.shard as shard_module
 from bayesmlc.data.dataset import Dataset
 from bayesmlc.data.io import read_dataset, write_dataset
 from bayesmlc.data.synthetic import make_multilabel
-from bayesmlc.distributed import DataParallel, RankFailedError, RowShard, SingleProcess, read_shard, shard_bounds
+from bayesmlc.data.shard import RowShard, read_shard, shard_bounds
+from bayesmlc.distributed import DataParallel, ParallelContext, RankFailedError, SingleProcess
 from bayesmlc.exceptions import DataFormatError, ValidationError
 from bayesmlc.gp import MLGPF
 from bayesmlc.gp.inducing import kmeans_centres, top_singular_vectors, truncated_svd
@@ -90,7 +91,7 @@ class _Rank:
 def test_read_shard_reads_each_ranks_rows_and_the_shards_tile_the_file(tmp_path, monkeypatch, kind):
     import zipfile
 
-    monkeypatch.setattr(distributed, "_SCAN_BYTES", 13)  # many chunk boundaries while looking for the lines
+    monkeypatch.setattr(shard_module, "_SCAN_BYTES", 13)  # many chunk boundaries while looking for the lines
     X, Y = _data()
     Y = Y.tolil()
     Y[0, :] = 0  # a row without labels (an XC line that starts with a space)
@@ -190,6 +191,17 @@ def _run_as_ranks(world_size, compute):
     return results
 
 
+class _Summing:
+    """A strategy whose only collective is ``reduce_sum`` (the threads' barrier sum)."""
+
+    def __init__(self, reduce):
+        self.reduce_sum = reduce
+
+
+def _context(shard, reduce) -> ParallelContext:
+    return ParallelContext(shard, _Summing(reduce))
+
+
 def _uneven_shards(n_rows):
     """Three shards of different sizes, one of them small."""
     cuts = [0, n_rows // 2, n_rows // 2 + 3, n_rows]
@@ -216,7 +228,7 @@ def test_top_singular_vectors_over_row_shards_equal_one_process_and_the_dense_sv
     np.testing.assert_allclose(np.abs(Vt @ Vt_dense[:4].T), np.eye(4), atol=1e-6)  # same vectors up to sign
     shards = _uneven_shards(90)
     results = _run_as_ranks(
-        3, lambda r, reduce: top_singular_vectors(X[shards[r].start : shards[r].stop], 4, 0, reduce)
+        3, lambda r, reduce: top_singular_vectors(X[shards[r].start : shards[r].stop], 4, 0, _context(shards[r], reduce))
     )
     for Vt_r, s_r in results:
         np.testing.assert_allclose(Vt_r, Vt, atol=1e-10)
@@ -228,11 +240,12 @@ def test_truncated_svd_of_a_row_sample_over_shards_equals_one_process():
     basis, US, used = truncated_svd(X, 5, seed=2, max_rows=70)
     shards = _uneven_shards(120)
     results = _run_as_ranks(
-        3, lambda r, reduce: truncated_svd(X[shards[r].start : shards[r].stop], 5, 2, 70, shards[r], reduce)
+        3, lambda r, reduce: truncated_svd(X[shards[r].start : shards[r].stop], 5, 2, 70, _context(shards[r], reduce))
     )
     assert used.n_total == 70 and [res[2].n_total for res in results] == [70] * 3
-    assert [(res[2].start, res[2].stop) for res in results] == [(0, results[0][2].stop), (results[0][2].stop,
-            results[1][2].stop), (results[1][2].stop, 70)]
+    used_shards = [res[2].shard for res in results]
+    assert [(s.start, s.stop) for s in used_shards] == [(0, used_shards[0].stop), (used_shards[0].stop,
+            used_shards[1].stop), (used_shards[1].stop, 70)]
     for basis_r, _, _ in results:
         np.testing.assert_allclose(basis_r, basis, atol=1e-6)
     np.testing.assert_allclose(np.vstack([res[1] for res in results]), US, atol=1e-5)
@@ -253,7 +266,7 @@ def test_kmeans_over_shards_equals_one_process_and_lloyds_algorithm():
     np.testing.assert_allclose(found, lloyd.cluster_centers_, rtol=1e-5, atol=1e-5)
     shards = _uneven_shards(300)
     results = _run_as_ranks(
-        3, lambda r, reduce: kmeans_centres(points[shards[r].start : shards[r].stop], 6, 7, 200, shards[r], reduce)
+        3, lambda r, reduce: kmeans_centres(points[shards[r].start : shards[r].stop], 6, 7, 200, _context(shards[r], reduce))
     )
     for result in results:
         np.testing.assert_allclose(result, found, atol=1e-5)
@@ -262,8 +275,8 @@ def test_kmeans_over_shards_equals_one_process_and_lloyds_algorithm():
     found = kmeans_centres(sparse_points, 5, seed=1)
     shards = _uneven_shards(80)
     results = _run_as_ranks(
-        3, lambda r, reduce: kmeans_centres(sparse_points[shards[r].start : shards[r].stop], 5, 1, shard=shards[r],
-                                            reduce=reduce)
+        3, lambda r, reduce: kmeans_centres(sparse_points[shards[r].start : shards[r].stop], 5, 1,
+                                            context=_context(shards[r], reduce))
     )
     for result in results:
         np.testing.assert_allclose(result, found, atol=1e-6)
@@ -430,9 +443,9 @@ def _run_out_of_step(parallel, X, Y, out):
 def _run_with_failure_on_rank_1(parallel, X, Y, out):
     """Rank 1 raises in its third bound evaluation; every rank records the error it stopped with."""
     if parallel.rank == 1:
-        import bayesmlc.gp.model as gp_model
+        import bayesmlc.gp.objective as objective
 
-        original, calls = gp_model.minibatch_elbo, []
+        original, calls = objective.minibatch_elbo, []
 
         def failing_elbo(*args, **kwargs):
             calls.append(1)
@@ -440,7 +453,7 @@ def _run_with_failure_on_rank_1(parallel, X, Y, out):
                 raise ValueError("injected failure on rank 1")
             return original(*args, **kwargs)
 
-        gp_model.minibatch_elbo = failing_elbo
+        objective.minibatch_elbo = failing_elbo
     _record_outcome(os.path.join(out, f"failure-rank{parallel.rank}.txt"),
                     lambda: MLGPF(epochs=3, **MLGPF_SETTINGS).fit(X, Y, parallel=parallel))
 

@@ -9,7 +9,7 @@ from sklearn.base import clone
 
 from bayesmlc import MLGPF, ModelFormatError, ValidationError
 from bayesmlc.base import MultiLabelEstimator
-from bayesmlc.bench.baselines import KNNBaseline
+from bayesmlc.baselines import KNNBaseline
 from bayesmlc.ensemble import AveragingEnsemble
 from bayesmlc.linear import LogisticRegression
 from bayesmlc.persistence import FORMAT_VERSION

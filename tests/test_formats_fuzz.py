@@ -400,7 +400,7 @@ def test_mat_mutated(seed, compressed, mutations, size_at):
 def _model_file(kind: int) -> Path:
     path = WORKDIR / f"model{kind}.npz"
     if not path.exists():
-        from bayesmlc.bench.baselines import KNNBaseline
+        from bayesmlc.baselines import KNNBaseline
         from bayesmlc.linear import LogisticRegression
 
         data = _valid_dataset(0)

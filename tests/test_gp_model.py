@@ -11,6 +11,7 @@ import torch
 from bayesmlc.exceptions import ValidationError
 from bayesmlc.gp import MLGPF, TrainingDivergedError
 from bayesmlc.gp.likelihoods import BernoulliLogit
+from bayesmlc.gp.objective import latent_marginals
 from bayesmlc.metrics import precision_at_k
 
 
@@ -71,7 +72,8 @@ def test_predict_proba_matches_monte_carlo_under_q_f():
     model = MLGPF(epochs=3, **SMALL).fit(X, Y)
     module = model._ensure_module()
     with torch.no_grad():
-        mean_h, var_h, _ = module.latent(module.inducing.make_batch(model._prepare_features(X[:4])), model.jitter_)
+        batch = module.inducing.make_batch(model._prepare_features(X[:4]))
+        mean_h, var_h, _ = latent_marginals(module, batch, model.jitter_)
         f_mean = (mean_h @ module.Phi.T + module.bias).double()
         f_var = (var_h @ module.Phi.pow(2).T).double()
     gen = torch.Generator().manual_seed(0)
@@ -94,16 +96,16 @@ def test_negative_sampling_and_label_mask_train(tmp_path):
 @pytest.mark.filterwarnings("ignore:.*no positive training example")
 @pytest.mark.parametrize("n_labels, expected", [(30, None), (1000, None), (1001, 500)])
 def test_auto_negative_samples_sample_only_above_a_thousand_labels(monkeypatch, n_labels, expected):
-    import bayesmlc.gp.model as model_module
+    import bayesmlc.gp.training as training_module
 
     drawn = []
-    real = model_module.sample_label_entries
+    real = training_module.sample_label_entries
 
     def recording(Y, mask, negative_samples, rng):
         drawn.append(negative_samples)
         return real(Y, mask, negative_samples, rng)
 
-    monkeypatch.setattr(model_module, "sample_label_entries", recording)
+    monkeypatch.setattr(training_module, "sample_label_entries", recording)
     rng = np.random.default_rng(0)
     X = sp.csr_matrix(rng.standard_normal((60, 8)).astype(np.float32))
     Y = sp.csr_matrix((rng.random((60, n_labels)) < 0.01).astype(np.float32))

@@ -9,7 +9,8 @@ from torch.func import functional_call
 
 from bayesmlc.gp import MLGPF
 from bayesmlc.gp.likelihoods import BernoulliLogit
-from bayesmlc.gp.model import minibatch_elbo
+from bayesmlc.gp.initialisation import build_module, initial_arrays
+from bayesmlc.gp.objective import minibatch_elbo
 from bayesmlc.gp.objective import data_term_full, data_term_sampled, sample_label_entries
 
 DT = torch.float64
@@ -141,8 +142,7 @@ def test_gradients_pass_finite_difference_check(kernel, inducing, variational):
     Y = _labels(rng, 12, 4, 0.4)
     model = MLGPF(n_latent=2, n_inducing=3, kernel=kernel, ard=True, inducing=inducing, subspace_rank=3,
                   variational=variational, init_factors="random", random_state=0)
-    model._check_params(12)
-    module = model._build_module(model._initial_arrays(X, Y, np.random.default_rng(0)), 4).to(DT)
+    module = build_module(model, initial_arrays(model, X, Y, np.random.default_rng(0))).to(DT)
     with torch.no_grad():  # move away from the symmetric initial values
         for p in module.parameters():
             p.add_(0.1 * torch.as_tensor(rng.standard_normal(tuple(p.shape)), dtype=DT))

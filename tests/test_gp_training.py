@@ -10,8 +10,9 @@ import scipy.sparse as sp
 import torch
 
 from bayesmlc.exceptions import ValidationError
-import bayesmlc.gp.model as model_module
+import bayesmlc.gp.training as training_module
 from bayesmlc.gp import MLGPF
+from bayesmlc.gp.initialisation import initial_factors
 from bayesmlc.gp.training import learning_rate_factor, step_progress
 
 SMALL = dict(n_latent=2, n_inducing=10, subspace_rank=8, batch_size=50, learning_rate=0.05, random_state=0,
@@ -67,7 +68,7 @@ def test_resume_with_decay_gives_the_uninterrupted_result_and_needs_the_same_epo
     path = tmp_path / "run.ckpt.npz"
     # interrupt a 4-epoch run after its second checkpoint (epoch 2)
     writes = {"n": 0}
-    real_save = model_module.save_checkpoint
+    real_save = training_module.save_checkpoint
 
     def interrupting_save(*args, **kwargs):
         real_save(*args, **kwargs)
@@ -76,7 +77,7 @@ def test_resume_with_decay_gives_the_uninterrupted_result_and_needs_the_same_epo
             raise KeyboardInterrupt
 
     with monkeypatch.context() as patch:
-        patch.setattr(model_module, "save_checkpoint", interrupting_save)
+        patch.setattr(training_module, "save_checkpoint", interrupting_save)
         with pytest.raises(KeyboardInterrupt):
             MLGPF(epochs=4, checkpoint_every=1, checkpoint_path=str(path), **params).fit(X, Y)
     resumed = MLGPF(epochs=4, checkpoint_every=1, checkpoint_path=str(path), **params).fit(X, Y, resume=True)
@@ -94,7 +95,7 @@ def test_factor_warm_start_uses_the_full_svd_basis_when_p_equals_the_label_count
     rng = np.random.default_rng(3)
     Y = sp.csr_matrix((rng.random((300, 6)) < [0.5, 0.4, 0.3, 0.2, 0.1, 0.05]).astype(np.float32))
     P = L = Y.shape[1]
-    Phi = MLGPF(n_latent=P, random_state=0)._initial_factors(Y, np.random.default_rng(0))
+    Phi = initial_factors(Y, P, "svd", np.random.default_rng(0))
     _, s, Vt = np.linalg.svd(Y.toarray().astype(np.float64), full_matrices=False)
     expected = Vt.T * np.sqrt(s / s.mean())
     expected *= math.sqrt(L) / np.linalg.norm(expected)
@@ -139,3 +140,43 @@ def test_a_stream_of_bibtex_comes_within_one_point_of_fit():
     p_fit = precision_at_k(test.Y, fitted.decision_function(test.X), 1)
     p_stream = precision_at_k(test.Y, stream.decision_function(test.X), 1)
     assert p_stream > p_fit - 0.01, (p_stream, p_fit)
+
+
+class _RecordingBar:
+    """Stands in for tqdm: keeps every ``set_postfix`` figure set."""
+
+    def __init__(self, *args, **kwargs):
+        self.postfixes = []
+
+    def update(self, n=1):
+        pass
+
+    def set_postfix(self, figures):
+        self.postfixes.append(dict(figures))
+
+    def close(self):
+        pass
+
+
+def _bar_of_fit(monkeypatch, **params):
+    import tqdm.auto
+
+    bars = []
+    monkeypatch.setattr(tqdm.auto, "tqdm", lambda *args, **kwargs: bars.append(_RecordingBar()) or bars[-1])
+    X, Y = _data()
+    model = MLGPF(verbose=True, **{**SMALL, **params}).fit(X, Y)
+    assert len(bars) == 1
+    return bars[0].postfixes, model.history_
+
+
+def test_progress_bar_labels_training_and_validation_precision(monkeypatch):
+    postfixes, history = _bar_of_fit(monkeypatch, epochs=3)
+    assert [set(p) for p in postfixes] == [{"ELBO", "train P@1"}] * 3  # no "P@1" that could pass for a test score
+    assert [p["train P@1"] for p in postfixes] == [f"{v:.3f}" for v in history["train_P@1"]]
+    assert [p["ELBO"] for p in postfixes] == [f"{v:.4g}" for v in history["objective"]]
+    # validation every second epoch: none shown before the first evaluation, then the latest one
+    postfixes, history = _bar_of_fit(monkeypatch, epochs=4, validation_fraction=0.2, validation_every=2)
+    assert [set(p) for p in postfixes] == [{"ELBO", "train P@1"}] + [{"ELBO", "train P@1", "val P@1"}] * 3
+    assert math.isnan(history["val_P@1"][0]) and math.isnan(history["val_P@1"][2])
+    expected = [history["val_P@1"][1]] * 2 + [history["val_P@1"][3]]
+    assert [p["val P@1"] for p in postfixes[1:]] == [f"{v:.3f}" for v in expected]

@@ -100,7 +100,7 @@ def test_npz_dataset_with_decreasing_indptr_is_refused(tmp_path):
 
 
 def test_model_file_with_bad_sparse_state_is_refused(tmp_path):
-    from bayesmlc.bench.baselines import KNNBaseline
+    from bayesmlc.baselines import KNNBaseline
 
     data = _dataset(n=20)
     path = tmp_path / "knn.npz"
@@ -419,7 +419,7 @@ def test_arff_duplicate_attribute_names_are_refused(tmp_path):
 
 
 def test_shard_reader_bounds_members_before_decompression(tmp_path, monkeypatch):
-    from bayesmlc.distributed import read_shard
+    from bayesmlc.data.shard import read_shard
 
     class Rank:
         rank, world_size = 0, 2

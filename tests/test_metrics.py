@@ -334,7 +334,10 @@ def test_auc_matches_sklearn_with_ties(seed):
 
 def test_auc_float32_scores_and_blocks(monkeypatch):
     # Small blocks force the blocked code paths (several column and row blocks).
-    monkeypatch.setattr(M, "_BLOCK_ENTRIES", 64)
+    from bayesmlc.metrics import _checks
+
+    monkeypatch.setattr(_checks, "_BLOCK_ENTRIES", 64)
+    assert len(list(_checks._row_blocks(50, 30))) > 1 and len(list(_checks._row_blocks(30, 50))) > 1
     Y, dense_y, scores = random_problem(4, n=50, n_labels=30, density=0.3)
     scores = scores.astype(np.float32)
     labels = dense_y.max(axis=0) == 1
@@ -812,3 +815,26 @@ def test_bibtex_ridge_scores_match_sklearn_and_brute_force():
     assert result["F1_macro"] == pytest.approx(skm.f1_score(dense_y, pred, average="macro", zero_division=1.0))
     assert result["exact_match"] == pytest.approx(skm.accuracy_score(dense_y, pred))
     assert result["hamming_loss"] == pytest.approx(skm.hamming_loss(dense_y, pred))
+
+
+# ---- the package layout ------------------------------------------------------------------------------
+def test_every_public_metric_is_importable_from_the_package_and_lives_in_its_family():
+    import importlib
+
+    families = {
+        "ranking": ["topk", "inverse_propensity", "inverse_propensity_from_counts", "precision_at_k", "ndcg_at_k",
+                    "psprecision_at_k", "psndcg_at_k"],
+        "auc": ["auc_micro", "auc_macro", "auc_instance"],
+        "set_based": ["f1_example", "f1_micro", "f1_macro", "exact_match", "hamming_loss"],
+        "calibration": ["ReliabilityCurve", "reliability_curve", "expected_calibration_error",
+                        "topk_reliability_curve", "ece_at_k", "brier_at_k", "RiskCoverage", "risk_coverage_curve",
+                        "aurc", "calibration_curves"],
+        "evaluation": ["evaluate"],
+    }
+    assert sorted(M.__all__) == sorted(name for names in families.values() for name in names)
+    for family, names in families.items():
+        module = importlib.import_module(f"bayesmlc.metrics.{family}")
+        assert sorted(module.__all__) == sorted(names)
+        for name in names:
+            assert getattr(M, name) is getattr(module, name)
+            assert callable(getattr(M, name))

@@ -11,7 +11,7 @@ import pytest
 
 from bayesmlc import ModelFormatError
 from bayesmlc.base import MultiLabelEstimator
-from bayesmlc.bench.baselines import KNNBaseline, _FileBackedModel, _is_plain_file_name
+from bayesmlc.baselines import KNNBaseline, _FileBackedModel, _is_plain_file_name
 from bayesmlc.models import LOADABLE_CLASSES, MODEL_CLASSES, get_model_class
 
 
@@ -93,7 +93,7 @@ def test_crafted_baseline_file_is_refused_at_load_and_writes_nothing(saved_knn, 
     target = tmp_path / "outside" / "pwned.pth"
 
     def edit(meta, arrays):
-        meta["class"] = "bayesmlc.bench.baselines:OmikujiParabel"
+        meta["class"] = "bayesmlc.baselines:OmikujiParabel"
         arrays["model.state.model_files_.x#99"] = np.frombuffer(b"import os", dtype=np.uint8)
         meta["state"] = {"n_labels_": 3, "n_features_in_": 4,
                          "model_files_": {str(target): {"__array__": "model.state.model_files_.x#99"}}}
@@ -122,3 +122,21 @@ def test_every_registered_model_class_is_loadable_and_nothing_else():
 
     assert f"{AveragingEnsemble.__module__}:AveragingEnsemble" in LOADABLE_CLASSES
     assert all(path.startswith("bayesmlc.") for path in LOADABLE_CLASSES)
+
+
+def test_a_file_naming_the_baselines_old_module_loads_as_the_moved_class(saved_knn, tmp_path):
+    # files saved while the baselines lived in bayesmlc.bench name them "bayesmlc.bench.baselines:X"
+    def edit(meta, arrays):
+        assert meta["class"] == "bayesmlc.baselines:KNNBaseline"
+        meta["class"] = "bayesmlc.bench.baselines:KNNBaseline"
+
+    X = np.random.default_rng(1).random((6, 4))
+    expected = KNNBaseline.load(saved_knn).decision_function(X)
+    _rewrite_meta(saved_knn, edit)
+    model = MultiLabelEstimator.load(saved_knn)
+    assert type(model) is KNNBaseline
+    np.testing.assert_array_equal(model.decision_function(X), expected)
+    # saved again, it names the class where it lives now
+    model.save(tmp_path / "again.npz")
+    with np.load(tmp_path / "again.npz") as data:
+        assert json.loads(data["__meta__"].tobytes())["class"] == "bayesmlc.baselines:KNNBaseline"

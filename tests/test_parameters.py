@@ -8,7 +8,7 @@ import re
 import numpy as np
 import pytest
 
-from bayesmlc.bench.baselines import KNNBaseline, NapkinXCPLT, OmikujiParabel
+from bayesmlc.baselines import KNNBaseline, NapkinXCPLT, OmikujiParabel
 from bayesmlc.bmls import BMLS
 from bayesmlc.bnmc import BNMC
 from bayesmlc.calibration import CalibratedClassifier

@@ -132,6 +132,135 @@ def test_to_dict_is_plain():
     assert all(isinstance(f["sha256"], str) for f in out["files"])
 
 
+# --------------------------------------------------------------------------------------------------
+# the catalogue file
+# --------------------------------------------------------------------------------------------------
+def _catalogue_document() -> dict:
+    import json
+    from importlib import resources
+
+    return json.loads(resources.files("bayesmlc.data").joinpath("catalogue.json").read_text(encoding="utf-8"))
+
+
+def test_catalogue_entries_hold_the_published_values():
+    """A few whole records, written out by hand from the XC repository's table, Mulan's page,
+    Jain et al. 2016 and the SOURCE.md files of the staged copies."""
+    jain = "Jain, Prabhu, Varma, KDD 2016 (propensity model); pyxclib and napkinXC defaults"
+    xc = "http://manikvarma.org/downloads/XC/XMLRepository.html"
+    mulan_commit = "GitHub tsoumakas/mulan commit 43f6389095ad71984264db4387a8074b22bc7d4a"
+    expected = {
+        "emotions": registry.DatasetInfo(
+            name="emotions", title="emotions", n_train=391, n_test=202, n_features=72, n_labels=6,
+            labels_per_row=1.869, feature_kind="dense real (audio)", split="Mulan split",
+            source=f"Trohidis et al., ISMIR 2008; {mulan_commit}, converted from ARFF to XC text",
+            source_url="http://mulan.sourceforge.net/datasets-mlc.html", propensity_a=0.55, propensity_b=1.5,
+            propensity_source=jain,
+            files=(
+                registry.DataFile("train.txt", 325285,
+                                  "bdb9bc594b734acabe883c781992622092a2c0187f83937a188a0e4f4ec737ea"),
+                registry.DataFile("test.txt", 168157,
+                                  "5d90df163fc4fa52617bfe2e69738f653e525ed6c089f50308546e6640a46621"),
+                registry.DataFile("labels.txt", 83,
+                                  "ee43ed1fa61facf798eff078883ee3ec4bb101747e3578d9cdd52ce437312a92", required=False),
+                registry.DataFile("features.txt", 2031,
+                                  "dae5fbc56e516ea730c2e5fe1de7ca8c84ef17dca10ea6b10ec35070a1e89773", required=False),
+            ),
+        ),
+        "amazon-670k": registry.DatasetInfo(
+            name="amazon-670k", title="Amazon-670K", n_train=490449, n_test=153025, n_features=135909,
+            n_labels=670091, labels_per_row=5.45, feature_kind="sparse tf-idf (bag of words)",
+            split="XC repository split", source="McAuley, Leskovec, RecSys 2013 (Amazon co-purchases)",
+            source_url=xc, propensity_a=0.6, propensity_b=2.6, propensity_source=jain,
+            train_names=("train.txt", "amazon_train.txt"), test_names=("test.txt", "amazon_test.txt"),
+            aliases=("amazon670k",),
+        ),
+        "corel5k": registry.DatasetInfo(
+            name="corel5k", title="Corel5k", n_train=4500, n_test=500, n_features=499, n_labels=374,
+            labels_per_row=3.522, feature_kind="sparse binary (image blobs)", split="Mulan split",
+            source="Duygulu et al., ECCV 2002", source_url="http://mulan.sourceforge.net/datasets-mlc.html",
+        ),
+    }
+    for name, info in expected.items():
+        assert registry.REGISTRY[name] == info
+        assert registry.REGISTRY[name].aliases == info.aliases  # compare=True, but say it
+    xc_test = registry.REGISTRY["bibtex_xc"].files[1]
+    assert (xc_test.name, xc_test.size, xc_test.required) == ("test.txt", 2335600, True)
+    assert xc_test.url == ("https://raw.githubusercontent.com/aresPanos/mlgpf/"
+                           "54961660a62fd449b99848015d5ca020defd9412/data/bibtex/test.txt")
+    assert registry.REGISTRY["bibtex"].files[2:] == registry.REGISTRY["bibtex_xc"].files[2:]  # shared name files
+    assert registry.REGISTRY["wikilshtc-325k"].aliases == ("wikilshtc",)
+    assert registry.get_info("rcv1x").test_names == ("test.txt", "rcv1x_test.txt")
+
+
+def test_every_catalogue_record_validates():
+    import dataclasses
+
+    document = _catalogue_document()
+    assert (document["format"], document["format_version"]) == ("bayesmlc-dataset-catalogue", 1)
+    info_fields = {f.name: f for f in dataclasses.fields(registry.DatasetInfo)}
+    file_fields = {f.name for f in dataclasses.fields(registry.DataFile)}
+    required = {name for name, f in info_fields.items()
+                if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING}
+    names, aliases = [], []
+    for record in document["datasets"]:
+        assert required <= set(record) <= set(info_fields), record.get("name")
+        assert record["name"] == record["name"].strip().lower()
+        for key in ("n_train", "n_test", "n_features", "n_labels"):
+            assert type(record[key]) is int and record[key] > 0, (record["name"], key)
+        for key in ("labels_per_row", "propensity_a", "propensity_b"):
+            if key in record:
+                assert type(record[key]) is float, (record["name"], key)
+        assert 1.0 <= record["labels_per_row"] <= record["n_labels"]
+        for key in ("title", "feature_kind", "split", "source", "source_url", "propensity_source", "notes"):
+            if key in record:
+                assert isinstance(record[key], str) and record[key].strip() == record[key], (record["name"], key)
+        assert record["source_url"].startswith("http")
+        for key in ("train_names", "test_names", "aliases"):
+            value = record.get(key, [])
+            assert isinstance(value, list) and all(isinstance(v, str) and v for v in value), (record["name"], key)
+        file_names = []
+        for entry in record.get("files", []):
+            assert {"name", "size", "sha256"} <= set(entry) <= file_fields, (record["name"], entry)
+            assert type(entry["size"]) is int and entry["size"] > 0
+            assert len(entry["sha256"]) == 64 and set(entry["sha256"]) <= set("0123456789abcdef")
+            assert entry.get("url") is None or entry["url"].startswith("https://")
+            assert type(entry.get("required", True)) is bool
+            file_names.append(entry["name"])
+        if file_names:  # a downloadable set has both splits, under load()'s first names
+            info = registry.REGISTRY[record["name"]]
+            assert info.train_names[0] in file_names and info.test_names[0] in file_names
+        assert len(set(file_names)) == len(file_names)
+        names.append(record["name"])
+        aliases.extend(record.get("aliases", []))
+    assert names == registry.list_datasets()  # file order is registry order, nothing dropped
+    assert len(set(names + aliases)) == len(names) + len(aliases)
+
+
+def test_catalogue_ships_as_package_data():
+    import tomllib
+
+    pyproject = tomllib.loads((Path(registry.__file__).parents[2] / "pyproject.toml").read_text())
+    assert "catalogue.json" in pyproject["tool"]["setuptools"]["package-data"]["bayesmlc.data"]
+    assert registry.CATALOGUE_FILE == "catalogue.json"
+    assert (Path(registry.__file__).parent / "catalogue.json").is_file()
+
+
+def test_a_malformed_catalogue_record_is_named(monkeypatch, tmp_path):
+    import json
+    from importlib import resources
+
+    document = _catalogue_document()
+    document["datasets"][3]["n_rows"] = 1
+    (tmp_path / "catalogue.json").write_text(json.dumps(document))
+    monkeypatch.setattr(resources, "files", lambda package: tmp_path)
+    with pytest.raises(ValueError, match="record 'mediamill'.*n_rows"):
+        registry._read_catalogue()
+    document["format_version"] = 2
+    (tmp_path / "catalogue.json").write_text(json.dumps(document))
+    with pytest.raises(ValueError, match="version 1"):
+        registry._read_catalogue()
+
+
 @pytest.mark.parametrize("name", STAGED)
 def test_recorded_files_match_the_shared_copies(name):
     folder = shared_dataset_dir(name)

@@ -6,7 +6,7 @@ import scipy.sparse as sp
 from sklearn.preprocessing import normalize
 
 from bayesmlc.exceptions import ValidationError
-from bayesmlc.utils import column_mean_and_scale, normalize_rows, resolve_standardize
+from bayesmlc.utils import column_mean_and_scale, logit, normalize_rows, resolve_standardize, sigmoid, softplus
 
 
 def test_column_mean_and_scale_match_numpy_alone_and_summed_over_row_shards():
@@ -52,3 +52,25 @@ def test_resolve_standardize_switches_on_above_half_the_entries(setting, n_nonze
 def test_resolve_standardize_names_a_bad_setting(setting):
     with pytest.raises(ValidationError, match=f"standardize must be 'auto', True or False, got {setting!r}"):
         resolve_standardize(setting, 1, 2)
+
+
+def test_sigmoid_logit_and_softplus_match_scipy_and_stay_finite():
+    from scipy.special import expit, log_expit
+    from scipy.special import logit as scipy_logit
+
+    x = np.concatenate([np.linspace(-30.0, 30.0, 601), [-800.0, -50.0, 50.0, 800.0, 0.0]])
+    # the tanh form is accurate to 1e-16 absolute (not relative: far left it rounds to 0 earlier than expit)
+    np.testing.assert_allclose(sigmoid(x), expit(x), rtol=1e-14, atol=1e-16)
+    np.testing.assert_array_equal(sigmoid(np.array([-800.0, 0.0, 800.0])), [0.0, 0.5, 1.0])
+    # log(1 + e^x): numpy's logaddexp(0, x); -softplus(-x) is log sigmoid(x)
+    np.testing.assert_allclose(softplus(x), np.logaddexp(0.0, x), rtol=1e-15, atol=0)
+    np.testing.assert_allclose(-softplus(-x), log_expit(x), rtol=1e-14, atol=0)
+    assert softplus(np.array([800.0]))[0] == 800.0 and softplus(np.array([-800.0]))[0] == 0.0
+    p = np.linspace(0.001, 0.999, 999)
+    np.testing.assert_allclose(logit(p), scipy_logit(p), rtol=1e-12)
+    np.testing.assert_allclose(sigmoid(logit(p)), p, rtol=1e-12)
+    # the floor keeps 0 and 1 finite: logit(floor) = log(floor / (1 - floor))
+    np.testing.assert_allclose(logit(np.array([0.0, 1.0]), floor=1e-4), [np.log(1e-4 / 0.9999), np.log(0.9999 / 1e-4)],
+                               rtol=1e-12)
+    with np.errstate(divide="ignore"):
+        assert np.isneginf(logit(np.array([0.0]), floor=0.0))[0]

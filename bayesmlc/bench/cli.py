@@ -17,6 +17,7 @@ from ..exceptions import BayesMLCError
 from .report import splice_into_document
 from .runner import RESULTS_FILE, read_results, run_suite
 from .suites import SUITES, get_suite
+from .user_data import add_user_datasets
 
 __all__ = ["add_arguments", "run", "main"]
 
@@ -26,6 +27,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--suite", required=True, choices=sorted(SUITES), help="which suite to run")
     parser.add_argument("--datasets", nargs="+", metavar="NAME", help="only these datasets of the suite")
     parser.add_argument("--models", nargs="+", metavar="NAME", help="only these models of the suite")
+    parser.add_argument("--dataset", action="append", metavar="NAME=TRAIN[,TEST]", default=[],
+                        help="also run on your own files (repeatable; without TEST, 20%% of TRAIN's rows are held "
+                             "out by --seed); add --datasets NAME to run on yours alone")
     parser.add_argument("--repeats", type=int, default=1, help="runs per configuration, seeds seed..seed+n-1 (default 1)")
     parser.add_argument("--out", help="output folder (default: bench-SUITE)")
     parser.add_argument("--data-root", help="folder of the real datasets (default: ../shared/datasets beside the repository)")
@@ -40,7 +44,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     parser.add_argument("--doc", metavar="MARKDOWN",
                         help="also write the report into this markdown file, between the suite's markers "
-                             "(e.g. docs/benchmarks.md), with the plots copied to benchmarks-SUITE/ beside it")
+                             "(e.g. docs/benchmarks-quick.md), with the plots copied to benchmarks-SUITE/ beside it")
     parser.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
 
 
@@ -49,6 +53,8 @@ def _command_line(args) -> str:
     for option in ("datasets", "models"):
         if getattr(args, option):
             parts += [f"--{option}"] + list(getattr(args, option))
+    for argument in getattr(args, "dataset", None) or ():
+        parts += ["--dataset", argument]
     if args.repeats != 1:
         parts += ["--repeats", str(args.repeats)]
     if getattr(args, "calibrate", None):
@@ -78,6 +84,7 @@ def run(args) -> int:
                 return 2
             records = read_results(out / RESULTS_FILE)
         else:
+            suite = add_user_datasets(suite, getattr(args, "dataset", None), out, args.seed)
             records = run_suite(
                 suite, out, datasets=args.datasets, models=args.models, repeats=args.repeats, seed=args.seed,
                 data_root=args.data_root, threads=args.threads, device=args.device, timeout_s=args.timeout,

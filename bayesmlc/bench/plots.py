@@ -6,8 +6,8 @@ Per dataset:
   log-likelihood: the model's own ``history_["objective"]``) against wall time, one panel per model
   because the objectives are on different scales;
 * ``<dataset>-p1-time.png``: test P@1 against training time, one point per model (median over
-  repeats), plus the model's P@1 curve during training when its history logs ``"P@1"``, and hollow
-  diamonds for the reference runs of other tools that state both numbers;
+  repeats, bars from minimum to maximum when there are repeats), and hollow markers for the reference
+  runs of other tools that state both numbers; the subtitle lists only what is drawn;
 * ``<dataset>-reliability.png``: a reliability diagram per model (fraction relevant against the mean
   predicted probability, per probability bin, from the run's ``reliability.json``) of the top-1 and the
   top-5 (label, probability) pairs of each row, with the all-pairs diagram in grey; calibrated
@@ -16,7 +16,9 @@ Per dataset:
   label among the most confident rows kept, against the share kept), raw models on the left and
   calibrated ones on the right when the suite ran them.
 
-For the scale suite, ``scale.png``: seconds per epoch and peak memory against N, D and L.
+For the scale suite, ``scale.png``: a row of panels per quantity (seconds per epoch, per Gibbs sweep,
+per pass: each unit is its own quantity; peak memory) against N, D and L, a line per configuration
+through the sets that differ in one dimension only, with a legend in every panel.
 Curves come from the first finished repeat of each configuration.
 """
 
@@ -121,22 +123,23 @@ def _objective_plot(dataset, summaries, out_dir, path, colours) -> bool:
     return True
 
 
-def _p1_plot(dataset, summaries, out_dir, path, colours) -> bool:
+def _p1_plot(dataset, summaries, out_dir, path, colours):
+    """Test P@1 against training time, a point per configuration (the median over repeats, with bars
+    from the minimum to the maximum when there are repeats) and the reference runs of other tools;
+    the subtitle lists only what is drawn. Returns the figure, or None when there is nothing to draw."""
     points = [(s, s.median("train_seconds"), s.median("P@1")) for s in summaries]
     points = [(s, t, p) for s, t, p in points if t is not None and p is not None]
     if not points:
-        return False
+        return None
     figure, (ax,) = _figure(1, panel_size=(10.0, 4.8))
+    with_bars = False
     for summary, seconds, p1 in points:
         colour = colours[summary.label]
-        history = _run_file(out_dir, summary, "history.json") or {}
-        times, curve = _finite_pairs(history.get("wall_time"), history.get("P@1"))
-        if times:
-            ax.plot([max(t, 1e-3) for t in times], [100 * v for v in curve], color=colour, lw=1, alpha=0.7)
         ax.scatter([max(seconds, 1e-3)], [100 * p1], color=colour, s=45, label=summary.label, zorder=3,
                    edgecolors="black", linewidths=0.5)
         all_seconds, all_p1 = summary.values("train_seconds"), summary.values("P@1")
         if len(all_seconds) > 1:  # repeats: bars span min..max
+            with_bars = True
             ax.errorbar([max(seconds, 1e-3)], [100 * p1], color=colour, lw=1, capsize=3,
                         xerr=[[seconds - min(all_seconds)], [max(all_seconds) - seconds]],
                         yerr=[[100 * (p1 - min(all_p1))], [100 * (max(all_p1) - p1)]])
@@ -149,12 +152,15 @@ def _p1_plot(dataset, summaries, out_dir, path, colours) -> bool:
     _plain_log_scale(ax, "x", shown_seconds)
     ax.set_xlabel("training time (s, log scale)")
     ax.set_ylabel("test P@1 (%)")
-    ax.set_title(f"{dataset}: P@1 against training time\n(points: final, median over repeats, bars min to max; "
-                 "lines: during training)", fontsize=10)
+    drawn = ["filled points: each configuration's final test P@1"
+             + (" (median over repeats; bars: minimum to maximum)" if with_bars else "")]
+    if references:
+        drawn.append("hollow markers: reference runs of other tools")
+    ax.set_title(f"{dataset}: P@1 against training time\n({'; '.join(drawn)})", fontsize=10)
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0)
     _save(figure, path)
-    return True
+    return figure
 
 
 def _reliability_points(curve: dict):
@@ -228,47 +234,104 @@ def _risk_coverage_plot(dataset, summaries, out_dir, path, colours) -> bool:
     return True
 
 
-def _scale_plot(summaries, path) -> bool:
-    dims = (("n_train", "N (training rows)"), ("n_features", "D (features)"), ("n_labels", "L (labels)"))
-    quantities = (("seconds_per_epoch", "seconds per epoch / sweep"), ("peak_rss_mb", "peak memory (MB)"))
-    series = []
+#: the dimensions of a scale set, with their axis labels
+_SCALE_DIMENSIONS = (("n_train", "N (training rows)"), ("n_features", "D (features)"), ("n_labels", "L (labels)"))
+#: a record's ``epoch_unit`` to the quantity its ``seconds_per_epoch`` is
+_UNIT_QUANTITIES = {"epoch": "seconds per epoch", "sweep": "seconds per Gibbs sweep", "pass": "seconds per pass",
+                    "iteration": "seconds per logged iteration"}
+_FAMILY_STYLES = ("-", "--", ":", "-.")
+
+
+def _scale_families(shapes: dict, dim: str) -> list[list[str]]:
+    """Groups of datasets (``shapes``: dataset -> shape) that differ in ``dim`` only, two or more
+    sets each, ordered by ``dim``."""
+    others = [name for name, _ in _SCALE_DIMENSIONS if name != dim]
+    groups: dict[tuple, list[str]] = {}
+    for dataset, shape in shapes.items():
+        groups.setdefault(tuple(shape.get(name) for name in others), []).append(dataset)
+    families = []
+    for members in groups.values():
+        members.sort(key=lambda name: shapes[name][dim])
+        if len({shapes[name][dim] for name in members}) > 1:
+            families.append(members)
+    return families
+
+
+def _family_label(shapes: dict, family: list[str], dim: str) -> str:
+    fixed = [(label.split(" ")[0], shapes[family[0]][name]) for name, label in _SCALE_DIMENSIONS if name != dim]
+    return ", ".join(f"{letter}={value:,}" for letter, value in fixed)
+
+
+def _epoch_unit(summary, out_dir) -> str | None:
+    for record in summary.records:
+        if record.get("epoch_unit"):
+            return record["epoch_unit"]
+    history = _run_file(out_dir, summary, "history.json") if out_dir is not None else None
+    if history:
+        from .runner import timing_unit
+
+        return timing_unit(history)
+    return None
+
+
+def _scale_plot(summaries, path, out_dir=None):
+    """The scale suite's figure: a row of panels per quantity (seconds per epoch, per Gibbs sweep and
+    per pass are different quantities, each drawn only for the models that have it; then peak memory),
+    a column per dimension (N, D, L). In a panel each configuration has a line through the sets that
+    differ in that dimension only (one line per such family, told apart by line style), and a legend.
+    Sets that differ from every other in more than one dimension are named in the title, not drawn.
+    Returns the figure, or None when no run has a dataset shape."""
+    shapes, series = {}, []
     for summary in summaries:
         shape = next((r.get("dataset_shape") for r in summary.records if r.get("dataset_shape")), None)
-        if shape:
-            series.append((summary, shape))
+        if shape and all(shape.get(name) for name, _ in _SCALE_DIMENSIONS):
+            shapes[summary.dataset] = shape
+            series.append(summary)
     if not series:
-        return False
-    models = list(dict.fromkeys(summary.model for summary, _ in series))
-    colours = _colours(models)
-    figure, axes = _figure(6, panel_size=(4.2, 3.4))
-    for row, (quantity, quantity_label) in enumerate(quantities):
-        for column, (dim, dim_label) in enumerate(dims):
+        return None
+    labels = list(dict.fromkeys(summary.label for summary in series))
+    colours = _colours(labels)
+    units = {summary.label: _epoch_unit(summary, out_dir) for summary in series}
+    order = list(_UNIT_QUANTITIES)  # rows in a fixed order: epoch, sweep, pass, iteration, then any other unit
+    present = sorted({u for u in units.values() if u}, key=lambda u: (order.index(u) if u in order else len(order), u))
+    quantities = [(("seconds_per_epoch", unit), _UNIT_QUANTITIES.get(unit, f"seconds per {unit}")) for unit in present]
+    quantities.append((("peak_rss_mb", None), "peak memory (MB)"))
+    families = {dim: _scale_families(shapes, dim) for dim, _ in _SCALE_DIMENSIONS}
+    drawn_sets = {name for groups in families.values() for family in groups for name in family}
+    figure, axes = _figure(len(quantities) * 3, panel_size=(4.4, 3.3))
+    for row, ((key, unit), quantity_label) in enumerate(quantities):
+        for column, (dim, dim_label) in enumerate(_SCALE_DIMENSIONS):
             ax = axes[3 * row + column]
-            others = [name for name, _ in dims if name != dim]
-            for model in models:
-                points = [(shape, summary.median(quantity)) for summary, shape in series
-                          if summary.model == model and summary.median(quantity) is not None and shape.get(dim)]
-                ax.scatter([shape[dim] for shape, _ in points], [value for _, value in points], color=colours[model],
-                           s=30, edgecolors="black", linewidths=0.4, label=model, zorder=3)
-                # a line joins the sets that differ in this dimension only (the sweeps)
-                groups: dict[tuple, list] = {}
-                for shape, value in points:
-                    groups.setdefault(tuple(shape.get(name) for name in others), []).append((shape[dim], value))
-                for group in groups.values():
-                    if len(group) > 1:
-                        group.sort()
-                        ax.plot([x for x, _ in group], [y for _, y in group], color=colours[model], lw=1.2)
-            _plain_log_scale(ax, "x", [shape.get(dim) for _, shape in series])
-            _plain_log_scale(ax, "y", [summary.median(quantity) for summary, _ in series])
-            ax.set_xlabel(dim_label + ", log scale")
+            values = []
+            for label in labels:
+                if unit is not None and units[label] != unit:
+                    continue
+                for family, style in zip(families[dim], _FAMILY_STYLES):
+                    points = [(shapes[s.dataset][dim], s.median(key)) for s in series
+                              if s.label == label and s.dataset in family and s.median(key) is not None]
+                    if not points:
+                        continue
+                    points.sort()
+                    name = label if len(families[dim]) == 1 else f"{label}, {_family_label(shapes, family, dim)}"
+                    ax.plot([x for x, _ in points], [y for _, y in points], color=colours[label], ls=style, lw=1.4,
+                            marker="o", ms=4, label=name)
+                    values += [y for _, y in points]
             ax.set_ylabel(quantity_label)
+            ax.set_xlabel(dim_label + ", log scale")
+            if values:
+                _plain_log_scale(ax, "x", [shapes[name][dim] for family in families[dim] for name in family])
+                _plain_log_scale(ax, "y", values)
+                ax.legend(fontsize=6.5, loc="best")
+            else:
+                ax.text(0.5, 0.5, f"no sets that differ in {dim_label.split(' ')[0]} only" if not families[dim]
+                        else "no runs", ha="center", va="center", transform=ax.transAxes, fontsize=9, color="grey")
             ax.grid(alpha=0.3, which="both")
-    handles, names = axes[0].get_legend_handles_labels()
-    figure.legend(handles, names, loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize=9)
-    figure.suptitle("scale suite: time per epoch and peak memory against N, D and L "
-                    "(lines join sets that differ in that dimension only)", fontsize=11)
+    left_out = [name for name in shapes if name not in drawn_sets]
+    figure.suptitle("scale suite: each quantity against N, D and L; a line joins the sets that differ in that "
+                    "dimension only" + (f"\n(not drawn, no set differs from them in one dimension only: "
+                                        f"{', '.join(left_out)}; see the table)" if left_out else ""), fontsize=11)
     _save(figure, path)
-    return True
+    return figure
 
 
 def make_plots(records, out_dir, quality: bool = True) -> dict:
@@ -283,8 +346,9 @@ def make_plots(records, out_dir, quality: bool = True) -> dict:
     colours = {label: palette[plain] for label, plain in base.items()}
     made: dict[str, list] = {}
     if not quality:
-        if _scale_plot(summaries, folder / "scale.png"):
-            made["scale"] = [("time per epoch and peak memory against N, D and L", f"{PLOTS_DIR}/scale.png")]
+        if _scale_plot(summaries, folder / "scale.png", out_dir) is not None:
+            made["scale"] = [("time per epoch, sweep or pass and peak memory against N, D and L",
+                              f"{PLOTS_DIR}/scale.png")]
         return made
     for dataset in dict.fromkeys(s.dataset for s in summaries):
         mine = [s for s in summaries if s.dataset == dataset]
@@ -295,6 +359,6 @@ def make_plots(records, out_dir, quality: bool = True) -> dict:
             ("risk-coverage", "risk-coverage curves", _risk_coverage_plot),
         ):
             name = f"{dataset}-{suffix}.png"
-            if draw(dataset, mine, out_dir, folder / name, colours):
+            if draw(dataset, mine, out_dir, folder / name, colours) not in (None, False):
                 made.setdefault(dataset, []).append((f"{dataset}: {caption}", f"{PLOTS_DIR}/{name}"))
     return made

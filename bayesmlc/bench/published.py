@@ -1,7 +1,7 @@
 """Published numbers to print beside measured ones.
 
-Transcribed from the papers' tables (as collected in the project's ``shared/reference/targets.md``), so
-that a report never needs that file at run time. Values use the CLI's metric names and scale: rankings,
+Transcribed from the papers' tables (and the Extreme Classification Repository), so that a report
+needs no external file at run time. Values use the CLI's metric names and scale: rankings,
 F1 and exact match as fractions in [0, 1] (the report prints them as percentages), AUC as a fraction.
 
 ``kind`` is ``"published"`` for numbers from a paper or the Extreme Classification Repository, and

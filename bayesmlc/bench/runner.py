@@ -45,6 +45,7 @@ __all__ = [
     "environment_info",
     "read_results",
     "epoch_timing",
+    "timing_unit",
     "RESULTS_FILE",
     "default_data_root",
 ]
@@ -173,7 +174,7 @@ def environment_info(threads: int, device: str | None) -> dict:
 def model_unavailable_reason(model: str) -> str | None:
     """Why ``model`` cannot run in this installation, or ``None`` when it can."""
     from ..models import MODEL_CLASSES, get_model_class
-    from .baselines import missing_dependency
+    from ..baselines import missing_dependency
 
     if model not in MODEL_CLASSES:
         return f"model {model!r} is not registered in bayesmlc.models.MODEL_CLASSES"
@@ -292,6 +293,8 @@ def plan_runs(suite: Suite, out_dir: Path, *, datasets=None, models=None, repeat
     for name in dataset_names:
         spec = suite.dataset(name)
         folder = (Path(out_dir) / "data" / name) if spec.synthetic is not None else data_root / name
+        train_path, test_path = (map(Path, spec.files) if spec.files is not None
+                                 else (folder / "train.txt", folder / "test.txt"))
         for config in suite.configs:
             if config.model not in model_names:
                 continue
@@ -302,7 +305,7 @@ def plan_runs(suite: Suite, out_dir: Path, *, datasets=None, models=None, repeat
                         config=config.config if method is None else f"{config.config}+{method}",
                         params=config.params_for(name), seed=seed + repeat, repeat=repeat, baseline=config.baseline,
                         timeout_s=float(timeout_s or config.timeout_s or suite.timeout_s),
-                        train_path=folder / "train.txt", test_path=folder / "test.txt", dataset_spec=spec,
+                        train_path=train_path, test_path=test_path, dataset_spec=spec,
                         excluded=config.exclude.get(name), calibrate=method,
                     ))
     return runs
@@ -350,6 +353,12 @@ def _dataset_shape(spec: RunSpec) -> dict | None:
 EPOCH_KEYS = ("epoch", "sweep", "pass")
 
 
+def timing_unit(history: dict) -> str:
+    """The unit :func:`epoch_timing` counts in: the first of :data:`EPOCH_KEYS` the history has,
+    else ``"iteration"`` (one logged entry)."""
+    return next((key for key in EPOCH_KEYS if history.get(key)), "iteration")
+
+
 def epoch_timing(history: dict) -> tuple[int | None, float | None]:
     """``(n_epochs, seconds_per_epoch)`` from a ``history_`` dict.
 
@@ -361,8 +370,8 @@ def epoch_timing(history: dict) -> tuple[int | None, float | None]:
     times = list(history.get("wall_time") or [])
     if not times:
         return None, None
-    key = next((key for key in EPOCH_KEYS if history.get(key)), None)
-    units = list(history[key]) if key is not None else list(range(len(times)))
+    key = timing_unit(history)
+    units = list(history[key]) if key in EPOCH_KEYS else list(range(len(times)))
     n_units = len(set(units))
     if len(times) >= 2 and units[-1] > units[0]:
         return n_units, float(times[-1] - times[0]) / float(units[-1] - units[0])
@@ -378,7 +387,8 @@ def _history_fields(run_dir: Path) -> dict:
     except (OSError, json.JSONDecodeError):
         return {}
     n_epochs, per_epoch = epoch_timing(history)
-    return {"n_epochs": n_epochs, "seconds_per_epoch": per_epoch}
+    return {"n_epochs": n_epochs, "seconds_per_epoch": per_epoch,
+            "epoch_unit": timing_unit(history) if per_epoch is not None else None}
 
 
 def _calibration_fields(run_dir: Path) -> dict:

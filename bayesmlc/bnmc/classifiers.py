@@ -35,7 +35,7 @@ import numpy as np
 import scipy.sparse as sp
 import torch
 
-from ..utils import sigmoid
+from ..utils import sigmoid, softplus
 from .polya_gamma import sample_inverse_gaussian, sample_pg
 
 __all__ = ["Design", "LowRankDesign", "choose_solver", "solver_costs", "gibbs_classifier", "SGDClassifier"]
@@ -445,7 +445,7 @@ def _log_posterior(design: Design, W: torch.Tensor, Y, mask, prior_prec, margins
     """Per-label logistic log posterior (up to constants), (C,), summed over processes; ``margins``:
     Z W when known."""
     margins = design.matmul(W).double().cpu().numpy() if margins is None else margins
-    loglik = -design.reduce((_softplus(-(2.0 * Y - 1.0) * margins) * mask).sum(axis=0))
+    loglik = -design.reduce((softplus(-(2.0 * Y - 1.0) * margins) * mask).sum(axis=0))
     return loglik - 0.5 * (prior_prec[:, None] * W * W).sum(dim=0).double().cpu().numpy()
 
 
@@ -476,14 +476,8 @@ def _damped(design: Design, W, W_newton, Y, mask, prior_prec, margins, max_halvi
 def _fit_measure(kind: str, margins: np.ndarray, Y: np.ndarray, mask: np.ndarray) -> float:
     signs = 2.0 * Y - 1.0
     if kind == "logistic":
-        return float(-np.sum(_softplus(-signs * margins) * mask))
+        return float(-np.sum(softplus(-signs * margins) * mask))
     return float(-np.sum(np.maximum(0.0, 1.0 - signs * margins) * mask))
-
-
-def _softplus(x: np.ndarray) -> np.ndarray:
-    """log(1 + exp(x)) elementwise in float64 (torch's kernel; the linear branch above 40, where the
-    two differ by less than 1e-17 relative)."""
-    return torch.nn.functional.softplus(torch.from_numpy(np.asarray(x, dtype=np.float64)), threshold=40.0).numpy()
 
 
 def _pg_mean_one(xi: torch.Tensor) -> torch.Tensor:
@@ -520,7 +514,7 @@ class SGDClassifier:
         signs = 2.0 * Y - 1.0
         if self.kind == "logistic":
             # d/dm log(1 + exp(-s m)) = -s sigma(-s m)
-            grad_m = -signs * 0.5 * (1.0 - np.tanh(0.5 * signs * margins))
+            grad_m = -signs * sigmoid(-signs * margins)
         else:
             grad_m = -signs * (signs * margins < 1.0)
         grad_m *= mask

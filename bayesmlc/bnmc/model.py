@@ -12,13 +12,14 @@ import scipy.sparse as sp
 from tqdm.auto import tqdm
 
 from ..base import MultiLabelEstimator, label_counts
-from ..distributed import ONE_PROCESS, RowShard
+from ..data.shard import RowShard
+from ..distributed import ONE_PROCESS
 from ..exceptions import ValidationError
 from ..parameters import Boolean, Integer, Options, Real, check_parameters
 from ..preprocessing import STANDARDIZE_CONSTRAINT, FeaturePreprocessor, legacy_preprocessor_state
-from ..utils import iter_batches, logit, numpy_rng, resolve_device, sigmoid
+from ..utils import iter_batches, logit, numpy_rng, resolve_device, sigmoid, softplus
 from ..validation import check_features, check_fit_inputs
-from .classifiers import (Design, LowRankDesign, SGDClassifier, _softplus, choose_solver, gibbs_classifier,
+from .classifiers import (Design, LowRankDesign, SGDClassifier, choose_solver, gibbs_classifier,
                           low_rank_basis)
 from .mixture import DirichletEmission, DPMixture, GaussianEmission
 
@@ -332,7 +333,7 @@ class BNMC(MultiLabelEstimator):
     def _fit(self, X, Y, label_mask, parallel=None, **fit_params):
         """``parallel``: a :mod:`bayesmlc.distributed` strategy; None = one process. Under
         ``DataParallel`` every rank passes the same settings and either its shard of the rows
-        (:func:`bayesmlc.distributed.read_shard`) or the whole data set (it then keeps its shard);
+        (:func:`bayesmlc.data.shard.read_shard`) or the whole data set (it then keeps its shard);
         every sum over rows (mixture statistics and ELBO, classifier products, calibration data) is
         summed over ranks, so every rank ends with the single-process model (to rounding)."""
         if fit_params:
@@ -887,7 +888,7 @@ def _logistic_newton(feats: np.ndarray, target: np.ndarray, theta: np.ndarray, r
 
     def objective(t):
         logits = feats @ t
-        return float(np.sum(target * logits - _softplus(logits)) - 0.5 * ridge * t @ t)
+        return float(np.sum(target * logits - softplus(logits)) - 0.5 * ridge * t @ t)
 
     current = objective(theta)
     for _ in range(50):

@@ -1,7 +1,7 @@
 """Reading and writing datasets: one entry point for every supported file format.
 
 >>> from bayesmlc.data.io import read_dataset                             # doctest: +SKIP
->>> train = read_dataset("../shared/datasets/bibtex/train.txt")           # doctest: +SKIP
+>>> train = read_dataset("bibtex/train.txt")                             # doctest: +SKIP
 >>> train.n_samples, train.n_features, train.n_labels                     # doctest: +SKIP
 (4880, 1836, 159)
 

@@ -1,9 +1,10 @@
-"""Registry of public multi-label benchmark sets: shapes, splits, propensity constants, files, loading.
+"""Registry of public multi-label benchmark sets: lookup, loading and verified download.
 
-Every entry records what the literature publishes about a set (rows in the train and test split,
-features D, labels L, average labels per row), the split convention, the constants (A, B) of Jain et
-al.'s propensity model, and, for the sets staged in the project's ``shared/datasets`` folder, the size
-and sha256 of every file so that a download or a local copy can be verified.
+The catalogue itself is data, ``catalogue.json`` beside this module (shipped as package data): every
+record holds what the literature publishes about a set (rows in the train and test split, features D,
+labels L, average labels per row), the split convention, the constants (A, B) of Jain et al.'s
+propensity model, and, for the sets with verified copies, the size and sha256 of every file so that a
+download or a local copy can be checked. This module reads it into :class:`DatasetInfo` records.
 
 Propensity constants. Jain, Prabhu and Varma, "Extreme multi-label loss functions for recommendation,
 tagging, ranking & other missing label applications", KDD 2016, define p_l = 1 / (1 + C (N_l + B)^-A),
@@ -19,12 +20,14 @@ AmazonCat-13K lives in ``amazonCat``). So AmazonCat-13K and Wiki10-31K use the d
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import tempfile
 import urllib.error
 import urllib.request
 import warnings
 from dataclasses import asdict, dataclass, field, replace
+from importlib import resources
 from pathlib import Path
 from typing import Optional, Tuple
 
@@ -124,185 +127,32 @@ class DatasetInfo:
         return bool(self.files)
 
 
-def _staged(train: Tuple[int, str], test: Tuple[int, str], labels: Tuple[int, str], features: Tuple[int, str],
-            test_url: Optional[str] = None) -> Tuple[DataFile, ...]:
-    """The four files of a folder in shared/datasets (sizes and sha256 of train/test from its SOURCE.md;
-    labels.txt and features.txt measured on the staged copies, which SOURCE.md does not list)."""
-    return (
-        DataFile("train.txt", *train),
-        DataFile("test.txt", *test, url=test_url),
-        DataFile("labels.txt", *labels, required=False),
-        DataFile("features.txt", *features, required=False),
-    )
+#: The catalogue file, shipped with the package: one record per data set, a field left out takes the default
+#: of :class:`DatasetInfo` / :class:`DataFile`.
+CATALOGUE_FILE = "catalogue.json"
+_CATALOGUE_FORMAT = ("bayesmlc-dataset-catalogue", 1)
 
 
-_BIBTEX_NAMES = dict(
-    labels=(2122, "1350ec51060650137a0d7496560f8c4601c0483d47e291c5a26e3a3968effae4"),
-    features=(14695, "228aaf53fef8e30f3042e0f2fe8ec9a19e88e85403e41a8ac53424128c1b6896"),
-)
+def _read_catalogue() -> list:
+    """The :class:`DatasetInfo` records of ``catalogue.json``, in file order."""
+    document = json.loads(resources.files(__package__).joinpath(CATALOGUE_FILE).read_text(encoding="utf-8"))
+    if (document.get("format"), document.get("format_version")) != _CATALOGUE_FORMAT:
+        raise ValueError(f"{CATALOGUE_FILE} is not a {_CATALOGUE_FORMAT[0]} version {_CATALOGUE_FORMAT[1]} file")
+    entries = []
+    for record in document["datasets"]:
+        fields = dict(record)
+        try:
+            fields["files"] = tuple(DataFile(**entry) for entry in fields.get("files", ()))
+            for key in ("train_names", "test_names", "aliases"):
+                if key in fields:
+                    fields[key] = tuple(fields[key])
+            entries.append(DatasetInfo(**fields))
+        except TypeError as exc:  # a missing or unknown field
+            raise ValueError(f"{CATALOGUE_FILE}, record {record.get('name')!r}: {exc}") from None
+    return entries
 
-_ENTRIES = [
-    # ---- Extreme Classification Repository (shapes from its dataset table) ----
-    DatasetInfo(
-        name="bibtex", title="Bibtex", n_train=4880, n_test=2515, n_features=1836, n_labels=159,
-        labels_per_row=2.40, feature_kind="sparse binary (bag of words)",
-        split="BMLS split (Zhao et al., AISTATS 2018): the XC repository's Bibtex with another of its random splits",
-        source="Katakis, Tsoumakas, Vlahavas, ECML/PKDD 2008 Discovery Challenge; via GitHub ethanhezhao/BMLS "
-               "data/bibtex.mat (commit 428997713364e5cc6f21ee55f009eac4820541d3), converted to XC text",
-        source_url=XC_REPOSITORY_URL,
-        files=_staged(
-            (2198282, "7c3810332d05e88ee9bd4143fa47ea999c24ea5b4a52740071979d2d89d61d58"),
-            (1129203, "aa1c301b5d2d3d8cfbfc5927ac1ebcd6aa33144114215398bae1c0dcf481c92d"),
-            **_BIBTEX_NAMES,
-        ),
-        notes="Same 7395 instances as bibtex_xc, split differently: never train on one and test on the other.",
-    ),
-    DatasetInfo(
-        name="bibtex_xc", title="Bibtex (XC split)", n_train=4880, n_test=2515, n_features=1836, n_labels=159,
-        labels_per_row=2.40, feature_kind="sparse binary (bag of words)",
-        split="XC repository split, as used by the MLGPF papers (GitHub aresPanos/mlgpf)",
-        source="test.txt: byte copy of aresPanos/mlgpf data/bibtex/test.txt (commit "
-               "54961660a62fd449b99848015d5ca020defd9412); train.txt reconstructed as Mulan bibtex.arff minus "
-               "the test rows",
-        source_url=XC_REPOSITORY_URL,
-        files=_staged(
-            (4546107, "b5d72f65de4993832a54325826f25edc64cf007265a2f59778be73e3da2ad59e"),
-            (2335600, "423fa44beab9243d0a389cc2d21cb1b7720c0591ec5099b8fb6a569196f6f897"),
-            **_BIBTEX_NAMES,
-            test_url="https://raw.githubusercontent.com/aresPanos/mlgpf/"
-                     "54961660a62fd449b99848015d5ca020defd9412/data/bibtex/test.txt",
-        ),
-        notes="train.txt has the XC training rows in Mulan's order, not the original XC order.",
-        aliases=("bibtex-xc",),
-    ),
-    DatasetInfo(
-        name="delicious", title="Delicious", n_train=12920, n_test=3185, n_features=500, n_labels=983,
-        labels_per_row=19.03, feature_kind="sparse binary (bag of words)", split="XC repository split",
-        source="Tsoumakas, Katakis, Vlahavas, MMD 2008 (del.icio.us tags)", source_url=XC_REPOSITORY_URL,
-    ),
-    DatasetInfo(
-        name="mediamill", title="Mediamill", n_train=30993, n_test=12914, n_features=120, n_labels=101,
-        labels_per_row=4.38, feature_kind="dense real (video)", split="XC repository split",
-        source="Snoek et al., ACM Multimedia 2006", source_url=XC_REPOSITORY_URL,
-    ),
-    DatasetInfo(
-        name="eurlex-4k", title="EURLex-4K", n_train=15539, n_test=3809, n_features=5000, n_labels=3993,
-        labels_per_row=5.31, feature_kind="sparse tf-idf (bag of words)", split="XC repository split",
-        source="Mencia, Fuernkranz, 2008 (EUR-Lex)", source_url=XC_REPOSITORY_URL,
-        train_names=("train.txt", "eurlex_train.txt"), test_names=("test.txt", "eurlex_test.txt"),
-        aliases=("eurlex", "eur-lex"),
-    ),
-    DatasetInfo(
-        name="rcv1-2k", title="RCV1-2K", n_train=623847, n_test=155962, n_features=47236, n_labels=2456,
-        labels_per_row=4.79, feature_kind="sparse tf-idf (bag of words)", split="XC repository split",
-        source="Lewis et al., JMLR 2004 (RCV1)", source_url=XC_REPOSITORY_URL,
-        train_names=("train.txt", "rcv1x_train.txt"), test_names=("test.txt", "rcv1x_test.txt"),
-        aliases=("rcv1", "rcv1-x", "rcv1x"),
-    ),
-    DatasetInfo(
-        name="wiki10-31k", title="Wiki10-31K", n_train=14146, n_test=6616, n_features=101938, n_labels=30938,
-        labels_per_row=18.64, feature_kind="sparse tf-idf (bag of words)", split="XC repository split",
-        source="Zubiaga, 2012 (Wiki10+)", source_url=XC_REPOSITORY_URL,
-        train_names=("train.txt", "wiki10_train.txt"), test_names=("test.txt", "wiki10_test.txt"),
-        aliases=("wiki10",),
-    ),
-    DatasetInfo(
-        name="amazoncat-13k", title="AmazonCat-13K", n_train=1186239, n_test=306782, n_features=203882,
-        n_labels=13330, labels_per_row=5.04, feature_kind="sparse tf-idf (bag of words)",
-        split="XC repository split", source="McAuley, Leskovec, RecSys 2013 (Amazon product categories)",
-        source_url=XC_REPOSITORY_URL,
-        train_names=("train.txt", "amazonCat_train.txt"), test_names=("test.txt", "amazonCat_test.txt"),
-        aliases=("amazoncat",),
-    ),
-    DatasetInfo(
-        name="amazon-670k", title="Amazon-670K", n_train=490449, n_test=153025, n_features=135909,
-        n_labels=670091, labels_per_row=5.45, feature_kind="sparse tf-idf (bag of words)",
-        split="XC repository split", source="McAuley, Leskovec, RecSys 2013 (Amazon co-purchases)",
-        source_url=XC_REPOSITORY_URL, propensity_a=0.6, propensity_b=2.6,
-        train_names=("train.txt", "amazon_train.txt"), test_names=("test.txt", "amazon_test.txt"),
-        aliases=("amazon670k",),
-    ),
-    DatasetInfo(
-        name="wikilshtc-325k", title="WikiLSHTC-325K", n_train=1778351, n_test=587084, n_features=1617899,
-        n_labels=325056, labels_per_row=3.19, feature_kind="sparse tf-idf (bag of words)",
-        split="XC repository split", source="Partalas et al., LSHTC 2015 (Wikipedia)",
-        source_url=XC_REPOSITORY_URL, propensity_a=0.5, propensity_b=0.4,
-        train_names=("train.txt", "wikiLSHTC_train.txt"), test_names=("test.txt", "wikiLSHTC_test.txt"),
-        aliases=("wikilshtc",),
-    ),
-    # ---- Mulan (shapes and cardinality from the Mulan data page; the split shipped by Mulan) ----
-    DatasetInfo(
-        name="emotions", title="emotions", n_train=391, n_test=202, n_features=72, n_labels=6,
-        labels_per_row=1.869, feature_kind="dense real (audio)", split="Mulan split",
-        source="Trohidis et al., ISMIR 2008; GitHub tsoumakas/mulan commit "
-               "43f6389095ad71984264db4387a8074b22bc7d4a, converted from ARFF to XC text",
-        source_url=MULAN_URL,
-        files=_staged(
-            (325285, "bdb9bc594b734acabe883c781992622092a2c0187f83937a188a0e4f4ec737ea"),
-            (168157, "5d90df163fc4fa52617bfe2e69738f653e525ed6c089f50308546e6640a46621"),
-            labels=(83, "ee43ed1fa61facf798eff078883ee3ec4bb101747e3578d9cdd52ce437312a92"),
-            features=(2031, "dae5fbc56e516ea730c2e5fe1de7ca8c84ef17dca10ea6b10ec35070a1e89773"),
-        ),
-    ),
-    DatasetInfo(
-        name="scene", title="scene", n_train=1211, n_test=1196, n_features=294, n_labels=6,
-        labels_per_row=1.074, feature_kind="dense real (image)", split="Mulan split",
-        source="Boutell et al., Pattern Recognition 2004; GitHub tsoumakas/mulan commit "
-               "43f6389095ad71984264db4387a8074b22bc7d4a, converted from ARFF to XC text",
-        source_url=MULAN_URL,
-        files=_staged(
-            (4374437, "941136dd61665f5128d0a5e69c8bfdfbb8397669bdc5c5841a0308c7150658a8"),
-            (4323367, "05882bbd06946751ce3319ce83620325761edc1d8797d9ef27c146bc28eb6957"),
-            labels=(46, "d53aa1cbdb62c348f59c6b46c75cfb183e07563ee06e8ed5ef884f264db4e5ff"),
-            features=(1950, "02cdecd53bc979ea6b7eabf470b58e62da2a5c75499e13585e244b7673cac72b"),
-        ),
-    ),
-    DatasetInfo(
-        name="yeast", title="yeast", n_train=1500, n_test=917, n_features=103, n_labels=14,
-        labels_per_row=4.237, feature_kind="dense real (gene expression)", split="Mulan split",
-        source="Elisseeff, Weston, NIPS 2001; GitHub tsoumakas/mulan commit "
-               "43f6389095ad71984264db4387a8074b22bc7d4a, converted from ARFF to XC text",
-        source_url=MULAN_URL,
-        files=_staged(
-            (1924152, "fb516f1bca70d64f182545836db897e74c3bddce4c7f2ed83be2171eac4ae23a"),
-            (1176022, "bd07f23b68eeaef034ac6c9accb865854b1483107bea4a77c0f33229ec9d88c6"),
-            labels=(103, "4e455a8943689ec5f37053a099d26a57b89ebf05086db73f14bca68b3bbef14e"),
-            features=(613, "bc2a433c0e0ec27ae53dd5b55614ea6fb07ea0511f45a480ef16642260a4e6c2"),
-        ),
-    ),
-    DatasetInfo(
-        name="medical", title="medical", n_train=333, n_test=645, n_features=1449, n_labels=45,
-        labels_per_row=1.245, feature_kind="sparse binary (text)", split="Mulan split",
-        source="Pestian et al., BioNLP 2007; GitHub tsoumakas/mulan commit "
-               "43f6389095ad71984264db4387a8074b22bc7d4a, converted from ARFF to XC text",
-        source_url=MULAN_URL,
-        files=_staged(
-            (28060, "4e7efd05e837eaa4167be15657f5fd1fca687243e4dfac0b08bf6bdec6999fe8"),
-            (55195, "575152851739342826ac6515aad1498bdadb0f0a0122a4ea7f340ab98afa06a4"),
-            labels=(682, "0aaf4a8be9adf281cad3e0a1d0927b1035ad6b40e325797507fc1f8761224e22"),
-            features=(12830, "6e17a6bad4cadbfaab6eeb9c5a0ab897082c4c2df16b448534671aff51cd32e9"),
-        ),
-        notes="Mulan's split has fewer training rows (333) than test rows (645).",
-    ),
-    DatasetInfo(
-        name="enron", title="enron", n_train=1123, n_test=579, n_features=1001, n_labels=53,
-        labels_per_row=3.378, feature_kind="sparse binary (text)", split="Mulan split",
-        source="UC Berkeley Enron Email Analysis Project, Mulan/MEKA version; GitHub tsoumakas/mulan commit "
-               "43f6389095ad71984264db4387a8074b22bc7d4a, converted from ARFF to XC text",
-        source_url=MULAN_URL,
-        files=_staged(
-            (564254, "7499e8234201856cd0a39c8c5815c049de4186636616a4c900bb3e9138566c4a"),
-            (289535, "5178c5c31578b17d152617952f48797b662f266ca914e532f1b4540c27870f24"),
-            labels=(283, "5b057a7bbe020a7d6789d1a9b70dc467fd122c5c070d9ee7468131e9f08a16cd"),
-            features=(7010, "1961d0593e5a388de662f7c57ee8f98195a5485a8d4d7da03e4a88db14e7b7fc"),
-        ),
-    ),
-    DatasetInfo(
-        name="corel5k", title="Corel5k", n_train=4500, n_test=500, n_features=499, n_labels=374,
-        labels_per_row=3.522, feature_kind="sparse binary (image blobs)", split="Mulan split",
-        source="Duygulu et al., ECCV 2002", source_url=MULAN_URL,
-    ),
-]
+
+_ENTRIES = _read_catalogue()
 
 #: All known data sets by registry key.
 REGISTRY = {info.name: info for info in _ENTRIES}

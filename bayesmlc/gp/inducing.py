@@ -33,7 +33,7 @@ import scipy.sparse as sp
 import torch
 from torch import nn
 
-from ..distributed import ONE_PROCESS
+from ..distributed import ParallelContext
 from ..utils import csr_to_torch
 from .kernels import InnerProducts
 
@@ -192,8 +192,8 @@ class SubspaceInducing(InducingInputs):
         return InnerProducts(zz=zz, xz=xz, xx=xx)
 
 
-def top_singular_vectors(X, k: int, seed: int, reduce=ONE_PROCESS.reduce_sum, n_iter: int = 7, n_oversamples: int = 10,
-                         dtype=np.float64):
+def top_singular_vectors(X, k: int, seed: int, context: ParallelContext | None = None, n_iter: int = 7,
+                         n_oversamples: int = 10, dtype=np.float64):
     """Top-``k`` right singular vectors and singular values of a row-sharded ``X`` (dense or sparse).
 
     Subspace iteration on X^T X (Halko et al. 2011, alg. 4.4) with a Rayleigh-Ritz step: from a
@@ -206,8 +206,8 @@ def top_singular_vectors(X, k: int, seed: int, reduce=ONE_PROCESS.reduce_sum, n_
     error of the top-5 projector of a random 60 x 25 sparse matrix, median over 20 seeds, is
     2.6e-4 against 2.9e-3 for scikit-learn). X
     enters only through X W and X^T (X W), sums over rows: with X split by rows over processes,
-    ``reduce`` (an all-reduce SUM) adds the per-process (D, k) and (k, k) products, and every
-    process computes the same basis as one process holding every row (``reduce`` = identity).
+    ``context.reduce_sum`` (an all-reduce SUM) adds the per-process (D, k) and (k, k) products, and
+    every process computes the same basis as one process holding every row (``context`` None).
     ``dtype`` is that of the (D, k) work arrays (three of them live at once; float32 halves that
     memory).
 
@@ -217,6 +217,7 @@ def top_singular_vectors(X, k: int, seed: int, reduce=ONE_PROCESS.reduce_sum, n_
         magnitude is positive (a convention independent of the summation order)
     s : ndarray (k,) float64, the singular values, decreasing (from the float64 Gram matrix)
     """
+    reduce = (context or ParallelContext.whole(X.shape[0])).reduce_sum
     n_features = X.shape[1]
     width = min(k + n_oversamples, n_features)
     W = np.random.default_rng(seed).standard_normal((n_features, width)).astype(dtype)
@@ -234,16 +235,16 @@ def top_singular_vectors(X, k: int, seed: int, reduce=ONE_PROCESS.reduce_sum, n_
     return Vt, np.sqrt(np.clip(eigenvalues[top], 0.0, None))
 
 
-def truncated_svd(X: sp.csr_matrix, rank: int, seed: int, max_rows: int | None = None, shard=None, reduce=ONE_PROCESS.reduce_sum,
-                  dtype=np.float64):
+def truncated_svd(X: sp.csr_matrix, rank: int, seed: int, max_rows: int | None = None,
+                  context: ParallelContext | None = None, dtype=np.float64):
     """Top-``rank`` right singular vectors of sparse ``X`` without densifying it.
 
     :func:`top_singular_vectors`, which only multiplies X (and X^T) by thin dense matrices. When
     ``max_rows`` is smaller than N the basis is computed from that many random rows (the row space
-    of a large sample), which bounds the work. With ``X`` split by rows over processes, ``shard``
-    (a :class:`~bayesmlc.distributed.RowShard`) places the local rows in the global order and
-    ``reduce`` sums over processes; the result equals the one-process result. ``dtype``: of the
-    work arrays (see :func:`top_singular_vectors`).
+    of a large sample), which bounds the work. With ``X`` split by rows over processes, ``context``
+    (a :class:`~bayesmlc.distributed.ParallelContext`; None = one process) places the local rows in
+    the global order and sums over processes; the result equals the one-process result. ``dtype``:
+    of the work arrays (see :func:`top_singular_vectors`).
 
     Returns
     -------
@@ -251,23 +252,21 @@ def truncated_svd(X: sp.csr_matrix, rank: int, seed: int, max_rows: int | None =
     US : ndarray (n_used, rank), X_used X~^T (this process's used rows), which is U S for an exact
         SVD. It is formed by a sparse product so that training rows get exactly the projections
         test rows get.
-    used : None when every row was used; otherwise the RowShard of the used rows (this
+    used : None when every row was used; otherwise the ParallelContext of the used rows (this
         process's share of the ``max_rows`` sampled ones, in the order of their global ids)
     """
-    from ..distributed import RowShard
-
-    shard = RowShard.whole(X.shape[0]) if shard is None else shard
+    context = ParallelContext.whole(X.shape[0]) if context is None else context
     used = None
-    if max_rows is not None and shard.n_total > max_rows:
-        chosen = np.sort(np.random.default_rng(seed).choice(shard.n_total, max_rows, replace=False))
-        local, used = shard.select(chosen)
+    if max_rows is not None and context.n_total > max_rows:
+        chosen = np.sort(np.random.default_rng(seed).choice(context.n_total, max_rows, replace=False))
+        local, used = context.select(chosen)
         X = X[local]
-    Vt, _ = top_singular_vectors(X, rank, seed, reduce, dtype=dtype)
+    Vt, _ = top_singular_vectors(X, rank, seed, context, dtype=dtype)
     basis = np.ascontiguousarray(Vt, dtype=np.float32)
     return basis, np.asarray(X @ basis.T, dtype=np.float32), used
 
 
-def kmeans_centres(points, n_clusters: int, seed: int, max_rows: int = 20000, shard=None, reduce=ONE_PROCESS.reduce_sum,
+def kmeans_centres(points, n_clusters: int, seed: int, max_rows: int = 20000, context: ParallelContext | None = None,
                    n_iter: int = 5) -> np.ndarray:
     """``n_clusters`` k-means centres of the rows of ``points`` (dense or sparse).
 
@@ -275,18 +274,16 @@ def kmeans_centres(points, n_clusters: int, seed: int, max_rows: int = 20000, sh
     centres (k-means++ seeding took 10 s of the 11 s on Bibtex with M=500, R=1000 and gave an
     objective within 1.5%), ``n_iter`` iterations; a centre that loses all its points stays put.
     Every iteration needs only the per-centre sums and counts of the points assigned to it, sums
-    over rows: with the rows split over processes (``shard``, see :func:`truncated_svd`),
-    ``reduce`` adds them, as it does the initial rows, and every process gets the one-process
+    over rows: with the rows split over processes (``context``, see :func:`truncated_svd`), they
+    are summed over processes, as the initial rows are, and every process gets the one-process
     centres. Returns a dense float32 (n_clusters, n_columns) array.
     """
-    from ..distributed import RowShard
-
     rng = np.random.default_rng(seed)
-    shard = RowShard.whole(points.shape[0]) if shard is None else shard
-    if shard.n_total > max_rows:
-        local, shard = shard.select(np.sort(rng.choice(shard.n_total, max_rows, replace=False)))
+    context = ParallelContext.whole(points.shape[0]) if context is None else context
+    if context.n_total > max_rows:
+        local, context = context.select(np.sort(rng.choice(context.n_total, max_rows, replace=False)))
         points = points[local]
-    centres = shard.gather(points, rng.choice(shard.n_total, n_clusters, replace=False), reduce)
+    centres = context.gather(points, rng.choice(context.n_total, n_clusters, replace=False))
     sq_norms = np.asarray(points.multiply(points).sum(axis=1)).ravel() if sp.issparse(points) else (points**2).sum(1)
     for _ in range(n_iter):
         distances = sq_norms[:, None] - 2.0 * np.asarray(points @ centres.T) + (centres**2).sum(1)[None, :]
@@ -296,7 +293,7 @@ def kmeans_centres(points, n_clusters: int, seed: int, max_rows: int = 20000, sh
         )
         sums = assignment @ points
         sums = sums.toarray() if sp.issparse(sums) else np.asarray(sums)
-        totals = reduce(np.hstack([sums, np.asarray(assignment.sum(axis=1))]))
+        totals = context.reduce_sum(np.hstack([sums, np.asarray(assignment.sum(axis=1))]))
         counts = totals[:, -1]
         filled = counts > 0
         centres[filled] = totals[filled, :-1] / counts[filled, None]

@@ -27,12 +27,17 @@ q(f_ik) = N(sum_p Phi_kp mean_ip + b_k, sum_p Phi_kp^2 var_ip).
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 import scipy.sparse as sp
 import torch
+from torch import nn
 
+from ..distributed import ONE_PROCESS
+from .inducing import FeatureBatch
 from .likelihoods import BernoulliLogit
 
 __all__ = [
@@ -260,3 +265,130 @@ def data_term_shared(
     f_mean_s, f_var_s = utility_moments(mean_h, var_h, Phi[sampled], bias[sampled])  # (B, S) each
     weights = torch.as_tensor(entries.weights, device=device, dtype=dtype)
     return positive + (likelihood.expected_log_lik(f_mean_s, f_var_s, -one) * weights).sum()
+
+
+# ---- the parameters, the conditional and the minibatch bound ----------------------------------------
+__all__ += ["MLGPFModule", "StageClock", "latent_marginals", "BoundEstimate", "minibatch_elbo", "VariationalELBO"]
+
+
+class MLGPFModule(nn.Module):
+    """The parameters of the bound: kernel, inducing inputs, q(u), loadings Phi (L, P), bias b (L,)."""
+
+    def __init__(self, kernel, inducing, variational, Phi: np.ndarray, bias: np.ndarray):
+        super().__init__()
+        self.kernel = kernel
+        self.inducing = inducing
+        self.variational = variational
+        self.Phi = nn.Parameter(torch.as_tensor(np.asarray(Phi, dtype=np.float32)))
+        self.bias = nn.Parameter(torch.as_tensor(np.asarray(bias, dtype=np.float32)))
+
+
+class StageClock:
+    """Adds the wall time of each stage of a step to ``timings`` (a dict: stage -> seconds) when one is
+    given; otherwise does nothing."""
+
+    def __init__(self, timings: dict | None):
+        self.timings = timings
+        self.last = time.perf_counter()
+
+    def lap(self, name: str) -> None:
+        """Add the time since the last lap (or restart) to stage ``name``."""
+        if self.timings is not None:
+            now = time.perf_counter()
+            self.timings[name] = self.timings.get(name, 0.0) + now - self.last
+            self.last = now
+
+    def restart(self) -> None:
+        """Start the next stage now (the time since the last lap was counted elsewhere)."""
+        self.last = time.perf_counter()
+
+
+def latent_marginals(module: MLGPFModule, batch: FeatureBatch, jitter: float, timings: dict | None = None,
+                     need_var: bool = True):
+    """The conditional: the marginals q(h_p(x_i)) = N(mean_ip, var_ip) of q(h) = int p(h | u) q(u) du
+    for the B rows of ``batch`` (journal paper eqs. (9)-(10); the family's form in
+    :mod:`bayesmlc.gp.variational`).
+
+    Returns (mean_h (B, P), var_h (B, P) or None when ``need_var`` is False, the step's
+    :class:`~bayesmlc.gp.variational.Prepared` factorisations). ``timings``: seconds per stage
+    ("kernels", "factorisations", "marginals") are added to it.
+    """
+    clock = StageClock(timings)
+    inner = module.inducing.inner_products(batch, module.kernel.input_weights())
+    blocks = module.kernel(inner)
+    clock.lap("kernels")
+    prep = module.variational.prepare(blocks.zz, jitter)
+    clock.lap("factorisations")
+    if not need_var:
+        return blocks.xz @ module.variational.mean_weights(prep), None, prep
+    mean_h, var_h = module.variational.marginals(prep, blocks.xz, blocks.xx)
+    clock.lap("marginals")
+    return mean_h, var_h, prep
+
+
+class BoundEstimate(NamedTuple):
+    """One minibatch estimate of the bound: ``elbo`` (scalar tensor, with gradients), ``kl`` (sum_p KL),
+    ``mean_h`` (B, P) latent means of the batch, ``jitter`` (the relative jitter K_ZZ needed)."""
+
+    elbo: torch.Tensor
+    kl: torch.Tensor
+    mean_h: torch.Tensor
+    jitter: float
+
+
+def minibatch_elbo(module: MLGPFModule, likelihood: BernoulliLogit, batch: FeatureBatch, targets, n_total: float,
+                   kl_weight: float, jitter: float, timings: dict | None = None) -> BoundEstimate:
+    """The doubly stochastic ELBO estimate for one minibatch (module docstring):
+    (n_total / B) * data term - kl_weight * sum_p KL.
+
+    ``targets`` is ``("full", Y_dense, mask_dense_or_None)``, ``("sampled", LabelEntries)`` or
+    ``("shared", SharedNegatives)``. ``timings`` as in :func:`latent_marginals`, plus "quadrature"
+    and "kl".
+    """
+    mean_h, var_h, prep = latent_marginals(module, batch, jitter, timings)
+    clock = StageClock(timings)
+    if targets[0] == "full":
+        data = data_term_full(likelihood, mean_h, var_h, module.Phi, module.bias, targets[1], targets[2])
+    elif targets[0] == "shared":
+        data = data_term_shared(likelihood, mean_h, var_h, module.Phi, module.bias, targets[1])
+    else:
+        data = data_term_sampled(likelihood, mean_h, var_h, module.Phi, module.bias, targets[1])
+    clock.lap("quadrature")
+    kl = module.variational.kl(prep).sum()
+    clock.lap("kl")
+    n_batch = batch.sq_norm.shape[0]
+    scale = n_total / n_batch if n_batch else 0.0  # a data-parallel rank may get no rows of a short batch
+    return BoundEstimate(scale * data - kl_weight * kl, kl, mean_h, prep.jitter)
+
+
+class VariationalELBO:
+    """The evidence lower bound of ``num_data`` training rows as a training objective: each call
+    estimates it on one minibatch (:func:`minibatch_elbo`), and :meth:`loss` is the negated estimate
+    per training row, the quantity the optimiser minimises.
+
+    Parameters
+    ----------
+    likelihood : BernoulliLogit, with its quadrature
+    num_data : int, N, the training rows the minibatch stands for
+    kl_weight : float, weight of sum_p KL (1 = the bound itself)
+    """
+
+    def __init__(self, likelihood: BernoulliLogit, num_data: int, kl_weight: float = 1.0):
+        self.likelihood = likelihood
+        self.num_data = num_data
+        self.kl_weight = kl_weight
+
+    def __call__(self, module: MLGPFModule, batch: FeatureBatch, targets, jitter: float, rows_in_batch: int | None = None,
+                 strategy=ONE_PROCESS, timings: dict | None = None) -> BoundEstimate:
+        """The estimate on ``batch``; under data parallelism ``batch`` holds this process's rows of a
+        global minibatch of ``rows_in_batch`` rows (None: all of them) and ``strategy`` weighs the
+        terms so that the processes' estimates sum to the one-process estimate
+        (:meth:`~bayesmlc.distributed.DataParallel.bound_weights`)."""
+        n_here = batch.sq_norm.shape[0]
+        n_scale, kl_weight = strategy.bound_weights(self.num_data, self.kl_weight, n_here,
+                                                    n_here if rows_in_batch is None else rows_in_batch)
+        return minibatch_elbo(module, self.likelihood, batch, targets, n_scale, kl_weight, jitter, timings)
+
+    def loss(self, estimate: BoundEstimate) -> torch.Tensor:
+        """-ELBO / N: the bound per training row, negated."""
+        return -estimate.elbo / self.num_data

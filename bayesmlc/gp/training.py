@@ -1,18 +1,40 @@
-"""Small pure pieces of the MLGPF training loop: batches, schedule, optimiser, checks, checkpoints."""
+"""MLGPF's training: the :class:`Trainer` (schedule, batching, the step, divergence, history,
+validation, early stopping, checkpoints, progress bar) and the small pure pieces it is made of.
+
+The trainer maximises the doubly stochastic bound of :mod:`bayesmlc.gp.objective`
+(:class:`~bayesmlc.gp.objective.VariationalELBO`) with Adam on minibatches of rows (journal paper
+sec. 4.2); under data parallelism every process runs it on its rows of each global minibatch
+(:mod:`bayesmlc.distributed`).
+"""
 
 from __future__ import annotations
 
 import math
 import os
+import time
+import warnings
 import zipfile
+from dataclasses import dataclass
+from types import SimpleNamespace
 
 import numpy as np
+import scipy.sparse as sp
 import torch
 
-from ..exceptions import ModelFormatError
+from ..distributed import ONE_PROCESS, ParallelContext
+from ..exceptions import ModelFormatError, ValidationError
 from ..persistence import decode, encode, read_npz, write_npz_atomically
+from .initialisation import feature_batch, initial_module, module_from_parameters, training_projection
+from .likelihoods import BernoulliLogit
+from .objective import (
+    LabelEntries, StageClock, VariationalELBO, resolve_negative_samples, sample_label_entries, sample_shared_negatives,
+)
+from .prediction import mean_utilities
 
 __all__ = [
+    "Trainer",
+    "TrainingRows",
+    "minibatch_targets",
     "TrainingDivergedError",
     "epoch_batches",
     "resolve_batch_size",
@@ -151,3 +173,418 @@ def optimizer_state_from_checkpoint(state: dict) -> dict:
         "state": {int(k): v for k, v in state["state"].items()},
         "param_groups": state["param_groups"],
     }
+
+
+# ---- the trainer ------------------------------------------------------------------------------------
+#: The running training P@1 scores the first TRAIN_SCORE_ENTRIES // L rows of each batch (all of a
+#: 500-row batch up to 2,097 labels), so that it costs no more than a 2^20-entry product per step.
+TRAIN_SCORE_ENTRIES = 1 << 20
+#: Validation rows are scored this many at a time.
+VALIDATION_CHUNK_ROWS = 2048
+#: Settings a resumed run may change: they do not alter the path of the parameters.
+RESUMABLE_SETTINGS = frozenset({
+    "epochs", "verbose", "checkpoint_every", "checkpoint_path", "n_threads", "device", "early_stopping_patience",
+    "validation_every", "rank_by",
+})
+
+
+def new_history() -> dict:
+    """Empty per-epoch history lists (see ``MLGPF.history_``)."""
+    keys = ("epoch", "wall_time", "objective", "kl", "batch_size", "jitter", "train_P@1", "val_P@1", "val_P@3", "val_P@5")
+    return {key: [] for key in keys}
+
+
+def skip_negative_draws(n_negatives: np.ndarray, negative_samples: int, rng: np.random.Generator) -> None:
+    """Advance ``rng`` as :func:`~bayesmlc.gp.objective.sample_label_entries` does for rows with
+    ``n_negatives`` negatives (one draw of ``negative_samples`` of them without replacement per row
+    that has more), without their labels: the draws for rows another data-parallel process holds."""
+    for count in n_negatives:
+        if count > negative_samples:
+            rng.choice(int(count), negative_samples, replace=False)
+
+
+def minibatch_targets(Y, label_mask, rows, rng: np.random.Generator, device, dtype, negative_samples="auto",
+                      negative_sampling: str = "row", share: slice | None = None, n_batch: int | None = None,
+                      strategy=ONE_PROCESS):
+    """The label targets of the rows ``rows`` of ``Y`` for :func:`~bayesmlc.gp.objective.minibatch_elbo`,
+    and those rows of ``Y`` (CSR): ``("full", Y dense, mask dense or None)`` when every label enters
+    the bound (``negative_samples`` resolved by :func:`~bayesmlc.gp.objective.resolve_negative_samples`),
+    ``("sampled", LabelEntries)`` for ``negative_sampling="row"``, ``("shared", SharedNegatives)`` for
+    ``"batch"``.
+
+    Under data parallelism ``rows`` are this process's rows of a global batch of ``n_batch`` rows
+    (None: ``len(rows)``), at the positions ``share`` of it (None: all of them), and ``strategy``
+    sums over processes: the random stream advances as in one process holding the whole batch.
+    """
+    Y_rows = Y[rows]
+    mask_rows = None if label_mask is None else label_mask[rows]
+    negative_samples = resolve_negative_samples(negative_samples, Y.shape[1])
+    if negative_samples is None:
+        Y_dense = torch.as_tensor(Y_rows.toarray(), device=device, dtype=dtype)
+        mask_dense = None if mask_rows is None else torch.as_tensor(mask_rows.toarray(), device=device, dtype=dtype)
+        return ("full", Y_dense, mask_dense), Y_rows
+    if negative_sampling == "batch":
+        # one draw per global batch: every data-parallel process draws the same labels
+        return ("shared", sample_shared_negatives(Y_rows, mask_rows, negative_samples, rng)), Y_rows
+    share = slice(0, len(rows)) if share is None else share
+    # Negatives are drawn for the whole global batch in row order, so that every data-parallel
+    # process consumes the random stream of one process. The other processes' rows only advance
+    # it, which needs just their numbers of negatives (summed over processes).
+    n_negatives = np.zeros(len(rows) if n_batch is None else n_batch)
+    observed = np.full(len(rows), Y.shape[1]) if mask_rows is None else np.diff(mask_rows.indptr)
+    n_negatives[share] = observed - np.diff(Y_rows.indptr)  # Y is zero where the mask is
+    n_negatives = strategy.reduce_sum(n_negatives)
+    skip_negative_draws(n_negatives[: share.start], negative_samples, rng)
+    if len(rows):
+        entries = sample_label_entries(Y_rows, mask_rows, negative_samples, rng)
+    else:  # a process may hold no row of a batch
+        entries = LabelEntries(np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0), np.zeros(0))
+    skip_negative_draws(n_negatives[share.stop :], negative_samples, rng)
+    return ("sampled", entries), Y_rows
+
+
+@dataclass
+class TrainingRows:
+    """This process's prepared training rows and their place among all training rows.
+
+    X : CSR (n, D); Y : CSR (n, L) 0/1; label_mask : CSR (n, L) 0/1 or None (all observed);
+    projection : (n, R) cached subspace projections or None
+    (:func:`~bayesmlc.gp.initialisation.training_projection`); context : ParallelContext of the
+    rows (None: one process holding them all).
+    """
+
+    X: sp.csr_matrix
+    Y: sp.csr_matrix
+    label_mask: sp.csr_matrix | None = None
+    projection: np.ndarray | None = None
+    context: ParallelContext | None = None
+
+    def __post_init__(self):
+        if self.context is None:
+            self.context = ParallelContext.whole(self.X.shape[0])
+
+
+@dataclass
+class StepResult:
+    """What one :meth:`Trainer.step` computed: this process's ``estimate`` (a
+    :class:`~bayesmlc.gp.objective.BoundEstimate`), ``value`` (the estimate summed over processes),
+    and the batch's rows here: ``rows`` (local indices), ``share`` (their positions in the global
+    batch), ``Y_rows`` (their labels, CSR)."""
+
+    estimate: object
+    value: float
+    rows: np.ndarray
+    share: slice
+    Y_rows: sp.csr_matrix
+
+
+class Trainer:
+    """Doubly stochastic variational training of an :class:`~bayesmlc.gp.objective.MLGPFModule`.
+
+    :meth:`fit` is ``MLGPF.fit``'s loop: a validation split, the data-driven start (or a
+    checkpoint's state), then epochs of Adam steps on the bound with a learning-rate schedule and
+    growing batches, recording history, scoring the validation rows, stopping early, writing
+    checkpoints and showing a progress bar. :meth:`stream_pass` is one pass of ``partial_fit``;
+    :meth:`step` one optimiser step, the piece both are made of (and that the benchmarks time).
+
+    Parameters
+    ----------
+    settings : dict, the estimator's parameters (``MLGPF.get_params()``); read as attributes of
+        :attr:`settings`, which a caller may replace between passes (a stream's annealed rate).
+    rng : numpy Generator, the one random stream: validation split, initialisation, batches,
+        negative samples, in that order.
+    device, dtype : where and in which precision the module trains.
+    module : the module to train (None: :meth:`initialise` or :meth:`fit` builds it); a fresh Adam
+        optimiser is made for it.
+    jitter : float or None, the relative jitter to start from (None: ``settings["jitter"]``); it
+        only grows (:attr:`jitter`).
+
+    Attributes
+    ----------
+    module, optimizer, jitter, history (per epoch, as ``MLGPF.history_``), steps (per step:
+    ``step``, ``wall_time``, ``elbo``).
+    """
+
+    def __init__(self, settings: dict, rng: np.random.Generator, device="cpu", dtype=torch.float32, module=None,
+                 jitter: float | None = None):
+        self.settings = SimpleNamespace(**settings)
+        self.rng = rng
+        self.device, self.dtype = device, dtype
+        self.jitter = self.settings.jitter if jitter is None else float(jitter)
+        self.history, self.steps = new_history(), {"step": [], "wall_time": [], "elbo": []}
+        self.module = self.optimizer = None
+        self._start_clock, self._elapsed_before = time.perf_counter(), 0.0
+        if module is not None:
+            self.start(module)
+
+    # ---- set-up -------------------------------------------------------------------------------
+    def start(self, module) -> None:
+        """Train ``module`` from here on, with a fresh Adam optimiser (:func:`make_optimizer`)."""
+        self.module = module
+        self.optimizer = make_optimizer(module, self.settings.learning_rate, self.settings.variational_learning_rate)
+        self._trained = [p for p in module.parameters() if p.requires_grad]
+
+    def initialise(self, X, Y, context: ParallelContext | None = None) -> np.ndarray | None:
+        """Build the starting module from the prepared training rows ``X``, ``Y`` (this process's share
+        of ``context``'s rows) as ``fit`` does (:func:`~bayesmlc.gp.initialisation.initial_module`)
+        and start training it. Returns the rows' cached projections (or None)."""
+        module, projection = initial_module(self.settings, X, Y, self.rng, context, self.device, self.dtype)
+        self.start(module)
+        return projection
+
+    # ---- one step -----------------------------------------------------------------------------
+    def step(self, data: TrainingRows, batch_rows: np.ndarray, elbo: VariationalELBO, timings: dict | None = None,
+             label: str = "MLGPF", at: str = "") -> StepResult:
+        """One Adam step on the global minibatch ``batch_rows`` (sorted ids of ``data.context``'s rows),
+        of which this process computes the rows it holds; the gradients are summed over processes.
+
+        ``timings``: seconds per stage are added to it ("batching", the stages of
+        :func:`~bayesmlc.gp.objective.minibatch_elbo`, "backward", "adam"). Raises
+        :class:`TrainingDivergedError` (``label`` and ``at`` place it) when the bound or a gradient
+        is not finite; the parameters are then those before the step.
+        """
+        clock = StageClock(timings)
+        shard, strategy = data.context.shard, data.context.strategy
+        share = shard.positions_in(batch_rows)  # the batch's rows this process holds
+        rows = batch_rows[share] - shard.start
+        batch = feature_batch(self.module, data.X, rows, data.projection)
+        targets, Y_rows = minibatch_targets(
+            data.Y, data.label_mask, rows, self.rng, self.device, self.dtype, self.settings.negative_samples,
+            self.settings.negative_sampling, share, len(batch_rows), strategy,
+        )
+        clock.lap("batching")
+        self.optimizer.zero_grad(set_to_none=True)
+        estimate = elbo(self.module, batch, targets, self.jitter, len(batch_rows), strategy, timings)
+        loss = elbo.loss(estimate)
+        clock.restart()
+        loss.backward()
+        clock.lap("backward")
+        if not all_finite(loss, self._trained):
+            raise TrainingDivergedError(
+                f"{label}: the bound or its gradient became NaN/inf{at}; training stopped and the parameters "
+                "before that step were kept. Try a smaller learning_rate, a larger jitter or dtype='float64'."
+            )
+        value = strategy.reduce_gradients(self._trained, estimate.elbo.detach())  # sums over processes
+        clock.restart()
+        self.optimizer.step()
+        clock.lap("adam")
+        self.jitter = max(self.jitter, estimate.jitter)  # a jitter that was needed once stays
+        return StepResult(estimate, value, rows, share, Y_rows)
+
+    # ---- a stream -----------------------------------------------------------------------------
+    def stream_pass(self, X, Y, label_mask, num_data: int) -> float:
+        """One pass over the prepared rows ``X``, ``Y`` (``label_mask`` or None) in random minibatches
+        of ``settings.batch_size`` rows (``"auto"`` resolved on these rows) at the current
+        ``learning_rate`` and ``variational_learning_rate``, on the bound of ``num_data`` rows; the
+        first pass of a trainer without a module sets it up from these rows (:meth:`initialise`).
+        Returns the mean bound estimate of its steps."""
+        projection = self.initialise(X, Y) if self.module is None else training_projection(self.module, X)
+        data = TrainingRows(X, Y, label_mask, projection)
+        settings = self.settings
+        variational_rate = settings.learning_rate if settings.variational_learning_rate is None \
+            else settings.variational_learning_rate
+        for group, rate in zip(self.optimizer.param_groups, (settings.learning_rate, variational_rate)):
+            group["lr"] = rate
+        elbo = VariationalELBO(BernoulliLogit(settings.quadrature_points), num_data, settings.kl_weight)
+        n_rows = data.X.shape[0]
+        batches = epoch_batches(n_rows, resolve_batch_size(settings.batch_size, n_rows), self.rng)
+        total = 0.0
+        for rows in batches:
+            total += self.step(data, rows, elbo, label="MLGPF.partial_fit").value / len(batches)
+        return total
+
+    # ---- fit ----------------------------------------------------------------------------------
+    def fit(self, X, Y, label_mask=None, context: ParallelContext | None = None, resume: bool = False) -> None:
+        """Train on the prepared rows ``X``, ``Y`` (this process's share of ``context``'s rows; row ids
+        in the validation split and the batches are global), from the data-driven start, or with
+        ``resume`` from ``settings.checkpoint_path``. On return :attr:`module` holds the parameters
+        with the best validation P@1 when validation rows are held out, the last ones otherwise."""
+        settings = self.settings
+        self._start_clock = time.perf_counter()
+        context = ParallelContext.whole(X.shape[0]) if context is None else context
+        n_all = context.n_total
+        n_val = int(round(settings.validation_fraction * n_all))
+        order = self.rng.permutation(n_all)
+        val_rows, train_rows = np.sort(order[:n_val]), np.sort(order[n_val:])
+        checkpoint = self._checkpoint_to_resume(n_all, X.shape[1], Y.shape[1]) if resume else None
+        if checkpoint is not None:
+            val_rows = np.asarray(checkpoint["val_rows"], dtype=np.int64)
+            train_rows = np.setdiff1d(np.arange(n_all), val_rows)
+        local_train, train_context = context.select(train_rows)
+        local_val, _ = context.select(val_rows)
+        X_train, Y_train = X[local_train], Y[local_train]
+        if checkpoint is None:
+            projection = self.initialise(X_train, Y_train, train_context)
+        else:
+            self.start(module_from_parameters(settings, checkpoint["parameters"], self.device, self.dtype))
+            projection = training_projection(self.module, X_train)
+        train = TrainingRows(X_train, Y_train, None if label_mask is None else label_mask[local_train], projection,
+                             train_context)
+        base_rates = [group["lr"] for group in self.optimizer.param_groups]  # before a checkpoint's decayed ones
+        start_epoch, best_state = 0, None
+        if checkpoint is not None:
+            start_epoch, best_state = self._restore(checkpoint)
+        validation = (X[local_val], Y[local_val], n_val)
+        elbo = VariationalELBO(BernoulliLogit(settings.quadrature_points), train_context.n_total, settings.kl_weight)
+        first_batch_size = resolve_batch_size(settings.batch_size, train_context.n_total)
+        progress = None
+        if settings.verbose:
+            from tqdm.auto import tqdm
+
+            progress = tqdm(total=settings.epochs, initial=start_epoch, desc="MLGPF", unit="epoch", leave=False)
+        try:
+            for epoch in range(start_epoch, settings.epochs):
+                batch_size = batch_size_at(epoch, first_batch_size, settings.batch_size_growth,
+                                           settings.batch_size_every, settings.max_batch_size)
+                self._epoch(train, elbo, epoch, batch_size, base_rates)
+                val = [math.nan] * 3
+                if n_val and ((epoch + 1) % settings.validation_every == 0 or epoch + 1 == settings.epochs):
+                    val = self._validation_scores(*validation, context.strategy)
+                for k, value in zip((1, 3, 5), val):
+                    self.history[f"val_P@{k}"].append(value)
+                if n_val and not math.isnan(val[0]):
+                    if val[0] >= max(v for v in self.history["val_P@1"] if not math.isnan(v)):
+                        best_state = {k: v.detach().clone() for k, v in self.module.state_dict().items()}
+                if progress is not None:
+                    progress.update(1)
+                    progress.set_postfix(self._progress_figures(n_val > 0))
+                stop = settings.early_stopping_patience is not None and early_stop(
+                    self.history["val_P@1"], settings.early_stopping_patience
+                )
+                last = epoch + 1 == settings.epochs or stop
+                every = settings.checkpoint_every
+                if every and context.strategy.is_main and ((epoch + 1) % every == 0 or last):
+                    self._save_checkpoint(epoch + 1, n_all, X.shape[1], Y.shape[1], val_rows, best_state)
+                if stop:
+                    break
+        finally:
+            if progress is not None:
+                progress.close()
+        if best_state is not None:  # validation was used: keep the best parameters seen
+            self.module.load_state_dict(best_state)
+
+    def _epoch(self, train: TrainingRows, elbo: VariationalELBO, epoch: int, batch_size: int, base_rates) -> None:
+        """The steps of 0-based ``epoch``, and its line of :attr:`history` up to validation."""
+        settings = self.settings
+        epoch_elbo, epoch_kl, hits, seen, max_jitter = 0.0, 0.0, 0, 0, 0.0
+        scored_rows = max(1, TRAIN_SCORE_ENTRIES // train.Y.shape[1])
+        batches = epoch_batches(train.context.n_total, batch_size, self.rng)
+        for batch_index, batch_rows in enumerate(batches):
+            factor = learning_rate_factor(step_progress(epoch, batch_index, len(batches), settings.epochs),
+                                          settings.lr_decay)
+            for group, base in zip(self.optimizer.param_groups, base_rates):
+                group["lr"] = base * factor
+            step_number = len(self.steps["step"]) + 1
+            result = self.step(train, batch_rows, elbo, at=f" at epoch {epoch + 1}, step {step_number}")
+            max_jitter = max(max_jitter, result.estimate.jitter)
+            self.steps["step"].append(step_number)
+            self.steps["wall_time"].append(self._elapsed())
+            self.steps["elbo"].append(result.value)
+            epoch_elbo += result.value / len(batches)
+            epoch_kl += float(result.estimate.kl.detach()) / len(batches)
+            # running P@1 on the batch's first rows (positions < scored_rows, whichever process holds them)
+            scored = slice(0, max(0, min(len(result.rows), scored_rows - result.share.start)))
+            with torch.no_grad():
+                mean_h = result.estimate.mean_h.detach()[scored]
+                top = (mean_h @ self.module.Phi.T + self.module.bias).argmax(1).cpu().numpy().copy()
+            hits += int(result.Y_rows[np.arange(len(top)), top].sum())  # sparse result when no row is scored
+            seen += len(top)
+        hits, seen = train.context.strategy.sum_counts(hits, seen)
+        for key, value in (("epoch", epoch + 1), ("wall_time", self._elapsed()), ("objective", epoch_elbo),
+                           ("kl", epoch_kl), ("batch_size", batch_size), ("jitter", max_jitter),
+                           ("train_P@1", hits / max(seen, 1))):
+            self.history[key].append(value)
+
+    def _elapsed(self) -> float:
+        return self._elapsed_before + time.perf_counter() - self._start_clock
+
+    def _validation_scores(self, X_val, Y_val, n_val: int, strategy) -> list:
+        """P@1, P@3, P@5 over all ``n_val`` validation rows, of which this process holds ``X_val``."""
+        from ..metrics import precision_at_k
+
+        sums = np.zeros(3)
+        if X_val.shape[0]:
+            parts, weights = [], None
+            for start in range(0, X_val.shape[0], VALIDATION_CHUNK_ROWS):
+                part, weights = mean_utilities(self.module, X_val[start : start + VALIDATION_CHUNK_ROWS], self.jitter,
+                                               weights)
+                parts.append(part)
+            scores = np.vstack(parts)
+            sums = np.array([precision_at_k(Y_val, scores, k) * X_val.shape[0] for k in (1, 3, 5)])
+        return [float(v) for v in strategy.reduce_sum(sums) / n_val]
+
+    def _progress_figures(self, validating: bool) -> dict:
+        """The progress bar's figures: the epoch's ELBO and training P@1, and with validation rows the
+        latest validation P@1 (before the first evaluation: none yet)."""
+        shown = {"ELBO": f"{self.history['objective'][-1]:.4g}", "train P@1": f"{self.history['train_P@1'][-1]:.3f}"}
+        evaluated = [v for v in self.history["val_P@1"] if not math.isnan(v)]
+        if validating and evaluated:
+            shown["val P@1"] = f"{evaluated[-1]:.3f}"
+        return shown
+
+    # ---- checkpoints --------------------------------------------------------------------------
+    def _plain_settings(self) -> dict:
+        return {k: v for k, v in vars(self.settings).items() if v is None or isinstance(v, (bool, int, float, str))}
+
+    def _checkpoint_to_resume(self, n_rows: int, n_features: int, n_labels: int) -> dict | None:
+        """The checkpoint at ``settings.checkpoint_path``, checked against these settings and data; None
+        (with a warning) when there is none yet."""
+        path = self.settings.checkpoint_path
+        if not path:
+            raise ValidationError("resume=True needs checkpoint_path (the checkpoint to continue from)")
+        if not os.path.exists(path):
+            warnings.warn(f"{path}: no checkpoint yet; starting from scratch", UserWarning, stacklevel=5)
+            return None
+        checkpoint = load_checkpoint(path)
+        mine = self._plain_settings()
+        written = {"negative_sampling": "row", **checkpoint["params"]}  # checkpoints from before the setting
+        different = sorted(k for k in mine if k not in RESUMABLE_SETTINGS and written.get(k) != mine[k])
+        if self.settings.lr_decay > 0 and checkpoint["params"].get("epochs") != self.settings.epochs:
+            different.append("epochs (the learning-rate decay depends on it)")
+        if different:
+            raise ValidationError(
+                f"{path}: checkpoint was written with different parameters ({', '.join(different)}); "
+                "resume needs the same model settings"
+            )
+        if (checkpoint["n_rows"], checkpoint["n_features"], checkpoint["n_labels"]) != (n_rows, n_features, n_labels):
+            raise ValidationError(
+                f"{path}: checkpoint is for data of shape rows={checkpoint['n_rows']}, "
+                f"features={checkpoint['n_features']}, labels={checkpoint['n_labels']}, not "
+                f"{n_rows}, {n_features}, {n_labels}"
+            )
+        return checkpoint
+
+    def _restore(self, checkpoint: dict):
+        """Optimizer, random stream, history, jitter and clock from ``checkpoint``; returns (the epoch
+        to start at, the best validated parameters or None)."""
+        self.optimizer.load_state_dict(optimizer_state_from_checkpoint(checkpoint["optimizer"]))
+        self.rng.bit_generator.state = checkpoint["rng_state"]
+        self.history = {k: list(v) for k, v in checkpoint["history"].items()}
+        self.steps = {k: list(v) for k, v in checkpoint["steps"].items()}
+        self.jitter = float(checkpoint["jitter"])
+        self._elapsed_before = float(checkpoint["elapsed"])
+        best_state = None
+        if checkpoint.get("best_state") is not None:
+            best_state = {k: torch.as_tensor(v) for k, v in checkpoint["best_state"].items()}
+        return int(checkpoint["epoch"]), best_state
+
+    def _save_checkpoint(self, epoch: int, n_rows: int, n_features: int, n_labels: int, val_rows, best_state) -> None:
+        save_checkpoint(
+            self.settings.checkpoint_path,
+            {
+                "params": self._plain_settings(),
+                "n_features": n_features,
+                "n_labels": n_labels,
+                "n_rows": n_rows,
+                "epoch": epoch,
+                "parameters": {k: v.detach().cpu() for k, v in self.module.state_dict().items()},
+                "optimizer": self.optimizer.state_dict(),
+                "rng_state": self.rng.bit_generator.state,
+                "history": self.history,
+                "steps": self.steps,
+                "jitter": self.jitter,
+                "val_rows": val_rows,
+                "elapsed": self._elapsed(),
+                "best_state": None if best_state is None else {k: v.cpu() for k, v in best_state.items()},
+            },
+        )

@@ -29,11 +29,11 @@ import weakref
 import numpy as np
 import scipy.sparse as sp
 
-from ..base import MultiLabelEstimator
-from ..exceptions import ModelFormatError, ValidationError
-from ..parameters import Integer, Options, Real
-from ..preprocessing import STANDARDIZE_CONSTRAINT, FeaturePreprocessor, legacy_preprocessor_state
-from ..utils import iter_batches, numpy_rng
+from .base import MultiLabelEstimator
+from .exceptions import ModelFormatError, ValidationError
+from .parameters import Integer, Options, Real
+from .preprocessing import STANDARDIZE_CONSTRAINT, FeaturePreprocessor, legacy_preprocessor_state
+from .utils import iter_batches, numpy_rng
 
 __all__ = [
     "KNNBaseline",
@@ -47,10 +47,10 @@ __all__ = [
 
 #: Entries for ``bayesmlc.models.MODEL_CLASSES`` (the CLI's ``--model`` names).
 REGISTRY_ENTRIES = {
-    "knn": "bayesmlc.bench.baselines:KNNBaseline",
-    "napkinxc_plt": "bayesmlc.bench.baselines:NapkinXCPLT",
-    "omikuji_parabel": "bayesmlc.bench.baselines:OmikujiParabel",
-    "omikuji_bonsai": "bayesmlc.bench.baselines:OmikujiBonsai",
+    "knn": "bayesmlc.baselines:KNNBaseline",
+    "napkinxc_plt": "bayesmlc.baselines:NapkinXCPLT",
+    "omikuji_parabel": "bayesmlc.baselines:OmikujiParabel",
+    "omikuji_bonsai": "bayesmlc.baselines:OmikujiBonsai",
 }
 
 #: Model name -> the optional package it needs (installed by the ``[compare]`` extra).

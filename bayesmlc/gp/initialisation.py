@@ -1,0 +1,206 @@
+"""Data-driven starting values of MLGPF's parameters, and the module that holds them.
+
+Every statistic here is a sum over training rows, computed from this process's rows and summed over
+processes by a :class:`~bayesmlc.distributed.ParallelContext` (None: one process holding every row),
+so a data-parallel run starts where the one-process run does.
+
+``settings`` below is any object with the estimator's parameters as attributes (an
+:class:`~bayesmlc.gp.MLGPF`, or ``types.SimpleNamespace(**model.get_params())``).
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+
+import numpy as np
+import torch
+
+from ..base import label_counts
+from ..distributed import ParallelContext
+from ..exceptions import ModelFormatError
+from ..utils import logit
+from .inducing import FeatureBatch, InputSpaceInducing, SubspaceInducing, kmeans_centres, top_singular_vectors, truncated_svd
+from .kernels import make_kernel
+from .likelihoods import BernoulliLogit
+from .objective import MLGPFModule, data_term_full, latent_marginals
+from .variational import make_variational, robust_cholesky
+
+__all__ = [
+    "AUTO_SUBSPACE_RANK", "PROJECTION_CACHE_ENTRIES", "initial_arrays", "initial_factors", "warm_start_mean",
+    "build_module", "module_from_parameters", "training_projection", "feature_batch", "initial_module",
+]
+
+#: ``subspace_rank="auto"``: this rank, or min(training rows, features) when smaller.
+AUTO_SUBSPACE_RANK = 1000
+# Precompute the training rows' subspace projections X X~^T (= U S) when they take at most this many
+# entries (200 MB in float32); otherwise they are formed per batch by a sparse product.
+PROJECTION_CACHE_ENTRIES = 50_000_000
+
+
+def initial_arrays(settings, X, Y, rng: np.random.Generator, context: ParallelContext | None = None) -> dict:
+    """Inducing inputs (``basis`` and ``A``, or ``Z``), loadings ``Phi`` (L, P) and bias ``bias`` (L,).
+
+    ``X``, ``Y`` are this process's (prepared) training rows and ``context`` their place among all
+    training rows. Subspace inducing inputs: the top-R right singular vectors of X and k-means on
+    the rows' projections U S (subspace paper sec. 2.2); free ones: k-means in input space; fixed
+    ones: a random subset of rows. The bias is the logit of the smoothed label frequency.
+    """
+    context = ParallelContext.whole(X.shape[0]) if context is None else context
+    M = settings.n_inducing
+    n, D = context.n_total, X.shape[1]
+    seed = int(rng.integers(2**31 - 1))
+    arrays = {}
+    if settings.inducing.startswith("subspace"):
+        requested = AUTO_SUBSPACE_RANK if settings.subspace_rank == "auto" else settings.subspace_rank
+        rank = min(requested, n, D)
+        if rank < requested and settings.subspace_rank != "auto":
+            warnings.warn(
+                f"subspace_rank={settings.subspace_rank} exceeds min(rows, features) = {rank}; using {rank}",
+                UserWarning,
+                stacklevel=6,
+            )
+        work_dtype = np.float32 if settings.dtype == "float32" else np.float64  # of the (D, R) work arrays
+        basis, US, used = truncated_svd(X, rank, seed, settings.svd_max_rows, context, work_dtype)
+        arrays["basis"] = basis
+        arrays["A"] = kmeans_centres(US, M, seed, context=context if used is None else used)
+    elif settings.inducing == "free":
+        arrays["Z"] = kmeans_centres(X, M, seed, context=context)
+    else:  # fixed: a random subset of training rows
+        arrays["Z"] = context.gather(X, np.sort(rng.choice(n, M, replace=False)))
+    positives = context.reduce_sum(label_counts(Y)[0])
+    prior = np.clip((positives + 0.5) / (n + 1.0), 1e-6, 1 - 1e-6)
+    arrays["bias"] = logit(prior, floor=0.0).astype(np.float32)
+    arrays["Phi"] = initial_factors(Y, settings.n_latent, settings.init_factors, rng, context)
+    return arrays
+
+
+def initial_factors(Y, n_latent: int, init_factors: str, rng: np.random.Generator,
+                    context: ParallelContext | None = None) -> np.ndarray:
+    """(L, P) loadings: N(0, 1/P) draws (``init_factors="random"``, the authors' code), or a warm
+    start from the top-P right singular vectors of the label matrix scaled by
+    sqrt(singular value / mean) and normalised to an average squared row norm of 1, plus 0.1 x the
+    random draw (so the GPs only have to learn the leading left singular directions of Y; the
+    reference notes found this speeds convergence). ``Y`` holds this process's share of the
+    training rows (``context``; None: every row is here)."""
+    context = ParallelContext.whole(Y.shape[0]) if context is None else context
+    L, P = Y.shape[1], n_latent
+    noise = rng.standard_normal((L, P)) / math.sqrt(P)
+    if init_factors == "random" or P > min(context.n_total, L):  # P = L: the full SVD basis
+        return noise.astype(np.float32)
+    Vt, s = top_singular_vectors(Y, P, int(rng.integers(2**31 - 1)), context)
+    Phi = Vt.T * np.sqrt(s / s.mean())
+    Phi *= math.sqrt(L) / np.linalg.norm(Phi)
+    return (Phi + 0.1 * noise).astype(np.float32)
+
+
+def warm_start_mean(settings, module: MLGPFModule, X, Y, projection, rng: np.random.Generator,
+                    context: ParallelContext | None = None, max_rows: int = 5000, max_entries: int = 4_000_000) -> None:
+    """Start E_q[u] at a ridge fit of latent targets (a reduced-rank-regression warm start), in place.
+
+    With a(x) = L_K^{-1} k_Z(x), the whitened mean v gives E[h(x)] = a(x)^T v with prior
+    v ~ N(0, I). Targets for h are the least-squares latent values that map to the centred labels
+    through Phi, H0 = (Y - ybar) Phi (Phi^T Phi)^{-1} (computed sparsely), scaled by c; then
+    v = (A A^T + I)^{-1} A c H0 on at most ``max_rows`` random rows, and c in {0, 0.5, 1, ..., 16}
+    is chosen by the expected log-likelihood (under the current variances) on rows x labels up
+    to ``max_entries`` entries. ``context`` as in :func:`initial_arrays`: ybar Phi, the normal
+    equations (A A^T, A H0) and the log-likelihoods are sums over rows, added over processes.
+    """
+    context = ParallelContext.whole(X.shape[0]) if context is None else context
+    n = context.n_total
+    chosen = np.sort(rng.choice(n, min(n, max_rows), replace=False))
+    rows, chosen_here = context.shard.select(chosen)  # this process's chosen rows, and their positions in chosen
+    with torch.no_grad():
+        batch = feature_batch(module, X, rows, projection)
+        mean_h, var_h, prep = latent_marginals(module, batch, settings.jitter)
+        blocks = module.kernel(module.inducing.inner_products(batch, module.kernel.input_weights()))
+        L_K, _ = robust_cholesky(blocks.zz, settings.jitter)
+        A = torch.linalg.solve_triangular(L_K, blocks.xz.T, upper=False)  # (M, n)
+        Phi = module.Phi
+        Y_rows = Y[rows]
+        Phi_np = Phi.double().cpu().numpy()
+        mean_loading = context.reduce_sum(np.asarray(Y.sum(axis=0), dtype=np.float64).ravel() @ Phi_np) / n  # ybar Phi
+        centred = Y_rows @ Phi_np - mean_loading  # (n, P)
+        H0 = torch.as_tensor(np.linalg.solve(Phi_np.T @ Phi_np, centred.T).T, dtype=A.dtype, device=A.device)
+        normal = context.reduce_sum(torch.cat([A @ A.T, A @ H0], dim=1).cpu().numpy())  # [A A^T, A H0], summed
+        normal = torch.as_tensor(normal, dtype=A.dtype, device=A.device)
+        eye = torch.eye(A.shape[0], dtype=A.dtype, device=A.device)
+        V = torch.linalg.solve(normal[:, : A.shape[0]] + eye, normal[:, A.shape[0] :])  # (M, P), whitened ridge
+        h_fit = A.T @ V  # (n, P)
+        n_eval = max(1, min(len(chosen), max_entries // (Y.shape[1] * settings.quadrature_points)))
+        n_eval = min(max(n_eval - chosen_here.start, 0), len(rows))  # this process's share of them
+        likelihood = BernoulliLogit(settings.quadrature_points)
+        Y_eval = torch.as_tensor(Y_rows[:n_eval].toarray(), dtype=A.dtype, device=A.device)
+        scales = (0.0, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0)
+        values = context.reduce_sum([
+            float(data_term_full(likelihood, c * h_fit[:n_eval], var_h[:n_eval], Phi, module.bias, Y_eval, None))
+            for c in scales
+        ])
+        best = max(zip(values, scales))
+        module.variational.set_mean((best[1] * (L_K @ V)).T, L_K)
+
+
+def build_module(settings, arrays: dict) -> MLGPFModule:
+    """The module (float32, on the CPU) of ``settings``'s kernel, inducing inputs and variational family,
+    holding ``arrays`` (from :func:`initial_arrays`, or :func:`structural_arrays` of a state dict)."""
+    if "basis" in arrays:
+        inducing = SubspaceInducing(arrays["basis"], arrays["A"], trainable=settings.inducing == "subspace")
+    else:
+        inducing = InputSpaceInducing(arrays["Z"], trainable=settings.inducing == "free")
+    kernel = make_kernel(settings.kernel, inducing.n_weights if settings.ard else None)
+    variational = make_variational(settings.variational, settings.n_latent, settings.n_inducing)
+    return MLGPFModule(kernel, inducing, variational, arrays["Phi"], arrays["bias"])
+
+
+def module_from_parameters(settings, parameters: dict, device, dtype) -> MLGPFModule:
+    """The module holding ``parameters`` (a state dict: a checkpoint's or ``parameters_``) on ``device``
+    in ``dtype``. Cast before loading: the constructors build in float32, which would round a float64
+    model's values."""
+    module = build_module(settings, structural_arrays(parameters)).to(device=device, dtype=dtype)
+    module.load_state_dict(parameters)
+    return module
+
+
+def structural_arrays(parameters: dict) -> dict:
+    """The arrays the module constructors need (shapes and fixed buffers) from a state dict."""
+    arrays = {}
+    for key, name in (("inducing.A", "A"), ("inducing.Z", "Z"), ("Phi", "Phi"), ("bias", "bias")):
+        if key in parameters:
+            arrays[name] = np.asarray(parameters[key], dtype=np.float32)
+    if "inducing.basis_t" in parameters:
+        arrays["basis"] = np.asarray(parameters["inducing.basis_t"], dtype=np.float32).T
+    if not any(k in arrays for k in ("basis", "Z")):
+        raise ModelFormatError("MLGPF parameters hold neither inducing.basis_t nor inducing.Z")
+    return arrays
+
+
+def training_projection(module: MLGPFModule, X) -> np.ndarray | None:
+    """X X~^T (= U S) for every training row, when subspace inputs are used and it takes at most
+    ``PROJECTION_CACHE_ENTRIES`` entries (else None); the same computation as for test rows, so a
+    resumed run and a fresh one see identical numbers."""
+    inducing = module.inducing
+    if not isinstance(inducing, SubspaceInducing) or X.shape[0] * inducing.rank > PROJECTION_CACHE_ENTRIES:
+        return None
+    with torch.no_grad():
+        return inducing.project(X).cpu().numpy()
+
+
+def feature_batch(module: MLGPFModule, X, rows=None, projection=None) -> FeatureBatch:
+    """The rows ``rows`` of ``X`` (all when None) as the inducing inputs take them, with their cached
+    projections when ``projection`` (from :func:`training_projection`) is given."""
+    X_rows = X if rows is None else X[rows]
+    projected = None if (projection is None or rows is None) else projection[rows]
+    return module.inducing.make_batch(X_rows, projected)
+
+
+def initial_module(settings, X, Y, rng: np.random.Generator, context: ParallelContext | None = None,
+                   device="cpu", dtype=torch.float32):
+    """The starting module for the prepared training rows ``X``, ``Y`` on ``device`` in ``dtype``, as
+    ``fit`` builds it: :func:`initial_arrays`, then :func:`warm_start_mean` when
+    ``settings.init_mean == "ridge"``. Returns (module, projection of the rows or None)."""
+    module = build_module(settings, initial_arrays(settings, X, Y, rng, context))
+    module = module.to(device=device, dtype=dtype)
+    projection = training_projection(module, X)
+    if settings.init_mean == "ridge":
+        warm_start_mean(settings, module, X, Y, projection, rng, context)
+    return module, projection
