@@ -14,6 +14,7 @@ from bayesmlc.bnmc import BNMC
 from bayesmlc.calibration import CalibratedClassifier
 from bayesmlc.ensemble import AveragingEnsemble
 from bayesmlc.exceptions import ValidationError
+from bayesmlc.gp import MLGPF
 from bayesmlc.linear import LogisticRegression
 from bayesmlc.models import LOADABLE_CLASSES
 from bayesmlc.parameters import Boolean, InstanceOf, Integer, Options, Real, check_parameters, describe
@@ -53,6 +54,20 @@ BAD_SETTINGS = [
     (BMLS(sample_dtype="float64"), "sample_dtype must be 'float32' or 'float16', got 'float64'"),
     (BMLS(sample_beta0="yes"), "sample_beta0 must be True or False, got 'yes'"),
     (BMLS(binarize_threshold="half"), "binarize_threshold must be 'auto', None or a number, got 'half'"),
+    (MLGPF(n_latent=0), "n_latent must be an integer >= 1, got 0"),
+    (MLGPF(subspace_rank="full"), "subspace_rank must be an integer >= 1 or 'auto', got 'full'"),
+    (MLGPF(negative_samples=0), "negative_samples must be an integer >= 1, None or 'auto', got 0"),
+    (MLGPF(kernel="rbf"), "kernel must be one of 'linear', 'se', 'linear+se', got 'rbf'"),
+    (MLGPF(lr_decay=1.5), "lr_decay must be a number in [0, 1], got 1.5"),
+    (MLGPF(learning_rate=float("nan")), "learning_rate must be a positive number, got nan"),
+    (MLGPF(variational_learning_rate=0), "variational_learning_rate must be None or a positive number, got 0"),
+    (MLGPF(idf_weighting="yes"), "idf_weighting must be True or False, got 'yes'"),
+    (MLGPF(dtype="float16"), "dtype must be 'float32' or 'float64', got 'float16'"),
+    (MLGPF(max_batch_size=0), "max_batch_size must be None or an integer >= 1, got 0"),
+    (MLGPF(epochs=1, early_stopping_patience=2),
+     "early_stopping_patience needs validation_fraction > 0 (a held-out set to watch)"),
+    (MLGPF(n_inducing=13), "n_inducing=13 exceeds the 12 training rows available to initialise the inducing inputs; "
+                           "lower n_inducing"),
     (KNNBaseline(n_neighbors=0), "n_neighbors must be an integer >= 1, got 0"),
     (KNNBaseline(weighting="distance"), "weighting must be 'similarity' or 'uniform', got 'distance'"),
     (NapkinXCPLT(arity=1), "arity must be an integer >= 2, got 1"),

@@ -181,8 +181,7 @@ def test_old_model_files_load_to_the_same_predictions(name):
     X = expected["X_" + name]
     X = sp.csr_matrix(X) if "sparse" in name else X
     np.testing.assert_allclose(model.predict_proba(X), expected["proba_" + name], rtol=1e-6, atol=1e-7)
-    if not name.startswith("mlgpf"):  # MLGPF moves to FeaturePreprocessor with its trainer refactor
-        assert isinstance(model.preprocessor_, FeaturePreprocessor)
+    assert isinstance(model.preprocessor_, FeaturePreprocessor)
 
 
 def _rewrite_state(source, target, **changes):
