@@ -22,10 +22,9 @@ from sklearn.base import BaseEstimator, TransformerMixin
 
 from .exceptions import ModelFormatError, NotFittedError, ValidationError
 from .parameters import Boolean, Options, check_parameters
-from .utils import column_mean_and_scale, normalize_rows, resolve_standardize
 
-__all__ = ["FeaturePreprocessor", "MAX_CENTRED_ENTRIES", "STANDARDIZE_CONSTRAINT", "inverse_document_frequency",
-           "legacy_preprocessor_state"]
+__all__ = ["FeaturePreprocessor", "MAX_CENTRED_ENTRIES", "STANDARDIZE_CONSTRAINT", "column_mean_and_scale",
+           "inverse_document_frequency", "legacy_preprocessor_state", "normalize_rows", "resolve_standardize"]
 
 #: The ``standardize`` setting every model takes: "auto" (dense features only), True or False.
 STANDARDIZE_CONSTRAINT = ["auto", Boolean()]
@@ -44,6 +43,45 @@ def inverse_document_frequency(document_counts: np.ndarray, n_rows: int) -> np.n
     return np.log((1.0 + n_rows) / (1.0 + counts)) + 1.0
 
 
+def normalize_rows(X: sp.csr_matrix, dtype=np.float32) -> sp.csr_matrix:
+    """``X`` with every non-zero row scaled to unit L2 norm (all-zero rows kept), as CSR of ``dtype``."""
+    norms = np.sqrt(np.asarray(X.multiply(X).sum(axis=1)).ravel())
+    norms[norms == 0] = 1.0
+    return sp.csr_matrix(sp.diags((1.0 / norms).astype(dtype)) @ X, dtype=dtype)
+
+
+def column_mean_and_scale(X, n_rows: int | None = None, reduce=None) -> tuple[np.ndarray, np.ndarray]:
+    """Mean and scale (float64, (D,)) of every column of ``X`` (sparse or dense) over its rows, from
+    float64 sums of x and x^2, which never densify a sparse ``X``. The scale is the standard deviation,
+    except that a constant column gets scale 1 (standardising leaves it centred, not blown up).
+
+    With the rows split over processes, ``reduce`` sums the per-process sums (an all-reduce; None:
+    this process holds every row) and ``n_rows`` counts the rows of all processes. A column whose
+    spread is below the rounding of those sums (standard deviation at most 1e-6 of its root mean
+    square) counts as constant: E[x^2] - E[x]^2 leaves about 1e-8 of a constant column's value there.
+    """
+    X = sp.csr_matrix(X, dtype=np.float64)
+    n_rows = X.shape[0] if n_rows is None else n_rows
+    sums = np.concatenate([np.asarray(X.sum(axis=0)).ravel(), np.asarray(X.multiply(X).sum(axis=0)).ravel()])
+    if reduce is not None:
+        sums = np.asarray(reduce(sums), dtype=np.float64)
+    mean, mean_square = sums[: X.shape[1]] / max(n_rows, 1), sums[X.shape[1] :] / max(n_rows, 1)
+    std = np.sqrt(np.maximum(mean_square - mean**2, 0.0))
+    std[std <= 1e-6 * np.sqrt(mean_square)] = 1.0
+    return mean, std
+
+
+def resolve_standardize(standardize, n_nonzero: int, n_entries: int) -> bool:
+    """Whether to standardise feature columns, from a ``standardize`` setting of "auto", True or
+    False. "auto" standardises dense features (more than half of the ``n_entries`` entries are
+    among the ``n_nonzero`` stored ones: audio or image descriptors, whose raw columns differ in
+    offset and scale) and leaves sparse ones (text) as they are (``STANDARDIZE_CONSTRAINT`` checks
+    the setting)."""
+    if isinstance(standardize, str) and standardize == "auto":
+        return n_entries > 0 and n_nonzero > 0.5 * n_entries
+    return bool(standardize)
+
+
 class FeaturePreprocessor(TransformerMixin, BaseEstimator):
     """Standardise, idf-weight and row-normalise sparse features.
 
@@ -53,7 +91,7 @@ class FeaturePreprocessor(TransformerMixin, BaseEstimator):
         Scale every column to unit standard deviation in the training rows (and centre it, with
         ``with_mean``); constant columns keep scale 1. "auto" standardises when more than half of
         the training entries are non-zero (dense real-valued features such as audio or image
-        descriptors, :func:`bayesmlc.utils.resolve_standardize`) and leaves sparse ones alone.
+        descriptors, :func:`resolve_standardize`) and leaves sparse ones alone.
     with_mean : bool, default True
         Centre the columns when standardising (densifies the rows). False divides by the standard
         deviation only, which keeps the sparsity (scikit-learn's ``with_mean=False``).

@@ -1,5 +1,6 @@
-"""FeaturePreprocessor against scikit-learn's StandardScaler, TfidfTransformer and normalize, and model
-files of the form written before it (``feature_mean_`` / ``feature_scale_``)."""
+"""FeaturePreprocessor and its column statistics against scikit-learn's StandardScaler,
+TfidfTransformer and normalize and against NumPy, and model files of the form written before it
+(``feature_mean_`` / ``feature_scale_``)."""
 
 import os
 
@@ -14,7 +15,7 @@ from bayesmlc.bmls import BMLS
 from bayesmlc.exceptions import ModelFormatError, NotFittedError, ValidationError
 from bayesmlc.linear import LogisticRegression
 from bayesmlc.persistence import load_model, read_npz
-from bayesmlc.preprocessing import FeaturePreprocessor
+from bayesmlc.preprocessing import FeaturePreprocessor, column_mean_and_scale, normalize_rows, resolve_standardize
 
 LEGACY_DIR = os.path.join(os.path.dirname(__file__), "data", "legacy_models")
 
@@ -30,6 +31,45 @@ def _counts(seed=0, n=50, d=30):
     rng = np.random.default_rng(seed)
     X = sp.random(n, d, density=0.15, random_state=seed, data_rvs=lambda k: rng.integers(1, 6, k).astype(float))
     return sp.csr_matrix(X)
+
+
+def test_column_mean_and_scale_match_numpy_alone_and_summed_over_row_shards():
+    rng = np.random.default_rng(0)
+    dense = rng.standard_normal((90, 6)) * [1.0, 0.1, 3.0, 1.0, 1.0, 1.0] + [0.0, 5.0, -2.0, 0.0, 0.0, 0.0]
+    dense[:, 3] = 0.1  # constant and not exactly representable: rounding must not leave a spread
+    dense[:, 4:] *= rng.random((90, 2)) < 0.5  # half-sparse columns 4 and 5
+    X = sp.csr_matrix(dense)
+    expected_std = dense.std(axis=0)
+    expected_std[3] = 1.0  # a constant column keeps scale 1
+    mean, std = column_mean_and_scale(X)
+    np.testing.assert_allclose(mean, dense.mean(axis=0), rtol=1e-12)
+    np.testing.assert_allclose(std, expected_std, rtol=1e-9, atol=0)
+    assert std[3] == 1.0
+    # two "processes" holding rows 0-39 and 40-89: their sums added by the reduce give the same values
+    parts = [column_mean_and_scale(X[:40], 90, lambda a: a + _sums(X[40:])),
+             column_mean_and_scale(X[40:], 90, lambda a: a + _sums(X[:40]))]
+    for part_mean, part_std in parts:
+        np.testing.assert_allclose(part_mean, mean, rtol=1e-12)
+        np.testing.assert_allclose(part_std, std, rtol=1e-9)
+
+
+def _sums(X):
+    X = sp.csr_matrix(X, dtype=np.float64)
+    return np.concatenate([np.asarray(X.sum(0)).ravel(), np.asarray(X.multiply(X).sum(0)).ravel()])
+
+
+def test_normalize_rows_matches_scikit_learn_and_keeps_zero_rows():
+    X = sp.csr_matrix(np.array([[3.0, 4.0, 0.0], [0.0, 0.0, 0.0], [1.0, -1.0, 1.0]]))
+    np.testing.assert_allclose(normalize_rows(X).toarray(), normalize(X).toarray(), rtol=1e-6)
+    assert normalize_rows(X).dtype == np.float32
+
+
+@pytest.mark.parametrize("setting, n_nonzero, n_entries, expected", [
+    ("auto", 51, 100, True), ("auto", 50, 100, False), ("auto", 0, 0, False),
+    (True, 0, 100, True), (False, 100, 100, False), (np.True_, 1, 100, True),
+])
+def test_resolve_standardize_switches_on_above_half_the_entries(setting, n_nonzero, n_entries, expected):
+    assert resolve_standardize(setting, n_nonzero, n_entries) is expected
 
 
 def test_standardise_dense_matches_standard_scaler():
@@ -65,9 +105,9 @@ def test_idf_and_row_normalisation_match_tfidf_transformer():
     X[:, 3] = 0  # a feature in no row: idf log(N + 1) + 1
     X = X.tocsr()
     X.eliminate_zeros()
-    for norm, normalize_rows in ((None, False), ("l2", True)):
+    for norm, unit_rows in ((None, False), ("l2", True)):
         tfidf = TfidfTransformer(norm=norm, smooth_idf=True, sublinear_tf=False).fit(X)
-        pre = FeaturePreprocessor(idf=True, normalize=normalize_rows, dtype="float64").fit(X)
+        pre = FeaturePreprocessor(idf=True, normalize=unit_rows, dtype="float64").fit(X)
         np.testing.assert_allclose(pre.idf_, tfidf.idf_, rtol=1e-12)
         np.testing.assert_allclose(pre.transform(X).toarray(), tfidf.transform(X).toarray(), rtol=1e-9, atol=1e-15)
     assert pre.scale_ is None and pre.mean_ is None
