@@ -7,12 +7,10 @@ predictions in :mod:`.prediction`."""
 
 from __future__ import annotations
 
-import math
 import time
 from types import SimpleNamespace
 
 import numpy as np
-import scipy.sparse as sp
 import torch
 
 from ..base import MultiLabelEstimator, label_counts
@@ -81,20 +79,20 @@ class MLGPF(MultiLabelEstimator):
     init_mean : {"ridge", "zero"}, start the mean of q(u) at a ridge-regression fit of the latent
         targets implied by Phi (:func:`bayesmlc.gp.initialisation.warm_start_mean`), or at zero (the
         prior mean).
-    idf_weighting : bool, scale every feature column by its smoothed inverse document frequency in
-        the training rows (``preprocessor_.idf_``, :func:`bayesmlc.preprocessing.inverse_document_frequency`) before the rows are normalised:
-        rare features count more (measured: docs/experiments.md, "MLGPF on Bibtex"). Dense columns
-        (non-zero in every row) keep weight 1.
+    idf_weighting : bool, scale every feature column by its smoothed inverse document frequency in the
+        training rows (``preprocessor_.idf_``) before the rows are normalised: rare features count more
+        (measured: docs/experiments.md, "MLGPF on Bibtex"). Dense columns (non-zero in every row) keep
+        weight 1.
     standardize : {"auto", True, False}, centre every feature column and divide it by its standard
-        deviation in the training rows (``preprocessor_.mean_``, ``preprocessor_.scale_``; constant columns keep
-        scale 1), first, before idf weighting and row normalisation. For dense real-valued features
-        (audio or image descriptors: the emotions, scene and yeast sets), whose uncentred rows all
-        point nearly the same way once normalised (docs/experiments.md, "MLGPF on small and dense
-        sets"). "auto" (the default) standardises when more than half of the training
-        entries are non-zero (:class:`bayesmlc.preprocessing.FeaturePreprocessor`), as BNMC and the
-        baselines do. Centring makes every entry non-zero, so the rows are densified: for sparse
-        features (at most half non-zero) that is refused above ``bayesmlc.preprocessing.MAX_CENTRED_ENTRIES``
-        entries per call; sparse text should use ``idf_weighting``.
+        deviation in the training rows (``preprocessor_.mean_``, ``preprocessor_.scale_``; constant
+        columns keep scale 1), first, before idf weighting and row normalisation. For dense real-valued
+        features (audio or image descriptors: the emotions, scene and yeast sets), whose uncentred rows
+        all point nearly the same way once normalised (docs/experiments.md, "MLGPF on small and dense
+        sets"). "auto" (the default) standardises when more than half of the training entries are
+        non-zero (:class:`bayesmlc.preprocessing.FeaturePreprocessor`), as BNMC and the baselines do.
+        Centring makes every entry non-zero, so the rows are densified: for sparse features (at most
+        half non-zero) that is refused above ``bayesmlc.preprocessing.MAX_CENTRED_ENTRIES`` entries per
+        call; sparse text should use ``idf_weighting``.
     normalize_features : bool, scale every feature row to unit L2 norm (as the authors' code does).
     rank_by : {"mean", "proba"}, what ``decision_function`` (and so ``predict_topk`` and ranking
         metrics) returns: the mean utilities E_q[f] (the papers' and authors' choice), or the
