@@ -13,6 +13,8 @@ A model subclasses :class:`MultiLabelEstimator` and implements three hooks:
     Probabilities for a batch: ndarray (b, L) in [0, 1]. Defaults to the logistic of the scores.
 
 and, when its fitted state is not plain arrays and numbers, ``_get_state`` / ``_set_state``.
+It declares what each constructor parameter may be in ``_parameter_constraints``
+(:mod:`bayesmlc.parameters`), checked at the start of ``fit``.
 The base class does validation, batching, label columns without positives, top-k, save and load.
 """
 
@@ -29,6 +31,7 @@ from sklearn.utils import ClassifierTags
 from . import persistence
 from .exceptions import ModelFormatError, NotFittedError, ValidationError
 from .metrics import precision_at_k, topk
+from .parameters import check_parameters
 from .utils import iter_batches, sigmoid
 from .validation import check_feature_names, check_features, check_fit_inputs, feature_names
 
@@ -67,6 +70,9 @@ class MultiLabelEstimator(BaseEstimator):
     history_ : dict of equal-length lists, at least ``wall_time`` (seconds since fit began) and
         ``objective`` (the model's training objective: ELBO, log-likelihood, ...); may be empty.
     """
+
+    #: parameter name -> list of allowed values or constraints (bayesmlc.parameters)
+    _parameter_constraints: dict = {}
 
     # ---- scikit-learn: tags (a multi-label classifier on sparse or dense X, 2-D 0/1 Y only) ----
     def __sklearn_tags__(self):
@@ -144,6 +150,7 @@ class MultiLabelEstimator(BaseEstimator):
         -------
         self
         """
+        check_parameters(self)
         self._check_fit_params(fit_params)
         names = feature_names(X)
         X, Y, label_mask = check_fit_inputs(X, Y, label_mask, estimator_name=type(self).__name__)

@@ -31,7 +31,9 @@ import scipy.sparse as sp
 
 from .base import MultiLabelEstimator
 from .exceptions import ModelFormatError, ValidationError
-from .utils import column_mean_and_scale, iter_batches, normalize_rows, numpy_rng, resolve_standardize
+from .parameters import Integer, Options, Real
+from .preprocessing import STANDARDIZE_CONSTRAINT, FeaturePreprocessor, legacy_preprocessor_state
+from .utils import iter_batches, numpy_rng
 
 __all__ = [
     "KNNBaseline",
@@ -83,8 +85,6 @@ def _resolve_threads(n_threads) -> int:
     if n_threads is None:
         from_env = os.environ.get("OMP_NUM_THREADS", "")
         return int(from_env) if from_env.isdigit() and int(from_env) > 0 else (os.cpu_count() or 1)
-    if not isinstance(n_threads, (int, np.integer)) or n_threads < 1:
-        raise ValidationError(f"n_threads must be None or a positive integer, got {n_threads!r}")
     return int(n_threads)
 
 
@@ -97,22 +97,20 @@ def _warn_missing_labels(name: str, label_mask) -> None:
         )
 
 
-def _standardisation(X: sp.csr_matrix, standardize):
-    """``(mean, scale)`` to standardise dense real features, or ``(None, None)``.
+class _StandardisingBaseline(MultiLabelEstimator):
+    """A baseline that standardises dense real features first (``preprocessor_``: ``standardize``
+    "auto" does it when more than half of the training entries are non-zero, such as emotions, scene
+    and yeast, where raw scales differ by orders of magnitude) and, with ``_unit_rows``, scales rows
+    to unit length."""
 
-    ``standardize="auto"`` standardises when more than half of the entries are non-zero (dense real
-    features such as emotions, scene and yeast), where raw scales differ by orders of magnitude.
-    """
-    if not resolve_standardize(standardize, X.nnz, X.shape[0] * X.shape[1]):
-        return None, None
-    mean, scale = column_mean_and_scale(X)
-    return mean.astype(np.float32), scale.astype(np.float32)
+    _unit_rows = False
 
+    def _preprocessor(self) -> FeaturePreprocessor:
+        return FeaturePreprocessor(standardize=self.standardize, normalize=self._unit_rows)
 
-def _standardised(X: sp.csr_matrix, mean, scale) -> sp.csr_matrix:
-    if mean is None:
-        return X
-    return sp.csr_matrix(((X.toarray() - mean) / scale).astype(np.float32))
+    def _set_state(self, state: dict) -> None:
+        # files written before FeaturePreprocessor held feature_mean_, feature_scale_ (the std) or None
+        super()._set_state(legacy_preprocessor_state(state, self._preprocessor().get_params(), reciprocal_scale=False))
 
 
 def _label_lists(Y: sp.csr_matrix) -> list[list[int]]:
@@ -131,7 +129,7 @@ def _scores_from_pairs(rows_of_pairs, n_labels: int) -> np.ndarray:
 
 
 # ---------------------------------------------------------------------------------------------
-class KNNBaseline(MultiLabelEstimator):
+class KNNBaseline(_StandardisingBaseline):
     """Cosine k-nearest-neighbour vote.
 
     A test row's ``n_neighbors`` most cosine-similar training rows vote for their labels; the score
@@ -161,8 +159,15 @@ class KNNBaseline(MultiLabelEstimator):
     train_features_ : csr (n_train, D), the L2-normalised (and standardised) training rows
     train_labels_ : csr (n_train, L)
     train_mask_ : csr (n_train, L) or None
-    feature_mean_, feature_scale_ : ndarray (D,) or None, the standardisation, when used
+    preprocessor_ : FeaturePreprocessor, the standardisation (when used) and row normalisation
     """
+
+    _parameter_constraints = {
+        "n_neighbors": [Integer(1)],
+        "weighting": [Options("similarity", "uniform")],
+        "standardize": STANDARDIZE_CONSTRAINT,
+    }
+    _unit_rows = True
 
     def __init__(self, n_neighbors=10, weighting="similarity", standardize="auto", random_state=None,
                  device="auto", verbose=False):
@@ -174,21 +179,14 @@ class KNNBaseline(MultiLabelEstimator):
         self.verbose = verbose
 
     def _fit(self, X, Y, label_mask):
-        if not isinstance(self.n_neighbors, (int, np.integer)) or self.n_neighbors < 1:
-            raise ValidationError(f"n_neighbors must be a positive integer, got {self.n_neighbors!r}")
-        if self.weighting not in ("similarity", "uniform"):
-            raise ValidationError(f"weighting must be 'similarity' or 'uniform', got {self.weighting!r}")
-        self.feature_mean_, self.feature_scale_ = _standardisation(X, self.standardize)
-        self.train_features_ = self._normalised_rows(X)
+        self.preprocessor_ = self._preprocessor().fit(X)
+        self.train_features_ = self.preprocessor_.transform(X)
         self.train_labels_ = Y
         self.train_mask_ = label_mask
 
-    def _normalised_rows(self, X) -> sp.csr_matrix:
-        return normalize_rows(_standardised(X, self.feature_mean_, self.feature_scale_))
-
     def _neighbour_weights(self, X) -> sp.csr_matrix:
         """Sparse (b, n_train) matrix holding each row's neighbour weights."""
-        similarity = (self._normalised_rows(X) @ self.train_features_.T).toarray()
+        similarity = (self.preprocessor_.transform(X) @ self.train_features_.T).toarray()
         n_train = similarity.shape[1]
         k = min(int(self.n_neighbors), n_train)
         top = np.argpartition(-similarity, k - 1, axis=1)[:, :k]
@@ -233,12 +231,12 @@ def _is_plain_file_name(name) -> bool:
 
 
 # ---------------------------------------------------------------------------------------------
-class _FileBackedModel(MultiLabelEstimator):
+class _FileBackedModel(_StandardisingBaseline):
     """Shared machinery for baselines whose fitted model is a folder of files written by a library.
 
     The folder's files are kept as byte arrays in ``model_files_`` (so ``save``/``load`` stay inside the
     library's pickle-free format) and unpacked into a temporary folder when the model is loaded.
-    Dense real features are standardised first (``feature_mean_``, ``feature_scale_``), and label
+    Dense real features are standardised first (``preprocessor_``), and label
     masks are not supported by the libraries: unobserved entries are used as negatives, with a warning.
     """
 
@@ -301,11 +299,11 @@ class _FileBackedModel(MultiLabelEstimator):
 
     def _fit(self, X, Y, label_mask):
         _warn_missing_labels(type(self).__name__, label_mask)
-        self.feature_mean_, self.feature_scale_ = _standardisation(X, self.standardize)
-        self._fit_library(_standardised(X, self.feature_mean_, self.feature_scale_), Y)
+        self.preprocessor_ = self._preprocessor().fit(X)
+        self._fit_library(self.preprocessor_.transform(X), Y)
 
     def _predict_proba(self, X) -> np.ndarray:
-        return self._proba_batch(_standardised(X, self.feature_mean_, self.feature_scale_))
+        return self._proba_batch(self.preprocessor_.transform(X))
 
     def _decision_function(self, X) -> np.ndarray:
         return self._predict_proba(X)
@@ -332,6 +330,17 @@ class NapkinXCPLT(_FileBackedModel):
     random_state : int or None
     device, verbose : the estimator contract; napkinXC runs on the CPU.
     """
+
+    _parameter_constraints = {
+        "arity": [Integer(2)],
+        "max_leaves": [Integer(1)],
+        "liblinear_c": [Real(0, low_open=True)],
+        "loss": [Options("log", "l2")],
+        "ensemble": [Integer(1)],
+        "standardize": STANDARDIZE_CONSTRAINT,
+        "predict_top_k": [None, Integer(1)],
+        "n_threads": [None, Integer(1)],
+    }
 
     def __init__(self, tree_type="hierarchicalKmeans", arity=2, max_leaves=100, liblinear_c=10.0, loss="log",
                  ensemble=1, standardize="auto", predict_top_k=None, n_threads=None, random_state=None,
@@ -411,6 +420,15 @@ class _OmikujiTrees(_FileBackedModel):
     score 0. omikuji takes no seed, so repeated
     fits can differ slightly whatever ``random_state`` says.
     """
+
+    _parameter_constraints = {
+        "n_trees": [Integer(1)],
+        "linear_c": [Real(0, low_open=True)],
+        "beam_size": [None, Integer(1)],
+        "standardize": STANDARDIZE_CONSTRAINT,
+        "predict_top_k": [None, Integer(1)],
+        "n_threads": [None, Integer(1)],
+    }
 
     def __init__(self, n_trees=3, linear_c=1.0, beam_size=None, standardize="auto", predict_top_k=None,
                  n_threads=None, random_state=None, device="auto", verbose=False):

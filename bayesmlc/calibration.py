@@ -49,6 +49,7 @@ from sklearn.isotonic import IsotonicRegression
 from .base import PREDICT_BATCH_ROWS, MultiLabelEstimator
 from .exceptions import ValidationError
 from .metrics import topk
+from .parameters import InstanceOf, Integer, Options, Real
 from .utils import iter_batches, logit, sigmoid
 
 __all__ = ["CalibratedClassifier", "CALIBRATION_METHODS"]
@@ -141,6 +142,15 @@ class CalibratedClassifier(MultiLabelEstimator):
     ``decision_function`` is the estimator's; ``predict_proba`` applies the maps to its probabilities.
     """
 
+    _parameter_constraints = {
+        "estimator": [InstanceOf(MultiLabelEstimator, "a bayesmlc estimator")],
+        "method": [Options(*CALIBRATION_METHODS)],
+        "calibration_fraction": [Real(0, 1, low_open=True, high_open=True)],
+        "top_k": [Integer(1)],
+        "min_label_positives": [None, Integer(1)],
+        "random_state": [None, Integer()],
+    }
+
     def __init__(self, estimator=None, method="isotonic", calibration_fraction=0.2, top_k=5,
                  min_label_positives=50, random_state=None):
         self.estimator = estimator
@@ -151,23 +161,6 @@ class CalibratedClassifier(MultiLabelEstimator):
         self.random_state = random_state
 
     # ---- fitting ----------------------------------------------------------------------------
-    def _check_params(self) -> None:
-        if not isinstance(self.estimator, MultiLabelEstimator):
-            raise ValidationError(f"estimator must be a bayesmlc estimator, got {type(self.estimator).__name__}")
-        if self.method not in CALIBRATION_METHODS:
-            raise ValidationError(f"method must be one of {', '.join(CALIBRATION_METHODS)}, got {self.method!r}")
-        fraction = self.calibration_fraction
-        if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not 0.0 < fraction < 1.0:
-            raise ValidationError(f"calibration_fraction must be in (0, 1), got {fraction!r}")
-        if isinstance(self.top_k, bool) or not isinstance(self.top_k, (int, np.integer)) or self.top_k < 1:
-            raise ValidationError(f"top_k must be a positive integer, got {self.top_k!r}")
-        minimum = self.min_label_positives
-        if minimum is not None and (isinstance(minimum, bool) or not isinstance(minimum, (int, np.integer))
-                                    or minimum < 1):
-            raise ValidationError(f"min_label_positives must be None or a positive integer, got {minimum!r}")
-        if self.random_state is not None and not isinstance(self.random_state, (int, np.integer)):
-            raise ValidationError(f"random_state must be None or an int, got {self.random_state!r}")
-
     def _fit_map(self, p: np.ndarray, y: np.ndarray) -> np.ndarray:
         if self.method == "isotonic":
             return fit_isotonic(p, y)
@@ -182,7 +175,6 @@ class CalibratedClassifier(MultiLabelEstimator):
         return sigmoid(slope * logit(p, _PROBA_FLOOR) + offset)
 
     def _fit(self, X, Y, label_mask, **fit_params):
-        self._check_params()
         n = X.shape[0]
         n_held_out = int(round(self.calibration_fraction * n))
         if n_held_out < 1 or n_held_out >= n:

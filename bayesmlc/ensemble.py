@@ -26,6 +26,7 @@ from sklearn.base import clone
 
 from .base import MultiLabelEstimator
 from .exceptions import ValidationError
+from .parameters import Integer
 from .utils import logit
 
 __all__ = ["AveragingEnsemble"]
@@ -61,6 +62,8 @@ class AveragingEnsemble(MultiLabelEstimator):
     ``decision_function`` is its logit, so ranking by scores and by probabilities agree.
     """
 
+    _parameter_constraints = {"random_state": [None, Integer()]}
+
     def __init__(self, estimators, weights=None, random_state=None, verbose=False):
         self.estimators = estimators
         self.weights = weights
@@ -92,8 +95,6 @@ class AveragingEnsemble(MultiLabelEstimator):
                 raise ValidationError(f"weights must hold one number per estimator ({len(members)}), got {self.weights!r}")
             if not np.all(np.isfinite(weights)) or np.any(weights < 0) or weights.sum() <= 0:
                 raise ValidationError(f"weights must be finite, non-negative and not all zero, got {self.weights!r}")
-        if self.random_state is not None and not isinstance(self.random_state, (int, np.integer)):
-            raise ValidationError(f"random_state must be None or an int, got {self.random_state!r}")
         return names, members, weights / weights.sum()
 
     def _fit(self, X, Y, label_mask, **fit_params):

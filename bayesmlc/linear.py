@@ -7,13 +7,13 @@ import time
 
 import numpy as np
 import scipy.optimize
-import scipy.sparse as sp
 import torch
 from tqdm.auto import tqdm
 
 from .base import MultiLabelEstimator
-from .exceptions import ValidationError
-from .utils import column_mean_and_scale, csr_to_torch, iter_batches, numpy_rng, resolve_device
+from .parameters import Boolean, Integer, Real
+from .preprocessing import FeaturePreprocessor, legacy_preprocessor_state
+from .utils import csr_to_torch, iter_batches, numpy_rng, resolve_device
 
 __all__ = ["LogisticRegression"]
 
@@ -44,13 +44,18 @@ class LogisticRegression(MultiLabelEstimator):
     tol : float, default=1e-6
         L-BFGS-B stops when the largest gradient entry of the objective / (C n) falls below it.
     standardize : bool, default=False
-        Divide each feature by its standard deviation (without centring, so sparsity is kept).
-        Useful for dense real-valued features (emotions, scene, yeast).
+        Divide each feature by its standard deviation (without centring, so sparsity is kept;
+        ``preprocessor_``). Useful for dense real-valued features (emotions, scene, yeast).
     random_state : int, Generator or None
         Unused by the deterministic solver; kept for the common contract.
     device : {"auto", "cpu", "cuda"}
     verbose : bool
         Show a progress bar of the L-BFGS iterations on stderr.
+
+    Attributes
+    ----------
+    preprocessor_ : FeaturePreprocessor, the feature scaling (``scale_``: column standard deviations)
+    coef_ : ndarray (D, L), intercept_ : ndarray (L,), n_iter_ : int
 
     Examples
     --------
@@ -72,25 +77,24 @@ class LogisticRegression(MultiLabelEstimator):
         self.device = device
         self.verbose = verbose
 
-    def _check_params(self):
-        if not (isinstance(self.C, (int, float)) and self.C > 0):
-            raise ValidationError(f"C must be a positive number, got {self.C!r}")
-        if not (isinstance(self.max_iter, (int, np.integer)) and self.max_iter >= 1):
-            raise ValidationError(f"max_iter must be a positive integer, got {self.max_iter!r}")
+    _parameter_constraints = {
+        "C": [Real(0, low_open=True)],
+        "max_iter": [Integer(1)],
+        "tol": [Real(0)],
+        "standardize": [Boolean()],
+    }
+
+    def _preprocessor(self) -> FeaturePreprocessor:
+        return FeaturePreprocessor(standardize=self.standardize, with_mean=False)
 
     def _fit(self, X, Y, label_mask):
-        self._check_params()
         numpy_rng(self.random_state)  # validates the argument
         device = resolve_device(self.device)
         start = time.perf_counter()
         n, d = X.shape
         n_labels = Y.shape[1]
-        if self.standardize:
-            _, scale = column_mean_and_scale(X)
-            self.feature_scale_ = (1.0 / scale).astype(np.float32)
-            X = sp.csr_matrix(X.multiply(self.feature_scale_[None, :]), dtype=np.float32)
-        else:
-            self.feature_scale_ = None
+        self.preprocessor_ = self._preprocessor().fit(X)
+        X = self.preprocessor_.transform(X)
         chunks = []
         for rows in iter_batches(n, _CHUNK_ROWS):
             block = X[rows]
@@ -170,6 +174,8 @@ class LogisticRegression(MultiLabelEstimator):
         return weights, result.x[n_weights:].astype(np.float32), int(result.nit)
 
     def _decision_function(self, X):
-        if self.feature_scale_ is not None:
-            X = sp.csr_matrix(X.multiply(self.feature_scale_[None, :]), dtype=np.float32)
-        return np.asarray(X @ self.coef_) + self.intercept_
+        return np.asarray(self.preprocessor_.transform(X) @ self.coef_) + self.intercept_
+
+    def _set_state(self, state: dict) -> None:
+        # files written before FeaturePreprocessor held feature_scale_ = 1 / standard deviation
+        super()._set_state(legacy_preprocessor_state(state, self._preprocessor().get_params(), reciprocal_scale=True))

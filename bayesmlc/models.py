@@ -31,6 +31,7 @@ _CURRENT_CLASSES = (
     "bayesmlc.gp.model:MLGPF",
     "bayesmlc.ensemble:AveragingEnsemble",
     "bayesmlc.calibration:CalibratedClassifier",
+    "bayesmlc.preprocessing:FeaturePreprocessor",
     "bayesmlc.baselines:KNNBaseline",
     "bayesmlc.baselines:NapkinXCPLT",
     "bayesmlc.baselines:OmikujiParabel",

@@ -9,10 +9,18 @@ Arrays (NumPy, torch, scipy.sparse) anywhere inside ``params`` or ``state`` are 
 entries and replaced in the JSON by ``{"__array__": key}`` (or ``__sparse__`` / ``__tensor__``), so
 loading never unpickles anything (``allow_pickle=False``). Files are written atomically.
 
-A bayesmlc estimator inside ``params`` or ``state`` (the members of an ensemble) is stored as
+A bayesmlc estimator inside ``params`` or ``state`` (the members of an ensemble, a model's
+:class:`~bayesmlc.preprocessing.FeaturePreprocessor`) is stored as
 ``{"__estimator__": "module:Class", "params": {...}, "state": {...} or null}`` with its arrays beside
-the others; such files are format version 2, every other file stays version 1, so an older bayesmlc
-still reads what it can and refuses the rest with a clear message.
+the others. A file gets the lowest format version that holds it: 1 without nested estimators, 2 with
+them, 3 with a nested ``FeaturePreprocessor`` (models keep their feature scaling in one since
+version 3; files of versions 1 and 2 hold the older ``feature_mean_`` / ``feature_scale_`` form, which
+the models convert when loading). An older bayesmlc reads what it can and refuses the rest with a
+clear message.
+
+An estimator is anything scikit-learn-like with ``_get_state`` and ``_set_state``
+(:func:`is_storable_estimator`): this module does not import the estimator classes (the base class
+imports it), and loading builds only the classes in :data:`bayesmlc.models.LOADABLE_CLASSES`.
 """
 
 from __future__ import annotations
@@ -24,15 +32,29 @@ import os
 import numpy as np
 import scipy.sparse as sp
 import torch
+from sklearn.base import BaseEstimator
 
 from .exceptions import ModelFormatError
+from .models import LOADABLE_CLASSES
 from .safe_io import LazyNpz, checked_csr, error_factory, make_temporary_file, remove_stale_temporaries
 
 FORMAT_NAME = "bayesmlc-model"
-FORMAT_VERSION = 2  # version 2 added nested estimators; files without them are still written as 1
+FORMAT_VERSION = 3  # 2 added nested estimators, 3 a nested FeaturePreprocessor; a file gets the lowest that holds it
 
 __all__ = ["FORMAT_VERSION", "save_model", "load_model", "encode", "decode", "estimator_class", "write_npz_atomically",
            "read_npz"]
+
+
+def is_storable_estimator(value) -> bool:
+    """Whether ``value`` is stored as a nested estimator: a scikit-learn estimator (or class) with
+    ``_get_state`` and ``_set_state``."""
+    cls = value if isinstance(value, type) else type(value)
+    return issubclass(cls, BaseEstimator) and hasattr(cls, "_get_state") and hasattr(cls, "_set_state")
+
+
+def _is_fitted(estimator) -> bool:
+    """scikit-learn's rule: fitted once it has a public attribute ending in ``_``."""
+    return any(name.endswith("_") and not name.startswith("_") for name in vars(estimator))
 
 
 def encode(value, arrays: dict, prefix: str):
@@ -40,11 +62,9 @@ def encode(value, arrays: dict, prefix: str):
 
     A fitted or unfitted bayesmlc estimator becomes ``{"__estimator__": ..., "params": ..., "state": ...}``.
     """
-    from .base import MultiLabelEstimator  # base imports this module
-
-    if isinstance(value, MultiLabelEstimator):
+    if is_storable_estimator(value):
         cls = type(value)
-        fitted = hasattr(value, "n_labels_")
+        fitted = _is_fitted(value)
         return {
             "__estimator__": f"{cls.__module__}:{cls.__name__}",
             "params": encode(value.get_params(deep=False), arrays, f"{prefix}.params"),
@@ -119,9 +139,6 @@ def estimator_class(class_path: str):
     any import: a model file can never make Python import a module that is not one of bayesmlc's own
     estimator modules.
     """
-    from .base import MultiLabelEstimator
-    from .models import LOADABLE_CLASSES
-
     if not isinstance(class_path, str) or class_path not in LOADABLE_CLASSES:
         shown = class_path if isinstance(class_path, str) else type(class_path).__name__
         raise ModelFormatError(f"{shown[:200]!s} is not a bayesmlc estimator class that model files may name")
@@ -130,7 +147,7 @@ def estimator_class(class_path: str):
         cls = getattr(importlib.import_module(module_name), class_name)
     except (ImportError, AttributeError) as exc:
         raise ModelFormatError(f"model class {class_path} is not available ({exc})") from None
-    if not (isinstance(cls, type) and issubclass(cls, MultiLabelEstimator)):  # pragma: no cover - allow-list
+    if not (isinstance(cls, type) and is_storable_estimator(cls)):  # pragma: no cover - allow-list
         raise ModelFormatError(f"{class_path} is not a bayesmlc estimator class")
     return cls
 
@@ -143,12 +160,20 @@ def _build(class_path: str, params, state, arrays):
     return model
 
 
-def _has_estimator(encoded) -> bool:
+#: The first format version that may nest each class (other nested estimators: version 2). Models
+#: keep their feature scaling in a nested FeaturePreprocessor since version 3, so an older reader
+#: refuses such a file with "upgrade bayesmlc" rather than misreading it.
+_NESTED_FROM_VERSION = {"bayesmlc.preprocessing:FeaturePreprocessor": 3}
+
+
+def _needed_version(encoded) -> int:
+    """The lowest format version that can hold an encoded params or state tree."""
     if isinstance(encoded, dict):
-        return "__estimator__" in encoded or any(_has_estimator(v) for v in encoded.values())
+        own = _NESTED_FROM_VERSION.get(encoded["__estimator__"], 2) if "__estimator__" in encoded else 1
+        return max([own] + [_needed_version(v) for v in encoded.values()])
     if isinstance(encoded, list):
-        return any(_has_estimator(v) for v in encoded)
-    return False
+        return max([1] + [_needed_version(v) for v in encoded])
+    return 1
 
 
 def save_model(path, model, library_version: str) -> None:
@@ -158,7 +183,7 @@ def save_model(path, model, library_version: str) -> None:
     encoded = encode(model, arrays, "model")
     meta = {
         "format": FORMAT_NAME,
-        "format_version": FORMAT_VERSION if _has_estimator([encoded["params"], encoded["state"]]) else 1,
+        "format_version": _needed_version([encoded["params"], encoded["state"]]),
         "class": encoded["__estimator__"],
         "library_version": library_version,
         "params": encoded["params"],

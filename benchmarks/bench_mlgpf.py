@@ -39,7 +39,7 @@ from bayesmlc.gp.objective import VariationalELBO
 from bayesmlc.gp.training import TrainingRows, epoch_batches, resolve_batch_size
 from bayesmlc.metrics import evaluate, inverse_propensity
 from bayesmlc.presets import MLGPF_AUTHORS_CODE, MLGPF_BEST_SINGLE, MLGPF_PAIR, MLGPF_PAPER
-from bayesmlc.utils import normalize_rows
+from bayesmlc.preprocessing import normalize_rows
 
 DATA = default_data_root()
 

@@ -48,7 +48,7 @@ from bayesmlc.gp import MLGPF, Trainer  # noqa: E402
 from bayesmlc.gp.initialisation import build_module, initial_arrays, training_projection, warm_start_mean  # noqa: E402
 from bayesmlc.gp.training import TrainingRows, epoch_batches  # noqa: E402
 from bayesmlc.metrics import precision_at_k  # noqa: E402
-from bayesmlc.utils import normalize_rows  # noqa: E402
+from bayesmlc.preprocessing import normalize_rows  # noqa: E402
 
 FULL_AMAZONCAT_ROWS = 1_186_239
 FAMILIES = ("shared", "whitened", "cholesky", "preconditioned")

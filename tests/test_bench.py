@@ -435,9 +435,9 @@ def test_knn_standardises_dense_features_automatically():
     Y = (rng.random((30, 3)) < 0.4).astype(float)
     Y[:3] = np.eye(3)
     model = KNNBaseline(n_neighbors=3).fit(X, Y)
-    np.testing.assert_allclose(model.feature_mean_, X.mean(0), rtol=1e-5)
-    np.testing.assert_allclose(model.feature_scale_, X.std(0), rtol=1e-5)
-    assert KNNBaseline(standardize="auto").fit(sp.random(30, 40, density=0.05, random_state=0), Y).feature_mean_ is None
+    np.testing.assert_allclose(model.preprocessor_.mean_, X.mean(0), rtol=1e-5)
+    np.testing.assert_allclose(model.preprocessor_.scale_, X.std(0), rtol=1e-5)
+    assert KNNBaseline(standardize="auto").fit(sp.random(30, 40, density=0.05, random_state=0), Y).preprocessor_.mean_ is None
 
 
 @pytest.mark.skipif(missing_dependency("napkinxc_plt") is not None, reason="napkinxc not installed")

@@ -96,10 +96,10 @@ def test_save_and_load_keep_every_member(problem, tmp_path):
     assert loaded.estimators[0][1].get_params() == ensemble.estimators[0][1].get_params()
     np.testing.assert_array_equal(loaded.predict_proba(X), ensemble.predict_proba(X))
     np.testing.assert_array_equal(loaded.decision_function(X), ensemble.decision_function(X))
-    assert _meta(path)["format_version"] == FORMAT_VERSION == 2
-    # a file without nested estimators keeps version 1, so older readers still read it
+    # the members nest their FeaturePreprocessor (version 3), and so does a member's own file
+    assert _meta(path)["format_version"] == FORMAT_VERSION == 3
     ensemble.estimators_[1].save(tmp_path / "lr.npz")
-    assert _meta(tmp_path / "lr.npz")["format_version"] == 1
+    assert _meta(tmp_path / "lr.npz")["format_version"] == 3
 
 
 def test_a_file_naming_a_class_that_is_not_an_estimator_is_refused(problem, tmp_path):

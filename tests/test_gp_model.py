@@ -72,7 +72,7 @@ def test_predict_proba_matches_monte_carlo_under_q_f():
     model = MLGPF(epochs=3, **SMALL).fit(X, Y)
     module = model._ensure_module()
     with torch.no_grad():
-        batch = module.inducing.make_batch(model._prepare_features(X[:4]))
+        batch = module.inducing.make_batch(model.preprocessor_.transform(X[:4]))
         mean_h, var_h, _ = latent_marginals(module, batch, model.jitter_)
         f_mean = (mean_h @ module.Phi.T + module.bias).double()
         f_var = (var_h @ module.Phi.pow(2).T).double()
@@ -245,15 +245,15 @@ def test_idf_weighting_equals_scikit_learns_tfidf_and_survives_save_load(tmp_pat
     X.data = np.abs(X.data)  # term-frequency-like counts
     model = MLGPF(epochs=1, **SMALL).fit(X, Y)  # idf_weighting=True is the default
     expected = TfidfTransformer(norm="l2", smooth_idf=True).fit(X).transform(X).toarray()
-    np.testing.assert_allclose(model._prepare_features(X).toarray(), expected, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(model.preprocessor_.transform(X).toarray(), expected, rtol=1e-5, atol=1e-6)
     path = tmp_path / "idf.npz"
     model.save(path)
     loaded = MLGPF.load(path)
-    np.testing.assert_array_equal(loaded.feature_idf_, model.feature_idf_)
+    np.testing.assert_array_equal(loaded.preprocessor_.idf_, model.preprocessor_.idf_)
     np.testing.assert_allclose(loaded.decision_function(X), model.decision_function(X), rtol=1e-6)
     # without the option the kernel sees unit rows of the raw features, and nothing is stored
     plain = MLGPF(epochs=1, idf_weighting=False, **SMALL).fit(X, Y)
-    assert plain.feature_idf_ is None
+    assert plain.preprocessor_.idf_ is None
     assert not np.allclose(plain.decision_function(X), model.decision_function(X), atol=1e-3)
 
 
@@ -265,14 +265,14 @@ def test_standardize_equals_scikit_learns_scalers_and_survives_save_load(tmp_pat
     X[:, 3] = 2.0  # a constant column keeps scale 1 (and becomes 0)
     model = MLGPF(epochs=1, standardize=True, idf_weighting=False, **SMALL).fit(X, Y)
     expected = normalize(StandardScaler().fit_transform(X.toarray()))
-    np.testing.assert_allclose(model._prepare_features(X).toarray(), expected, rtol=1e-4, atol=1e-5)
-    assert model.feature_scale_[3] == 1.0
+    np.testing.assert_allclose(model.preprocessor_.transform(X).toarray(), expected, rtol=1e-4, atol=1e-5)
+    assert model.preprocessor_.scale_[3] == 1.0
     path = tmp_path / "standardized.npz"
     model.save(path)
     loaded = MLGPF.load(path)
-    np.testing.assert_array_equal(loaded.feature_mean_, model.feature_mean_)
+    np.testing.assert_array_equal(loaded.preprocessor_.mean_, model.preprocessor_.mean_)
     np.testing.assert_allclose(loaded.predict_proba(X), model.predict_proba(X), rtol=1e-6)
-    assert MLGPF(epochs=1, standardize=False, **SMALL).fit(X, Y).feature_mean_ is None
+    assert MLGPF(epochs=1, standardize=False, **SMALL).fit(X, Y).preprocessor_.mean_ is None
 
 
 def test_standardize_auto_follows_the_density_of_the_training_features():
@@ -284,7 +284,7 @@ def test_standardize_auto_follows_the_density_of_the_training_features():
     for features, same_as in ((X, False), (dense, True)):
         auto = MLGPF(epochs=2, **SMALL).fit(features, Y)
         explicit = MLGPF(epochs=2, standardize=same_as, **SMALL).fit(features, Y)
-        assert (auto.feature_mean_ is not None) == same_as
+        assert (auto.preprocessor_.mean_ is not None) == same_as
         np.testing.assert_array_equal(auto.decision_function(features), explicit.decision_function(features))
     with pytest.raises(ValidationError, match="standardize must be 'auto', True or False, got 'yes'"):
         MLGPF(standardize="yes", **SMALL).fit(X, Y)
@@ -307,11 +307,11 @@ def test_standardize_recovers_labels_that_uncentred_dense_features_hide():
 
 
 def test_standardize_refuses_to_densify_too_much(monkeypatch):
-    import bayesmlc.gp.model as gp_model
+    import bayesmlc.preprocessing as preprocessing
 
     X, Y, _ = _planted(seed=7, n=120)
     model = MLGPF(epochs=1, standardize=True, **SMALL).fit(X, Y)
-    monkeypatch.setattr(gp_model, "MAX_STANDARDIZED_ENTRIES", 100)
+    monkeypatch.setattr(preprocessing, "MAX_CENTRED_ENTRIES", 100)
     with pytest.raises(ValidationError, match=r"standardize=True\) centres .* 120 x 20 = 2400 entries"):
         model.predict_proba(X)
     # dense features are stored in full already: centring them at most doubles the entries, allowed
@@ -319,7 +319,7 @@ def test_standardize_refuses_to_densify_too_much(monkeypatch):
     expected = MLGPF(epochs=1, standardize=True, **SMALL).fit(dense, Y)
     monkeypatch.undo()
     reference = expected.predict_proba(dense)
-    monkeypatch.setattr(gp_model, "MAX_STANDARDIZED_ENTRIES", 100)
+    monkeypatch.setattr(preprocessing, "MAX_CENTRED_ENTRIES", 100)
     np.testing.assert_array_equal(expected.predict_proba(dense), reference)
 
 

@@ -111,10 +111,10 @@ def test_rank_by_proba_ranks_by_the_predictive_probability():
     mean_model = MLGPF(epochs=2, **SMALL).fit(X, Y)
     proba_model = MLGPF(epochs=2, rank_by="proba", **SMALL).fit(X, Y)
     np.testing.assert_array_equal(proba_model.decision_function(X), mean_model.predict_proba(X))
-    np.testing.assert_array_equal(mean_model.decision_function(X), proba_model._mean_utilities(proba_model._prepare_features(X)))
+    np.testing.assert_array_equal(mean_model.decision_function(X), proba_model._mean_utilities(proba_model.preprocessor_.transform(X)))
     order = np.argsort(-mean_model.predict_proba(X), axis=1, kind="stable")[:, :2]
     assert np.array_equal(np.sort(proba_model.predict_topk(X, 2)[0], axis=1), np.sort(order, axis=1))
-    with pytest.raises(ValidationError, match="rank_by must be one of"):
+    with pytest.raises(ValidationError, match="rank_by must be 'mean' or 'proba', got 'median'"):
         MLGPF(epochs=1, rank_by="median", **SMALL).fit(X, Y)
 
 

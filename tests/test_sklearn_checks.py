@@ -21,7 +21,7 @@ from sklearn.utils.estimator_checks import parametrize_with_checks
 from conftest import linear_multilabel_problem
 
 from bayesmlc.base import MultiLabelEstimator
-from bayesmlc.bench.baselines import KNNBaseline
+from bayesmlc.baselines import KNNBaseline
 from bayesmlc.bmls import BMLS
 from bayesmlc.bnmc import BNMC
 from bayesmlc.calibration import CalibratedClassifier

@@ -12,6 +12,7 @@ import torch
 
 from ..base import MultiLabelEstimator
 from ..exceptions import ValidationError
+from ..parameters import Boolean, Integer, Options, Real
 from ..utils import iter_batches, logit, numpy_rng, resolve_device
 from .gibbs import SweepData, gibbs_sweep, heldout_log_likelihood, init_state, positive_rates
 
@@ -298,49 +299,20 @@ class BMLS(MultiLabelEstimator):
         self.device = device
         self.verbose = verbose
 
-    # ---- validation -------------------------------------------------------------------------
-    def _check_params(self):
-        def positive_int(name, minimum=1):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
-                raise ValidationError(f"{name} must be an integer >= {minimum}, got {value!r}")
-
-        def positive_float(name):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float, np.number)) or not np.isfinite(value) or value <= 0:
-                raise ValidationError(f"{name} must be a positive number, got {value!r}")
-
-        positive_int("n_topics")
-        positive_int("n_burnin", 0)
-        positive_int("n_samples")
-        positive_int("thin")
-        if self.max_sweeps != "auto":
-            positive_int("max_sweeps", 2 * AUTO_WINDOW)
-        positive_int("recompute_theta_every")
-        for name in ("mu0", "nu0", "beta0", "plateau_tol", "predictive_tol"):
-            positive_float(name)
-        if self.schedule not in ("auto", "fixed"):
-            raise ValidationError(f"schedule must be 'auto' or 'fixed', got {self.schedule!r}")
-        fraction = self.validation_fraction
-        if fraction is not None and (
-            isinstance(fraction, bool) or not isinstance(fraction, (int, float, np.number)) or not 0 < fraction <= 0.5
-        ):
-            raise ValidationError(f"validation_fraction must be None or a number in (0, 0.5], got {fraction!r}")
-        if self.max_kept_draws != "auto":
-            positive_int("max_kept_draws", 0)
-        if self.sample_dtype not in ("float32", "float16"):
-            raise ValidationError(f"sample_dtype must be 'float32' or 'float16', got {self.sample_dtype!r}")
-        if self.phi_step not in ("dirichlet", "metropolis"):
-            raise ValidationError(f"phi_step must be 'dirichlet' or 'metropolis', got {self.phi_step!r}")
-        for name in ("sample_beta0", "cooccurrence_diagonal"):
-            if not isinstance(getattr(self, name), (bool, np.bool_)):
-                raise ValidationError(f"{name} must be True or False, got {getattr(self, name)!r}")
-        threshold = self.binarize_threshold
-        if threshold is not None and threshold != "auto" and (
-            isinstance(threshold, bool) or not isinstance(threshold, (int, float, np.number))
-        ):
-            raise ValidationError(f"binarize_threshold must be 'auto', None or a number, got {threshold!r}")
-        resolve_device(self.device)
+    _parameter_constraints = {
+        **{name: [Integer(1)] for name in ("n_topics", "n_samples", "thin", "recompute_theta_every")},
+        "n_burnin": [Integer(0)],
+        "max_sweeps": ["auto", Integer(2 * AUTO_WINDOW)],
+        **{name: [Real(0, low_open=True)] for name in ("mu0", "nu0", "beta0", "plateau_tol", "predictive_tol")},
+        "schedule": [Options("auto", "fixed")],
+        "validation_fraction": [None, Real(0, 0.5, low_open=True)],
+        "max_kept_draws": ["auto", Integer(0)],
+        "sample_dtype": [Options("float32", "float16")],
+        "phi_step": [Options("dirichlet", "metropolis")],
+        "sample_beta0": [Boolean()],
+        "cooccurrence_diagonal": [Boolean()],
+        "binarize_threshold": ["auto", None, Real()],
+    }
 
     def _binary_features(self, X: sp.csr_matrix, warn: bool = False) -> sp.csr_matrix:
         """The 0/1 feature pattern the model uses (CSR float32, same shape as ``X``).
@@ -391,7 +363,7 @@ class BMLS(MultiLabelEstimator):
     def _fit(self, X, Y, label_mask, **fit_params):
         if fit_params:
             raise ValidationError(f"BMLS.fit takes no extra arguments, got {sorted(fit_params)}")
-        self._check_params()
+        resolve_device(self.device)  # checks the setting before the work starts
         auto = self.schedule == "auto"
         if auto and self.validation_fraction is not None and label_mask is not None:
             raise ValidationError("validation_fraction cannot be combined with label_mask")

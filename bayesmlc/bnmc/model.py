@@ -15,8 +15,9 @@ from ..base import MultiLabelEstimator, label_counts
 from ..data.shard import RowShard
 from ..distributed import ONE_PROCESS
 from ..exceptions import ValidationError
-from ..utils import (column_mean_and_scale, iter_batches, logit, numpy_rng, resolve_device, resolve_standardize, sigmoid,
-                     softplus)
+from ..parameters import Boolean, Integer, Options, Real, check_parameters
+from ..preprocessing import STANDARDIZE_CONSTRAINT, FeaturePreprocessor, legacy_preprocessor_state
+from ..utils import iter_batches, logit, numpy_rng, resolve_device, sigmoid, softplus
 from ..validation import check_features, check_fit_inputs
 from .classifiers import (Design, LowRankDesign, SGDClassifier, choose_solver, gibbs_classifier,
                           low_rank_basis)
@@ -217,62 +218,38 @@ class BNMC(MultiLabelEstimator):
         self.device = device
         self.verbose = verbose
 
-    # ---- parameter checks ---------------------------------------------------------------------
-    def _check_params(self):
-        def positive_int(name):
-            value = getattr(self, name)
-            if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 1:
-                raise ValidationError(f"{name} must be a positive integer, got {value!r}")
+    _parameter_constraints = {
+        **{name: [Integer(1)] for name in ("n_passes", "batch_size", "n_sweeps", "n_keep", "low_rank")},
+        **{name: [Real(0, low_open=True)] for name in ("tau", "concentration", "feature_prior", "label_prior", "sgd_eta0")},
+        "truncation": [Integer(2)],
+        "weight_precision": ["auto", Real(0, low_open=True)],
+        "kappa": [Real(0.5, 1, low_open=True)],
+        "emission": [Options("auto", "dirichlet", "gaussian")],
+        "classifier": [Options("logistic", "svm")],
+        "solver": [Options("auto", "dense", "woodbury", "cg", "lowrank")],
+        "inference": [Options("gibbs", "variational")],
+        "count_rule": [Options(*_RULE_CHOICES)],
+        "unlabeled_rows": [Options("missing", "negative")],
+        "standardize": STANDARDIZE_CONSTRAINT,
+        "merge_trials": [Integer(0)],
+        "n_mode_steps": [Integer(0)],
+        "online": [Boolean()],
+        "refit": [Boolean()],
+        "validation_fraction": [Real(0, 1, high_open=True)],
+        "sgd_alpha": [None, Real(0, low_open=True)],
+    }
 
-        def positive(name):
-            value = getattr(self, name)
-            if not isinstance(value, (int, float, np.number)) or isinstance(value, bool) or not value > 0:
-                raise ValidationError(f"{name} must be a positive number, got {value!r}")
-
-        for name in ("truncation", "n_passes", "batch_size", "n_sweeps", "n_keep", "low_rank"):
-            positive_int(name)
-        for name in ("tau", "concentration", "feature_prior", "label_prior", "sgd_eta0"):
-            positive(name)
-        if self.weight_precision != "auto":
-            positive("weight_precision")
-        if self.truncation < 2:
-            raise ValidationError(f"truncation must be at least 2, got {self.truncation}")
+    def _check_n_keep(self):
+        """The one constraint between two parameters (``fit`` checks the declared ones)."""
         if self.n_keep > self.n_sweeps:
             raise ValidationError(f"n_keep ({self.n_keep}) cannot exceed n_sweeps ({self.n_sweeps})")
-        if not 0.5 < float(self.kappa) <= 1.0:
-            raise ValidationError(f"kappa must be in (0.5, 1] (Robbins-Monro), got {self.kappa!r}")
-        choices = {
-            "emission": ("auto", "dirichlet", "gaussian"),
-            "classifier": ("logistic", "svm"),
-            "solver": ("auto", "dense", "woodbury", "cg", "lowrank"),
-            "inference": ("gibbs", "variational"),
-            "count_rule": _RULE_CHOICES,
-            "unlabeled_rows": ("missing", "negative"),
-        }
-        for name, options in choices.items():
-            if getattr(self, name) not in options:
-                raise ValidationError(f"{name} must be one of {options}, got {getattr(self, name)!r}")
-        resolve_standardize(self.standardize, 0, 0)  # checks the setting
-        if not isinstance(self.merge_trials, (int, np.integer)) or self.merge_trials < 0:
-            raise ValidationError(f"merge_trials must be a non-negative integer, got {self.merge_trials!r}")
-        if not isinstance(self.n_mode_steps, (int, np.integer)) or self.n_mode_steps < 0:
-            raise ValidationError(f"n_mode_steps must be a non-negative integer, got {self.n_mode_steps!r}")
-        if not isinstance(self.online, (bool, np.bool_)):
-            raise ValidationError(f"online must be True or False, got {self.online!r}")
-        if not isinstance(self.refit, (bool, np.bool_)):
-            raise ValidationError(f"refit must be True or False, got {self.refit!r}")
-        if not 0.0 <= float(self.validation_fraction) < 1.0:
-            raise ValidationError(f"validation_fraction must be in [0, 1), got {self.validation_fraction!r}")
-        if self.sgd_alpha is not None and not float(self.sgd_alpha) > 0:
-            raise ValidationError(f"sgd_alpha must be None or positive, got {self.sgd_alpha!r}")
 
     # ---- preprocessing ------------------------------------------------------------------------
     def _setup_preprocessing(self, X: sp.csr_matrix, parallel=ONE_PROCESS, n_total: int | None = None) -> None:
-        """Choose the emission and the classifier feature scaling from the (first) training data
-        (this process's rows; counts and sums over processes)."""
+        """Choose the emission and the classifier feature scaling (``preprocessor_``) from the (first)
+        training data (this process's rows; counts and sums over processes)."""
         n_total = X.shape[0] if n_total is None else n_total
-        nnz, negatives = parallel.reduce_sum(np.array([X.nnz, int(np.sum(X.data < 0))], dtype=np.float64))
-        standardize = resolve_standardize(self.standardize, int(nnz), n_total * X.shape[1])
+        negatives = parallel.reduce_sum(np.array([int(np.sum(X.data < 0))], dtype=np.float64))[0]
         has_negative = negatives > 0
         emission = self.emission
         if emission == "auto":
@@ -282,25 +259,23 @@ class BNMC(MultiLabelEstimator):
                 "emission='dirichlet' needs non-negative features (X has negative values); use 'gaussian' or 'auto'"
             )
         self.emission_ = emission
-        self.standardized_ = bool(standardize)
-        if standardize:
-            reduce = None if parallel.world_size == 1 else parallel.reduce_sum
-            self.feature_mean_, self.feature_scale_ = column_mean_and_scale(X, n_total, reduce)
-        else:
-            self.feature_mean_ = np.zeros(X.shape[1])
-            self.feature_scale_ = np.ones(X.shape[1])
+        self.preprocessor_ = self._preprocessor().fit(X, n_rows=n_total,
+                                                      reduce=None if parallel.world_size == 1 else parallel.reduce_sum)
+
+    def _preprocessor(self) -> FeaturePreprocessor:
+        # float64: the mixture's Gaussian emission works on the standardised features in float64
+        return FeaturePreprocessor(standardize=self.standardize, dtype="float64")
 
     def _classifier_features(self, X: sp.csr_matrix) -> sp.csr_matrix:
-        if not self.standardized_:
+        if not self.preprocessor_.standardized_:
             return X
-        dense = (X.toarray() - self.feature_mean_) / self.feature_scale_
-        return sp.csr_matrix(dense.astype(np.float32))
+        return sp.csr_matrix(self.preprocessor_.transform_dense(X).astype(np.float32))
 
     def _mixture_features(self, X: sp.csr_matrix):
         """Raw counts for the Dirichlet emission; standardised dense features for the Gaussian one."""
         if self.emission_ == "dirichlet":
             return X.astype(np.float64)
-        return (X.toarray() - self.feature_mean_) / self.feature_scale_ if self.standardized_ else X.toarray()
+        return self.preprocessor_.transform_dense(X) if self.preprocessor_.standardized_ else X.toarray()
 
     def _new_mixture(self, reduce=None) -> DPMixture:
         D = self.n_features_in_
@@ -363,7 +338,7 @@ class BNMC(MultiLabelEstimator):
         summed over ranks, so every rank ends with the single-process model (to rounding)."""
         if fit_params:
             raise ValidationError(f"BNMC.fit got unexpected arguments: {', '.join(fit_params)}")
-        self._check_params()
+        self._check_n_keep()
         parallel = ONE_PROCESS if parallel is None else parallel
         if parallel.world_size == 1:
             self._fit_rows(X, Y, label_mask, parallel, RowShard.whole(X.shape[0]))
@@ -623,9 +598,9 @@ class BNMC(MultiLabelEstimator):
 
     def _raw_from_classifier(self, Z):
         """Classifier features back to raw features (for the mixture) in the validation step."""
-        if not self.standardized_:
+        if not self.preprocessor_.standardized_:
             return Z
-        return sp.csr_matrix(Z.toarray() * self.feature_scale_ + self.feature_mean_)
+        return self.preprocessor_.inverse_transform(Z)
 
     # ---- prediction -----------------------------------------------------------------------------
     def _classifier_margins(self, inputs) -> np.ndarray:
@@ -720,7 +695,8 @@ class BNMC(MultiLabelEstimator):
         scikit-learn's ``partial_fit`` argument; the label set is the columns of ``Y``.
         """
         self._check_partial_fit_classes(classes)
-        self._check_params()
+        check_parameters(self)
+        self._check_n_keep()
         first = not hasattr(self, "n_labels_")
         if first:
             X, Y, label_mask = check_fit_inputs(X, Y, label_mask)
@@ -809,6 +785,8 @@ class BNMC(MultiLabelEstimator):
         return state
 
     def _set_state(self, state: dict) -> None:
+        # files written before FeaturePreprocessor held standardized_, feature_mean_, feature_scale_ (the std)
+        state = legacy_preprocessor_state(state, self._preprocessor().get_params(), reciprocal_scale=False)
         state = dict(state)
         mixture_state = state.pop("mixture_state")
         sgd_state = state.pop("sgd_state")

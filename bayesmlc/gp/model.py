@@ -7,18 +7,18 @@ predictions in :mod:`.prediction`."""
 
 from __future__ import annotations
 
-import math
 import time
 from types import SimpleNamespace
 
 import numpy as np
-import scipy.sparse as sp
 import torch
 
 from ..base import MultiLabelEstimator, label_counts
 from ..distributed import ONE_PROCESS, ParallelContext
 from ..exceptions import ValidationError
-from ..utils import column_mean_and_scale, normalize_rows, numpy_rng, resolve_device, resolve_standardize, torch_threads
+from ..parameters import Boolean, Integer, Options, Real, check_parameters
+from ..preprocessing import STANDARDIZE_CONSTRAINT, FeaturePreprocessor, legacy_preprocessor_state
+from ..utils import numpy_rng, resolve_device, torch_threads
 from ..validation import check_fit_inputs
 from .inducing import INDUCING_NAMES
 from .initialisation import module_from_parameters
@@ -30,16 +30,7 @@ from .variational import VARIATIONAL_NAMES
 
 __all__ = ["MLGPF"]
 
-#: ``standardize=True`` densifies the rows it prepares: at most this many entries (1 GB of float32) per call.
-MAX_STANDARDIZED_ENTRIES = 1 << 28
 _DTYPES = {"float32": torch.float32, "float64": torch.float64}
-
-
-def inverse_document_frequency(document_counts: np.ndarray, n_rows: int) -> np.ndarray:
-    """Smoothed idf per feature, log((1 + N) / (1 + df)) + 1 (scikit-learn's ``TfidfTransformer``
-    form): ``document_counts`` (D,) rows in which each feature is non-zero, of ``n_rows`` rows."""
-    counts = np.asarray(document_counts, dtype=np.float64)
-    return (np.log((1.0 + n_rows) / (1.0 + counts)) + 1.0).astype(np.float32)
 
 
 class MLGPF(MultiLabelEstimator):
@@ -88,20 +79,20 @@ class MLGPF(MultiLabelEstimator):
     init_mean : {"ridge", "zero"}, start the mean of q(u) at a ridge-regression fit of the latent
         targets implied by Phi (:func:`bayesmlc.gp.initialisation.warm_start_mean`), or at zero (the
         prior mean).
-    idf_weighting : bool, scale every feature column by its smoothed inverse document frequency in
-        the training rows (:func:`inverse_document_frequency`) before the rows are normalised:
-        rare features count more (measured: docs/experiments.md, "MLGPF on Bibtex"). Dense columns
-        (non-zero in every row) keep weight 1.
+    idf_weighting : bool, scale every feature column by its smoothed inverse document frequency in the
+        training rows (``preprocessor_.idf_``) before the rows are normalised: rare features count more
+        (measured: docs/experiments.md, "MLGPF on Bibtex"). Dense columns (non-zero in every row) keep
+        weight 1.
     standardize : {"auto", True, False}, centre every feature column and divide it by its standard
-        deviation in the training rows (``feature_mean_``, ``feature_scale_``; constant columns keep
-        scale 1), first, before idf weighting and row normalisation. For dense real-valued features
-        (audio or image descriptors: the emotions, scene and yeast sets), whose uncentred rows all
-        point nearly the same way once normalised (docs/experiments.md, "MLGPF on small and dense
-        sets"). "auto" (the default) standardises when more than half of the training
-        entries are non-zero (:func:`bayesmlc.utils.resolve_standardize`), as BNMC and the
-        baselines do. Centring makes every entry non-zero, so the rows are densified: for sparse
-        features (at most half non-zero) that is refused above ``MAX_STANDARDIZED_ENTRIES``
-        entries per call; sparse text should use ``idf_weighting``.
+        deviation in the training rows (``preprocessor_.mean_``, ``preprocessor_.scale_``; constant
+        columns keep scale 1), first, before idf weighting and row normalisation. For dense real-valued
+        features (audio or image descriptors: the emotions, scene and yeast sets), whose uncentred rows
+        all point nearly the same way once normalised (docs/experiments.md, "MLGPF on small and dense
+        sets"). "auto" (the default) standardises when more than half of the training entries are
+        non-zero (:class:`bayesmlc.preprocessing.FeaturePreprocessor`), as BNMC and the baselines do.
+        Centring makes every entry non-zero, so the rows are densified: for sparse features (at most
+        half non-zero) that is refused above ``bayesmlc.preprocessing.MAX_CENTRED_ENTRIES`` entries per
+        call; sparse text should use ``idf_weighting``.
     normalize_features : bool, scale every feature row to unit L2 norm (as the authors' code does).
     rank_by : {"mean", "proba"}, what ``decision_function`` (and so ``predict_topk`` and ranking
         metrics) returns: the mean utilities E_q[f] (the papers' and authors' choice), or the
@@ -122,6 +113,9 @@ class MLGPF(MultiLabelEstimator):
 
     Attributes
     ----------
+    preprocessor_ : :class:`~bayesmlc.preprocessing.FeaturePreprocessor`, the feature standardisation,
+        idf weighting and row normalisation fitted on the training rows (the rows the kernel sees are
+        ``preprocessor_.transform(X)``).
     parameters_ : dict of name -> tensor, the fitted parameters.
     jitter_ : float, relative jitter the last factorisation needed.
     history_ : per-epoch lists: ``epoch``, ``wall_time``, ``objective`` (mean minibatch ELBO estimate),
@@ -182,57 +176,36 @@ class MLGPF(MultiLabelEstimator):
         self.verbose = verbose
 
     # ---- parameter checks ---------------------------------------------------------------------
-    def _check_params(self, n_rows: int):
-        def positive_int(name, value, allow_none=False, low=1, allow_auto=False):
-            if (value is None and allow_none) or (allow_auto and isinstance(value, str) and value == "auto"):
-                return
-            if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < low:
-                choices = f"an integer >= {low}" + (' or "auto"' if allow_auto else "")
-                raise ValidationError(f"{name} must be {choices}, got {value!r}")
+    _parameter_constraints = {
+        "kernel": [Options(*KERNEL_NAMES)],
+        "inducing": [Options(*INDUCING_NAMES)],
+        "variational": [Options(*VARIATIONAL_NAMES)],
+        "init_factors": [Options("svd", "random")],
+        "init_mean": [Options("ridge", "zero")],
+        "rank_by": [Options("mean", "proba")],
+        "negative_sampling": [Options(*NEGATIVE_SAMPLING)],
+        "dtype": [Options(*_DTYPES)],
+        "standardize": STANDARDIZE_CONSTRAINT,
+        "idf_weighting": [Boolean()],
+        "normalize_features": [Boolean()],
+        **{name: [Integer(1)] for name in ("n_latent", "n_inducing", "batch_size_every", "quadrature_points",
+                                           "validation_every")},
+        **{name: [Integer(0)] for name in ("batch_size_growth", "epochs")},
+        **{name: [None, Integer(1)] for name in ("max_batch_size", "early_stopping_patience", "checkpoint_every",
+                                                 "svd_max_rows", "n_threads")},
+        "subspace_rank": [Integer(1), "auto"],
+        "batch_size": [Integer(1), "auto"],
+        "negative_samples": [Integer(1), None, "auto"],
+        "learning_rate": [Real(0, low_open=True)],
+        "variational_learning_rate": [None, Real(0, low_open=True)],
+        **{name: [Real(0)] for name in ("kl_weight", "jitter")},
+        "lr_decay": [Real(0, 1)],
+        "validation_fraction": [Real(0, 1, high_open=True)],
+    }
 
-        def positive_float(name, value, allow_zero=False):
-            ok = isinstance(value, (int, float, np.floating)) and not isinstance(value, bool) and math.isfinite(value)
-            if not ok or value < 0 or (value == 0 and not allow_zero):
-                raise ValidationError(f"{name} must be a {'non-negative' if allow_zero else 'positive'} number, got {value!r}")
-
-        for name, choices in (
-            ("kernel", KERNEL_NAMES),
-            ("inducing", INDUCING_NAMES),
-            ("variational", VARIATIONAL_NAMES),
-            ("init_factors", ("svd", "random")),
-            ("init_mean", ("ridge", "zero")),
-            ("rank_by", ("mean", "proba")),
-            ("negative_sampling", NEGATIVE_SAMPLING),
-            ("dtype", tuple(_DTYPES)),
-        ):
-            if getattr(self, name) not in choices:
-                raise ValidationError(f"{name} must be one of {', '.join(map(repr, choices))}; got {getattr(self, name)!r}")
-        resolve_standardize(self.standardize, 0, 0)  # checks the setting
-        positive_int("n_latent", self.n_latent)
-        positive_int("n_inducing", self.n_inducing)
-        positive_int("subspace_rank", self.subspace_rank, allow_auto=True)
-        positive_int("batch_size", self.batch_size, allow_auto=True)
-        positive_int("batch_size_growth", self.batch_size_growth, low=0)
-        positive_int("batch_size_every", self.batch_size_every)
-        positive_int("max_batch_size", self.max_batch_size, allow_none=True)
-        positive_int("epochs", self.epochs, low=0)
-        positive_int("negative_samples", self.negative_samples, allow_none=True, allow_auto=True)
-        positive_int("quadrature_points", self.quadrature_points)
-        positive_int("validation_every", self.validation_every)
-        positive_int("early_stopping_patience", self.early_stopping_patience, allow_none=True)
-        positive_int("checkpoint_every", self.checkpoint_every, allow_none=True)
-        positive_int("svd_max_rows", self.svd_max_rows, allow_none=True)
-        positive_int("n_threads", self.n_threads, allow_none=True)
-        positive_float("learning_rate", self.learning_rate)
-        if self.variational_learning_rate is not None:
-            positive_float("variational_learning_rate", self.variational_learning_rate)
-        positive_float("kl_weight", self.kl_weight, allow_zero=True)
-        positive_float("lr_decay", self.lr_decay, allow_zero=True)
-        if self.lr_decay > 1:
-            raise ValidationError(f"lr_decay must be in [0, 1] (a fraction of training), got {self.lr_decay!r}")
-        positive_float("jitter", self.jitter, allow_zero=True)
-        if not (isinstance(self.validation_fraction, (int, float)) and 0 <= self.validation_fraction < 1):
-            raise ValidationError(f"validation_fraction must be in [0, 1), got {self.validation_fraction!r}")
+    def _check_against_data(self, n_rows: int):
+        """The checks between parameters, and between ``n_inducing`` and the ``n_rows`` training rows
+        (``fit`` checked the declared constraints)."""
         if self.early_stopping_patience is not None and self.validation_fraction == 0:
             raise ValidationError("early_stopping_patience needs validation_fraction > 0 (a held-out set to watch)")
         if self.checkpoint_every is not None and not self.checkpoint_path:
@@ -244,38 +217,8 @@ class MLGPF(MultiLabelEstimator):
             )
 
     # ---- features -----------------------------------------------------------------------------
-    def _prepare_features(self, X: sp.csr_matrix) -> sp.csr_matrix:
-        """The rows the kernel sees: standardised columns (``feature_mean_``, ``feature_scale_``), then
-        idf-weighted columns (``feature_idf_``), then unit rows."""
-        mean = getattr(self, "feature_mean_", None)  # absent from models saved before standardize
-        if mean is not None:
-            entries = X.shape[0] * X.shape[1]
-            if entries > MAX_STANDARDIZED_ENTRIES and entries > 2 * X.nnz:  # dense input costs at most 2x
-                raise ValidationError(
-                    f"standardisation (standardize={self.standardize!r}) centres the features, which densifies "
-                    f"them: {X.shape[0]} x {X.shape[1]} = {entries} entries is above MAX_STANDARDIZED_ENTRIES = "
-                    f"{MAX_STANDARDIZED_ENTRIES}. Pass fewer rows per call, or for sparse features use "
-                    "standardize=False with idf_weighting=True"
-                )
-            X = sp.csr_matrix(((X.toarray() - mean) * self.feature_scale_).astype(np.float32))
-        idf = getattr(self, "feature_idf_", None)  # absent from models saved before idf_weighting
-        if idf is not None:
-            X = sp.csr_matrix(X @ sp.diags(idf), dtype=np.float32)
-        return normalize_rows(X) if self.normalize_features else X
-
-    def _set_feature_statistics(self, X: sp.csr_matrix, n_rows: int, parallel) -> None:
-        """The column statistics of all processes' ``n_rows`` training rows: ``feature_mean_`` and
-        ``feature_scale_`` (or None), from column sums of x and x^2; ``feature_idf_`` (or None), from
-        document frequencies."""
-        self.feature_mean_ = self.feature_scale_ = self.feature_idf_ = None
-        n_nonzero = int(parallel.reduce_sum(np.array([X.nnz], dtype=np.int64))[0])
-        if resolve_standardize(self.standardize, n_nonzero, n_rows * X.shape[1]):
-            mean, scale = column_mean_and_scale(X, n_rows, parallel.reduce_sum)
-            self.feature_mean_ = mean.astype(np.float32)
-            self.feature_scale_ = (1.0 / scale).astype(np.float32)
-        if self.idf_weighting:
-            counts = np.bincount(X.indices[X.data != 0], minlength=X.shape[1])
-            self.feature_idf_ = inverse_document_frequency(parallel.reduce_sum(counts), n_rows)
+    def _preprocessor(self) -> FeaturePreprocessor:
+        return FeaturePreprocessor(standardize=self.standardize, idf=self.idf_weighting, normalize=self.normalize_features)
 
     # ---- fit ----------------------------------------------------------------------------------
     def _fit(self, X, Y, label_mask, resume=False, parallel=None):
@@ -287,14 +230,14 @@ class MLGPF(MultiLabelEstimator):
         with torch_threads(self.n_threads):
             try:
                 X, Y, label_mask, shard = parallel.local_data(X, Y, label_mask)
-                self._check_params(shard.n_total)
+                self._check_against_data(shard.n_total)
                 if parallel.world_size > 1:  # the label statistics of all processes' rows (fit counted this one's)
                     totals = parallel.reduce_sum(np.concatenate(label_counts(Y, label_mask)))
                     self._set_label_statistics(totals[: Y.shape[1]], totals[Y.shape[1] :])
-                self._set_feature_statistics(X, shard.n_total, parallel)
+                self.preprocessor_ = self._preprocessor().fit(X, n_rows=shard.n_total, reduce=parallel.reduce_sum)
                 trainer = self._trainer()
                 try:
-                    trainer.fit(self._prepare_features(X), Y, label_mask, ParallelContext(shard, parallel), resume)
+                    trainer.fit(self.preprocessor_.transform(X), Y, label_mask, ParallelContext(shard, parallel), resume)
                 except TrainingDivergedError:
                     self._keep_parameters(trainer.module, trainer.jitter)
                     raise
@@ -365,15 +308,16 @@ class MLGPF(MultiLabelEstimator):
         start = time.perf_counter()
         with torch_threads(self.n_threads):
             if first:
-                self._check_params(X.shape[0])
-                self._set_feature_statistics(X, X.shape[0], ONE_PROCESS)
+                check_parameters(self)
+                self._check_against_data(X.shape[0])
+                self.preprocessor_ = self._preprocessor().fit(X)
             if first or getattr(self, "_stream", None) is None:  # kept between calls, with its optimizer
                 self._stream = self._trainer(None if first else self._ensure_module())
             stream = self._stream
             stream.settings = SimpleNamespace(**self.get_params())  # read on every call: a caller anneals with set_params
             self.n_rows_seen_ += X.shape[0]
             try:
-                total = stream.stream_pass(self._prepare_features(X), Y, label_mask,
+                total = stream.stream_pass(self.preprocessor_.transform(X), Y, label_mask,
                                            self.n_rows_seen_ if n_total is None else int(n_total))
             except TrainingDivergedError:  # keep the parameters before the failed step
                 self._keep_parameters(stream.module, stream.jitter)
@@ -415,18 +359,20 @@ class MLGPF(MultiLabelEstimator):
         if self.rank_by == "proba":
             return self._predict_proba(X)
         with torch_threads(self.n_threads):
-            return self._mean_utilities(self._prepare_features(X))
+            return self._mean_utilities(self.preprocessor_.transform(X))
 
     def _predict_proba(self, X) -> np.ndarray:
         """E[sigmoid(f)] under q(f), by Gauss-Hermite quadrature over the predictive variance
         (:func:`bayesmlc.gp.prediction.predictive_probabilities`)."""
         module = self._ensure_module()
         with torch_threads(self.n_threads):
-            return predictive_probabilities(module, self._prepare_features(X), self.jitter_, self.quadrature_points)
+            return predictive_probabilities(module, self.preprocessor_.transform(X), self.jitter_, self.quadrature_points)
 
     # ---- persistence --------------------------------------------------------------------------
     def _set_state(self, state: dict) -> None:
-        super()._set_state(state)
+        # files written before FeaturePreprocessor held feature_mean_, feature_scale_ = 1 / standard
+        # deviation and feature_idf_ (older ones only some of them)
+        super()._set_state(legacy_preprocessor_state(state, self._preprocessor().get_params(), reciprocal_scale=True))
         self.parameters_ = {k: torch.as_tensor(v) for k, v in self.parameters_.items()}
         self._module = None
         self._prediction_cache = {}
