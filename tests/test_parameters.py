@@ -66,7 +66,7 @@ BAD_SETTINGS = [
     (MLGPF(max_batch_size=0), "max_batch_size must be None or an integer >= 1, got 0"),
     (MLGPF(epochs=1, early_stopping_patience=2),
      "early_stopping_patience needs validation_fraction > 0 (a held-out set to watch)"),
-    (MLGPF(n_inducing=13), "n_inducing=13 exceeds the 12 training rows available to initialise the inducing inputs; "
+    (MLGPF(n_inducing=13), "n_inducing=13 exceeds the n_samples=12 training rows available to initialise the inducing inputs; "
                            "lower n_inducing"),
     (KNNBaseline(n_neighbors=0), "n_neighbors must be an integer >= 1, got 0"),
     (KNNBaseline(weighting="distance"), "weighting must be 'similarity' or 'uniform', got 'distance'"),
