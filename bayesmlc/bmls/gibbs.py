@@ -45,7 +45,7 @@ from .samplers import (
     allocate_pair_tokens,
     crt,
     dirichlet_columns,
-    gamma_variates,
+    standard_gamma_draw,
     zero_truncated_poisson,
 )
 
@@ -53,7 +53,6 @@ __all__ = [
     "SweepData",
     "SamplerState",
     "positive_rates",
-    "feature_token_counts",
     "sweep_feature_weights",
     "theta_from_log_h",
     "label_log_likelihood",
@@ -71,7 +70,6 @@ BETA0_PRIOR = 0.01  # beta0 ~ Gamma(0.01, 0.01) when sampled (authors' code)
 class SweepData:
     """Everything about the data the sweep needs, prepared once.
 
-    x_csr_indptr/x_csr_indices : pattern of X' (N, D') by rows (bias column included).
     x_csc_indptr/x_csc_indices : pattern of X' by columns (rows where feature d is on).
     x_csr : scipy CSR X' (float64) for theta = exp(X' log h).
     pos_rows, pos_cols : (E,) instance and label of each positive observed entry.
@@ -82,8 +80,6 @@ class SweepData:
 
     n_instances: int
     n_labels: int
-    x_csr_indptr: np.ndarray
-    x_csr_indices: np.ndarray
     x_csc_indptr: np.ndarray
     x_csc_indices: np.ndarray
     x_csr: sp.csr_matrix
@@ -111,8 +107,6 @@ class SweepData:
         data = cls(
             n_instances=x_csr.shape[0],
             n_labels=Y.shape[1],
-            x_csr_indptr=x_csr.indptr.astype(np.int64),
-            x_csr_indices=x_csr.indices.astype(np.int64),
             x_csc_indptr=x_csc.indptr.astype(np.int64),
             x_csc_indices=x_csc.indices.astype(np.int64),
             x_csr=x_csr,
@@ -166,66 +160,72 @@ def positive_rates(rows, cols, phi, theta):
 
 
 @numba.njit(cache=True, nogil=True)
-def feature_token_counts(x_indptr, x_indices, tokens, n_features):
-    """c_dk = sum_n x_nd A_nk (the shape increment of eq. (22)), from the CSR pattern of X'.
-
-    ``tokens`` (N, K) int64 = A. Cost O(sum_n nnz(A_n) nnz(X_n)), i.e. proportional to the number of
-    label tokens times the features per row, not to nnz(X) K.
-    """
+def _row_topic_lists(tokens):
+    """The nonzero entries of the label tokens A (N, K) by rows: (indptr (N+1,), topics, counts)."""
     n_rows, n_topics = tokens.shape
-    out = np.zeros((n_features, n_topics), dtype=np.int64)
-    active = np.empty(n_topics, dtype=np.int64)
+    indptr = np.zeros(n_rows + 1, dtype=np.int64)
     for n in range(n_rows):
-        n_active = 0
+        nonzero = 0
         for k in range(n_topics):
             if tokens[n, k] != 0:
-                active[n_active] = k
-                n_active += 1
-        if n_active == 0:
-            continue
-        for p in range(x_indptr[n], x_indptr[n + 1]):
-            d = x_indices[p]
-            for a in range(n_active):
-                k = active[a]
-                out[d, k] += tokens[n, k]
-    return out
+                nonzero += 1
+        indptr[n + 1] = indptr[n] + nonzero
+    topics = np.empty(indptr[n_rows], dtype=np.int64)
+    counts = np.empty(indptr[n_rows], dtype=np.int64)
+    for n in range(n_rows):
+        q = indptr[n]
+        for k in range(n_topics):
+            if tokens[n, k] != 0:
+                topics[q] = k
+                counts[q] = tokens[n, k]
+                q += 1
+    return indptr, topics, counts
 
 
 @numba.njit(cache=True, nogil=True)
-def sweep_feature_weights(csc_indptr, csc_indices, gamma_draws, h, theta, exposure, use_exposure, nu0):
-    """Sequential exact Gibbs update of every h_dk, keeping theta consistent (eqs. (21)-(23)).
+def sweep_feature_weights(csc_indptr, csc_indices, tokens, h, theta, exposure, use_exposure, mu0, nu0, rng):
+    """Sequential exact Gibbs update of every h_dk, keeping theta consistent (eqs. (21)-(23)), in one
+    pass per feature that also gathers the shape counts and draws the gamma variates.
 
-    For d = 0 .. D'-1 in order (the K topics of one d are independent given the rest):
-        S_dk  = sum_{n: x_nd = 1} e_nk theta_nk           (e = 1 when all labels are observed)
+    For d = 0 .. D'-1 in order (the K topics of one d are independent given the rest), over the rows
+    n with x_nd = 1 (the CSC pattern of X'):
+        c_dk  = sum_n A_nk                                 (label tokens, eq. (22))
+        S_dk  = sum_n e_nk theta_nk                        (e = 1 when all labels are observed)
+        G_dk ~ Gamma(mu0 + c_dk, 1), drawn here for k = 0 .. K-1 (:func:`standard_gamma_draw`)
         h'_dk = G_dk / (nu0 + S_dk / h_dk)  ~ Gamma(mu0 + c_dk, rate nu0 + S_dk / h_dk)
-        theta_nk *= h'_dk / h_dk  for n with x_nd = 1.
-    ``gamma_draws`` (D', K) are Gamma(mu0 + c_dk, 1) variates. ``h`` (D', K) and ``theta`` (N, K) are
-    updated in place.
+        theta_nk *= h'_dk / h_dk.
+    ``tokens`` (N, K) int64 = A; ``h`` (D', K) and ``theta`` (N, K) are updated in place; ``exposure``
+    (N, K) is read only when ``use_exposure``; ``rng`` a NumPy ``Generator``. Cost O(nnz(X') K) plus
+    the label tokens times the features per row, and D' K gamma draws; no (D', K) temporaries.
     """
     n_features, n_topics = h.shape
-    factor = np.empty(n_topics)
+    token_indptr, token_topics, token_counts = _row_topic_lists(tokens)
+    rate_sum = np.empty(n_topics)
+    shape_count = np.empty(n_topics)
     for d in range(n_features):
         start = csc_indptr[d]
         stop = csc_indptr[d + 1]
-        factor[:] = 0.0
-        if use_exposure:
-            for p in range(start, stop):
-                n = csc_indices[p]
+        rate_sum[:] = 0.0
+        shape_count[:] = 0.0
+        for p in range(start, stop):
+            n = csc_indices[p]
+            if use_exposure:
                 for k in range(n_topics):
-                    factor[k] += theta[n, k] * exposure[n, k]
-        else:
-            for p in range(start, stop):
-                n = csc_indices[p]
+                    rate_sum[k] += theta[n, k] * exposure[n, k]
+            else:
                 for k in range(n_topics):
-                    factor[k] += theta[n, k]
+                    rate_sum[k] += theta[n, k]
+            for q in range(token_indptr[n], token_indptr[n + 1]):
+                shape_count[token_topics[q]] += token_counts[q]
         for k in range(n_topics):
-            new_h = gamma_draws[d, k] / (nu0 + factor[k] / h[d, k])
-            factor[k] = new_h / h[d, k]  # the buffer now holds the ratio h' / h
-            h[d, k] = new_h
+            # h' = G / (nu0 + S / h), as the ratio h' / h = G / (nu0 h + S) (one division)
+            ratio = standard_gamma_draw(rng, mu0 + shape_count[k]) / (nu0 * h[d, k] + rate_sum[k])
+            h[d, k] *= ratio
+            rate_sum[k] = ratio  # the buffer now holds the ratio h' / h
         for p in range(start, stop):
             n = csc_indices[p]
             for k in range(n_topics):
-                theta[n, k] *= factor[k]
+                theta[n, k] *= rate_sum[k]
 
 
 def theta_from_log_h(x_csr: sp.csr_matrix, h: np.ndarray) -> np.ndarray:
@@ -395,18 +395,17 @@ def gibbs_sweep(
     tic = _lap(timings, "cooccurrence", tic)
 
     exposure = exposure_matrix(data, state.phi)
-    n_features = state.h.shape[0]
-    shape_increment = feature_token_counts(data.x_csr_indptr, data.x_csr_indices, tokens_nk, n_features)
-    gamma_draws = gamma_variates(mu0 + shape_increment, rng)  # Gamma(mu0 + c_dk, 1), eq. (22)
     sweep_feature_weights(
         data.x_csc_indptr,
         data.x_csc_indices,
-        gamma_draws,
+        tokens_nk,
         state.h,
         state.theta,
         exposure if exposure is not None else state.theta,  # placeholder array, unused when e = 1
         exposure is not None,
+        mu0,
         nu0,
+        rng,
     )
     if recompute_theta:
         state.theta = theta_from_log_h(data.x_csr, state.h)
