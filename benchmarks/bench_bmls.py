@@ -192,7 +192,7 @@ def timed_fit(model, X, Y):
     return time.perf_counter() - wall, time.process_time() - cpu
 
 
-def scale_run(name: str, shared: Path, seed: int, bmls_params: dict):
+def scale_run(name: str, shared: Path, seed: int, bmls_params: dict, model_names=None):
     """Rows of the ``scale`` table for one data set (see the module docstring)."""
     import torch
 
@@ -209,6 +209,8 @@ def scale_run(name: str, shared: Path, seed: int, bmls_params: dict):
     }
     if name in LOGISTIC_SETS:
         models["logistic"] = LogisticRegression(standardize=name == "hmc_cellcycle_go", random_state=seed)
+    if model_names is not None:  # omikuji always: it is the reference of the ratios
+        models = {key: model for key, model in models.items() if key in model_names or key == "omikuji_parabel"}
     rows = []
     for model_name, model in models.items():
         fit_wall, fit_cpu = timed_fit(model, X, Y)
@@ -341,6 +343,8 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("part", choices=["speed", "auc", "all", "scale", "hstep", "hstep-child"])
     parser.add_argument("--datasets", default=",".join(SCALE_SETS), help="data sets of the scale part")
+    parser.add_argument("--models", help="scale: models to train beside omikuji (default: bmls and, where "
+                        "cheap, logistic), e.g. --models bmls")
     parser.add_argument("--data", type=Path, default=DEFAULT_DATA, help="folder with train.txt / test.txt")
     parser.add_argument("--settings", default="full,labels20,labels20-co,inst20,inst20-co")
     parser.add_argument("--seed", type=int, default=0)
@@ -377,7 +381,8 @@ def main(argv=None):
     if args.part == "scale":
         print(f"{'dataset':<20}{'model':<17}{'fit s':>9}{'CPU s':>9}{'wall x':>7}{'CPU x':>7}{'AUC':>8}{'P@1':>7}{'P@5':>7}{'load':>6}")
         for name in args.datasets.split(","):
-            rows = scale_run(name.strip(), args.data.parent, args.seed, overrides)
+            rows = scale_run(name.strip(), args.data.parent, args.seed, overrides,
+                             args.models.split(",") if args.models else None)
             print_scale_rows(rows)
             if args.out:
                 with open(args.out, "a") as handle:
