@@ -53,6 +53,7 @@ __all__ = [
     "SweepData",
     "SamplerState",
     "positive_rates",
+    "add_feature_token_counts",
     "sweep_feature_weights",
     "theta_from_log_h",
     "label_log_likelihood",
@@ -70,6 +71,7 @@ BETA0_PRIOR = 0.01  # beta0 ~ Gamma(0.01, 0.01) when sampled (authors' code)
 class SweepData:
     """Everything about the data the sweep needs, prepared once.
 
+    x_csr_indptr/x_csr_indices : pattern of X' (N, D') by rows (bias column included).
     x_csc_indptr/x_csc_indices : pattern of X' by columns (rows where feature d is on).
     x_csr : scipy CSR X' (float64) for theta = exp(X' log h).
     pos_rows, pos_cols : (E,) instance and label of each positive observed entry.
@@ -80,6 +82,8 @@ class SweepData:
 
     n_instances: int
     n_labels: int
+    x_csr_indptr: np.ndarray
+    x_csr_indices: np.ndarray
     x_csc_indptr: np.ndarray
     x_csc_indices: np.ndarray
     x_csr: sp.csr_matrix
@@ -107,6 +111,8 @@ class SweepData:
         data = cls(
             n_instances=x_csr.shape[0],
             n_labels=Y.shape[1],
+            x_csr_indptr=x_csr.indptr.astype(np.int64),
+            x_csr_indices=x_csr.indices.astype(np.int64),
             x_csc_indptr=x_csc.indptr.astype(np.int64),
             x_csc_indices=x_csc.indices.astype(np.int64),
             x_csr=x_csr,
@@ -142,6 +148,7 @@ class SamplerState:
     rates: np.ndarray = field(default=None)  # (E,)
     topic_tokens: np.ndarray = field(default=None)  # (K,) label tokens per topic in the last sweep
     phi_acceptance: float = 1.0  # share of topics whose phi proposal was accepted in the last sweep
+    shape_counts: np.ndarray = field(default=None)  # (D', K) int64 work buffer of c_dk; all 0 between sweeps
 
 
 @numba.njit(cache=True, nogil=True)
@@ -160,66 +167,57 @@ def positive_rates(rows, cols, phi, theta):
 
 
 @numba.njit(cache=True, nogil=True)
-def _row_topic_lists(tokens):
-    """The nonzero entries of the label tokens A (N, K) by rows: (indptr (N+1,), topics, counts)."""
+def add_feature_token_counts(x_indptr, x_indices, tokens, counts):
+    """counts[d, k] += c_dk = sum_n x_nd A_nk (the shape increment of eq. (22)), from the CSR pattern of X'.
+
+    ``tokens`` (N, K) int64 = A; ``counts`` (D', K) int64, updated in place. Cost O(N K) plus the label
+    tokens' (row, topic) pairs times the features per row; no (D', K) temporary (the buffer is reused).
+    """
     n_rows, n_topics = tokens.shape
-    indptr = np.zeros(n_rows + 1, dtype=np.int64)
     for n in range(n_rows):
-        nonzero = 0
         for k in range(n_topics):
-            if tokens[n, k] != 0:
-                nonzero += 1
-        indptr[n + 1] = indptr[n] + nonzero
-    topics = np.empty(indptr[n_rows], dtype=np.int64)
-    counts = np.empty(indptr[n_rows], dtype=np.int64)
-    for n in range(n_rows):
-        q = indptr[n]
-        for k in range(n_topics):
-            if tokens[n, k] != 0:
-                topics[q] = k
-                counts[q] = tokens[n, k]
-                q += 1
-    return indptr, topics, counts
+            token_count = tokens[n, k]
+            if token_count != 0:
+                for p in range(x_indptr[n], x_indptr[n + 1]):
+                    counts[x_indices[p], k] += token_count
 
 
 @numba.njit(cache=True, nogil=True)
-def sweep_feature_weights(csc_indptr, csc_indices, tokens, h, theta, exposure, use_exposure, mu0, nu0, rng):
-    """Sequential exact Gibbs update of every h_dk, keeping theta consistent (eqs. (21)-(23)), in one
-    pass per feature that also gathers the shape counts and draws the gamma variates.
+def sweep_feature_weights(csc_indptr, csc_indices, shape_counts, h, theta, exposure, use_exposure, mu0, nu0, rng):
+    """Sequential exact Gibbs update of every h_dk, keeping theta consistent (eqs. (21)-(23)), drawing
+    the gamma variates inside the pass over features.
 
     For d = 0 .. D'-1 in order (the K topics of one d are independent given the rest), over the rows
     n with x_nd = 1 (the CSC pattern of X'):
-        c_dk  = sum_n A_nk                                 (label tokens, eq. (22))
         S_dk  = sum_n e_nk theta_nk                        (e = 1 when all labels are observed)
         G_dk ~ Gamma(mu0 + c_dk, 1), drawn here for k = 0 .. K-1 (:func:`standard_gamma_draw`)
         h'_dk = G_dk / (nu0 + S_dk / h_dk)  ~ Gamma(mu0 + c_dk, rate nu0 + S_dk / h_dk)
         theta_nk *= h'_dk / h_dk.
-    ``tokens`` (N, K) int64 = A; ``h`` (D', K) and ``theta`` (N, K) are updated in place; ``exposure``
-    (N, K) is read only when ``use_exposure``; ``rng`` a NumPy ``Generator``. Cost O(nnz(X') K) plus
-    the label tokens times the features per row, and D' K gamma draws; no (D', K) temporaries.
+    ``shape_counts`` (D', K) int64 = c (:func:`add_feature_token_counts`), reset to 0 as it is read;
+    ``h`` (D', K) and ``theta`` (N, K) are updated in place; ``exposure`` (N, K) is read only when
+    ``use_exposure``; ``rng`` a NumPy ``Generator``. Cost O(nnz(X') K) and D' K gamma draws; no (D', K)
+    array of variates.
     """
     n_features, n_topics = h.shape
-    token_indptr, token_topics, token_counts = _row_topic_lists(tokens)
     rate_sum = np.empty(n_topics)
-    shape_count = np.empty(n_topics)
     for d in range(n_features):
         start = csc_indptr[d]
         stop = csc_indptr[d + 1]
         rate_sum[:] = 0.0
-        shape_count[:] = 0.0
-        for p in range(start, stop):
-            n = csc_indices[p]
-            if use_exposure:
+        if use_exposure:
+            for p in range(start, stop):
+                n = csc_indices[p]
                 for k in range(n_topics):
                     rate_sum[k] += theta[n, k] * exposure[n, k]
-            else:
+        else:
+            for p in range(start, stop):
+                n = csc_indices[p]
                 for k in range(n_topics):
                     rate_sum[k] += theta[n, k]
-            for q in range(token_indptr[n], token_indptr[n + 1]):
-                shape_count[token_topics[q]] += token_counts[q]
         for k in range(n_topics):
             # h' = G / (nu0 + S / h), as the ratio h' / h = G / (nu0 h + S) (one division)
-            ratio = standard_gamma_draw(rng, mu0 + shape_count[k]) / (nu0 * h[d, k] + rate_sum[k])
+            ratio = standard_gamma_draw(rng, mu0 + shape_counts[d, k]) / (nu0 * h[d, k] + rate_sum[k])
+            shape_counts[d, k] = 0
             h[d, k] *= ratio
             rate_sum[k] = ratio  # the buffer now holds the ratio h' / h
         for p in range(start, stop):
@@ -258,7 +256,8 @@ def init_state(data: SweepData, n_topics: int, n_features_bias: int, beta0: floa
     h = np.ones((n_features_bias, n_topics))
     theta = np.ones((data.n_instances, n_topics))
     state = SamplerState(
-        phi=phi, h=h, theta=theta, beta0=float(beta0), r=np.full(n_topics, 1.0 / n_topics), gamma0=1.0, c0=1.0
+        phi=phi, h=h, theta=theta, beta0=float(beta0), r=np.full(n_topics, 1.0 / n_topics), gamma0=1.0, c0=1.0,
+        shape_counts=np.zeros((n_features_bias, n_topics), dtype=np.int64),
     )
     state.rates = positive_rates(data.pos_rows, data.pos_cols, state.phi, state.theta)
     return state
@@ -395,10 +394,11 @@ def gibbs_sweep(
     tic = _lap(timings, "cooccurrence", tic)
 
     exposure = exposure_matrix(data, state.phi)
+    add_feature_token_counts(data.x_csr_indptr, data.x_csr_indices, tokens_nk, state.shape_counts)
     sweep_feature_weights(
         data.x_csc_indptr,
         data.x_csc_indices,
-        tokens_nk,
+        state.shape_counts,
         state.h,
         state.theta,
         exposure if exposure is not None else state.theta,  # placeholder array, unused when e = 1
