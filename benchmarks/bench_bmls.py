@@ -8,6 +8,7 @@ Usage (from the repository root; ../shared/datasets/bibtex is the BMLS split)::
     python benchmarks/bench_bmls.py all --out bmls-results.jsonl
     python benchmarks/bench_bmls.py scale                      # "BMLS at scale": default fit vs omikuji
     python benchmarks/bench_bmls.py scale --datasets amazoncat-13k-0.01,eurlex-4k-1.0
+    python benchmarks/bench_bmls.py hstep --baseline 5e11c96   # s/sweep of this tree vs a git commit
 
 Part ``scale`` (docs/benchmarks.md, "BMLS at scale"): on each data set the BMLS default
 (``schedule="auto"``), omikuji Parabel (``bayesmlc.baselines.OmikujiParabel``, 3 trees) and, where
@@ -16,6 +17,17 @@ wall and CPU seconds of ``fit``, BMLS's ratio to omikuji, global AUC (where ever
 and P@5 on the test rows, and BMLS's seconds per sweep split by step (topics, labels, features,
 co-occurrence, likelihood). Synthetic shapes: ``make_preset(name, scale * 1.25)`` split 80/20 with seed
 0, so the training part has the preset's row count (AmazonCat-13K at 1%: 11,862 rows; EURLex-4K: 15,539).
+
+Part ``hstep`` (docs/benchmarks.md, "Seconds per sweep against an earlier commit"): the sampler of
+this working tree against the one of ``--baseline`` (a git commit, unpacked with ``git archive`` into a
+temporary folder), each in its own child process with one thread (``NUMBA_NUM_THREADS``,
+``OMP_NUM_THREADS`` and torch set to 1), on the same training matrices (written once by this process),
+``schedule="fixed"`` for ``--sweeps`` sweeps at the defaults (K = 100, mu0 = nu0 = 10), seed 0. The two
+trees alternate for ``--rounds`` rounds after one untimed warm-up fit each (numba compilation). Each
+sweep is timed in wall and CPU seconds (``time.process_time()``) by wrapping ``gibbs_sweep``; the
+table gives medians over the sweeps after the first two, the feature-weight (h) step's CPU seconds per
+sweep (mean), the new/old ratios, the mean training log-likelihood of the second half of the chain (the two
+chains use different random streams, so they agree only in distribution) and the 1-minute load average.
 
 Settings (paper Sec. 6.1-6.2, Tables 2-4; test set always the full test split):
 
@@ -180,7 +192,7 @@ def timed_fit(model, X, Y):
     return time.perf_counter() - wall, time.process_time() - cpu
 
 
-def scale_run(name: str, shared: Path, seed: int, bmls_params: dict):
+def scale_run(name: str, shared: Path, seed: int, bmls_params: dict, model_names=None):
     """Rows of the ``scale`` table for one data set (see the module docstring)."""
     import torch
 
@@ -197,6 +209,8 @@ def scale_run(name: str, shared: Path, seed: int, bmls_params: dict):
     }
     if name in LOGISTIC_SETS:
         models["logistic"] = LogisticRegression(standardize=name == "hmc_cellcycle_go", random_state=seed)
+    if model_names is not None:  # omikuji always: it is the reference of the ratios
+        models = {key: model for key, model in models.items() if key in model_names or key == "omikuji_parabel"}
     rows = []
     for model_name, model in models.items():
         fit_wall, fit_cpu = timed_fit(model, X, Y)
@@ -230,14 +244,115 @@ def print_scale_rows(rows):
               f"{row['p@5'] * 100:>7.2f}{row['load']:>6}{extra}", flush=True)
 
 
+HSTEP_SETS = ["bibtex", "eurlex-4k-1.0", "amazoncat-13k-0.01"]
+
+
+def hstep_child(data_file: Path, n_sweeps: int, seed: int) -> dict:
+    """One timed fit in this process (whatever ``bayesmlc`` is on the path): per-sweep wall and CPU s."""
+    import scipy.sparse as sp
+    import torch
+
+    import types
+
+    from bayesmlc.bmls import gibbs as bmls_gibbs
+    from bayesmlc.bmls import model as bmls_model
+
+    torch.set_num_threads(1)
+    arrays = np.load(data_file)
+    X = sp.csr_matrix((arrays["x_data"], arrays["x_indices"], arrays["x_indptr"]), shape=tuple(arrays["x_shape"]))
+    Y = sp.csr_matrix((arrays["y_data"], arrays["y_indices"], arrays["y_indptr"]), shape=tuple(arrays["y_shape"]))
+    wall, cpu = [], []
+    sweep = bmls_model.gibbs_sweep
+
+    def timed_sweep(*args, **kwargs):
+        start_wall, start_cpu = time.perf_counter(), time.process_time()
+        result = sweep(*args, **kwargs)
+        wall.append(time.perf_counter() - start_wall)
+        cpu.append(time.process_time() - start_cpu)
+        return result
+
+    bmls_model.gibbs_sweep = timed_sweep
+    # the per-step timings of gibbs_sweep read time.perf_counter: make them CPU seconds
+    bmls_gibbs.time = types.SimpleNamespace(perf_counter=time.process_time)
+    model = BMLS(schedule="fixed", n_burnin=n_sweeps - 1, n_samples=1, thin=1, random_state=seed).fit(X, Y)
+    objective = np.asarray(model.history_["objective"])
+    return {"s_per_sweep": float(np.median(wall[2:])), "cpu_s_per_sweep": float(np.median(cpu[2:])),
+            "features_cpu_s_per_sweep": model.sweep_step_seconds_["features"] / model.n_sweeps_,
+            "log_lik": float(objective[len(objective) // 2:].mean()), "n_sweeps": int(model.n_sweeps_),
+            "load": load_average()}
+
+
+def hstep_run(names: list[str], shared: Path, baseline: str, n_sweeps: int, n_rounds: int, seed: int):
+    """Rows of the ``hstep`` table (see the module docstring): old and new tree per data set."""
+    import subprocess
+    import tempfile
+
+    import scipy.sparse as sp
+
+    repo = Path(__file__).resolve().parents[1]
+    script = Path(__file__).resolve()
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "NUMBA_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    print(f"{'dataset':<20}{'tree':<10}{'s/sweep':>9}{'CPU s':>9}{'h CPU s':>10}{'log-lik':>14}{'load':>6}")
+    rows = []
+    with tempfile.TemporaryDirectory() as scratch:
+        scratch = Path(scratch)
+        old_tree = scratch / "baseline"
+        old_tree.mkdir()
+        archive = subprocess.run(["git", "-C", str(repo), "archive", baseline, "bayesmlc"], check=True,
+                                 capture_output=True).stdout
+        subprocess.run(["tar", "-x", "-C", str(old_tree)], input=archive, check=True)
+        trees = {"baseline": old_tree, "new": repo}
+
+        def child(tree: Path, data_file: Path, sweeps: int) -> dict:
+            out = subprocess.run([sys.executable, str(script), "hstep-child", "--data-file", str(data_file),
+                                  "--sweeps", str(sweeps), "--seed", str(seed)], check=True, capture_output=True,
+                                 text=True, env={**env, "PYTHONPATH": str(tree)}, cwd=scratch).stdout
+            return json.loads(out.strip().splitlines()[-1])
+
+        for name in names:
+            X, Y, _, _ = scale_data(name, shared)
+            X, Y = sp.csr_matrix(X), sp.csr_matrix(Y)
+            data_file = scratch / f"{name}.npz"
+            np.savez(data_file, x_data=X.data, x_indices=X.indices, x_indptr=X.indptr, x_shape=X.shape,
+                     y_data=Y.data, y_indices=Y.indices, y_indptr=Y.indptr, y_shape=Y.shape)
+            for tree in trees.values():  # warm-up: numba compiles into each tree's cache
+                child(tree, data_file, 3)
+            measured = {label: [] for label in trees}
+            for _ in range(n_rounds):
+                for label, tree in trees.items():
+                    measured[label].append(child(tree, data_file, n_sweeps))
+            for label, results in measured.items():
+                row = {"part": "hstep", "dataset": name, "tree": label,
+                       "commit": baseline if label == "baseline" else "working tree",
+                       "n_train": int(X.shape[0]), "n_features": int(X.shape[1]), "n_labels": int(Y.shape[1]),
+                       "nnz_x": int(X.nnz), "rounds": results}
+                for key in ("s_per_sweep", "cpu_s_per_sweep", "features_cpu_s_per_sweep", "log_lik"):
+                    row[key] = float(np.median([result[key] for result in results]))
+                row["load"] = max(result["load"] for result in results)
+                rows.append(row)
+                print(f"{name:<20}{label:<10}{row['s_per_sweep']:>9.4f}{row['cpu_s_per_sweep']:>9.4f}"
+                      f"{row['features_cpu_s_per_sweep']:>10.4f}{row['log_lik']:>14.1f}{row['load']:>6}", flush=True)
+            old, new = rows[-2], rows[-1]
+            print(f"{name:<20}{'new/old':<10}{new['s_per_sweep'] / old['s_per_sweep']:>9.2f}"
+                  f"{new['cpu_s_per_sweep'] / old['cpu_s_per_sweep']:>9.2f}"
+                  f"{new['features_cpu_s_per_sweep'] / old['features_cpu_s_per_sweep']:>10.2f}", flush=True)
+    return rows
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("part", choices=["speed", "auc", "all", "scale"])
+    parser.add_argument("part", choices=["speed", "auc", "all", "scale", "hstep", "hstep-child"])
     parser.add_argument("--datasets", default=",".join(SCALE_SETS), help="data sets of the scale part")
+    parser.add_argument("--models", help="scale: models to train beside omikuji (default: bmls and, where "
+                        "cheap, logistic), e.g. --models bmls")
     parser.add_argument("--data", type=Path, default=DEFAULT_DATA, help="folder with train.txt / test.txt")
     parser.add_argument("--settings", default="full,labels20,labels20-co,inst20,inst20-co")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--speed-sweeps", type=int, default=40)
+    parser.add_argument("--baseline", default="HEAD", help="hstep: git commit whose sampler is the baseline")
+    parser.add_argument("--sweeps", type=int, default=20, help="hstep: sweeps per timed fit")
+    parser.add_argument("--rounds", type=int, default=2, help="hstep: timed fits per tree and data set")
+    parser.add_argument("--data-file", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="override a BMLS parameter for the AUC runs (JSON value), e.g. --set n_samples=100")
     parser.add_argument("--co-form", choices=sorted(CO_FORMS), default="paper",
@@ -252,10 +367,22 @@ def main(argv=None):
         key, _, value = item.partition("=")
         overrides[key] = json.loads(value)
     params.update(overrides)
+    if args.part == "hstep-child":
+        print(json.dumps(hstep_child(args.data_file, args.sweeps, args.seed)))
+        return 0
+    if args.part == "hstep":
+        names = HSTEP_SETS if args.datasets == ",".join(SCALE_SETS) else args.datasets.split(",")
+        rows = hstep_run([name.strip() for name in names], args.data.parent, args.baseline, args.sweeps, args.rounds,
+                         args.seed)
+        if args.out:
+            with open(args.out, "a") as handle:
+                handle.writelines(json.dumps(row) + "\n" for row in rows)
+        return 0
     if args.part == "scale":
         print(f"{'dataset':<20}{'model':<17}{'fit s':>9}{'CPU s':>9}{'wall x':>7}{'CPU x':>7}{'AUC':>8}{'P@1':>7}{'P@5':>7}{'load':>6}")
         for name in args.datasets.split(","):
-            rows = scale_run(name.strip(), args.data.parent, args.seed, overrides)
+            rows = scale_run(name.strip(), args.data.parent, args.seed, overrides,
+                             args.models.split(",") if args.models else None)
             print_scale_rows(rows)
             if args.out:
                 with open(args.out, "a") as handle:

@@ -304,6 +304,67 @@ def test_non_binary_features_are_binarised_at_zero_by_default():
         explicit.predict_proba(X)
 
 
+def _count_features_problem():
+    """A synthetic bag of words with counts (values 1, 2, 3, ...), split 160 / 40."""
+    from bayesmlc.data.synthetic import make_multilabel
+
+    data = make_multilabel(200, 60, 6, feature_kind="count", random_state=3)
+    assert data.X.max() > 1  # counts, not 0/1
+    return data
+
+
+def test_count_features_equal_their_pattern_with_one_warning():
+    """Counts (the default input of a bag-of-words file) fit as their pattern x > 0: same draws, same
+    predictions as fitting on (X > 0) explicitly, which gives no warning; the warning comes once per fit."""
+    import warnings
+
+    data = _count_features_problem()
+    X, Y = sp.csr_matrix(data.X), data.Y
+    pattern = X.copy()
+    pattern.data = (pattern.data > 0).astype(np.float64)
+    params = dict(n_topics=3, max_sweeps=60, random_state=4)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        counts = BMLS(**params).fit(X, Y)
+    assert [str(w.message).count("x > 0") for w in caught] == [1]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        binary = BMLS(**params).fit(pattern, Y)
+    assert caught == []
+    np.testing.assert_array_equal(counts.log_h_, binary.log_h_)
+    np.testing.assert_array_equal(counts.predict_proba(X), binary.predict_proba(pattern))
+    np.testing.assert_array_equal(counts.predict_proba(X), counts.predict_proba(pattern))
+
+
+def test_cli_trains_bmls_on_a_count_feature_file(tmp_path, capsys):
+    """``bayesmlc train --model bmls`` on a file of counts: exit 0, one binarisation warning, test metrics,
+    and the saved model equals BMLS fitted in Python on the 0/1 pattern with the CLI's seed."""
+    import warnings
+
+    from bayesmlc.cli import main
+    from bayesmlc.data.io import read_dataset, write_dataset
+    from bayesmlc.persistence import load_model
+
+    data = _count_features_problem()
+    write_dataset(data.subset(np.arange(160)), tmp_path / "train.txt")
+    write_dataset(data.subset(np.arange(160, 200)), tmp_path / "test.txt")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        code = main(["train", "--model", "bmls", "--train", str(tmp_path / "train.txt"), "--test",
+                     str(tmp_path / "test.txt"), "--set", "n_topics=3", "--set", "max_sweeps=60", "--seed", "2",
+                     "--out", str(tmp_path / "run"), "--json", "--quiet"])
+    assert code == 0
+    assert sum("x > 0" in str(w.message) for w in caught) == 1
+    record = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert 0.0 <= record["metrics"]["AUC_micro"] <= 1.0 and record["params"]["binarize_threshold"] == "auto"
+    train = read_dataset(tmp_path / "train.txt")
+    pattern = sp.csr_matrix(train.X, dtype=np.float64, copy=True)
+    pattern.data = (pattern.data > 0).astype(np.float64)
+    expected = BMLS(n_topics=3, max_sweeps=60, random_state=2).fit(pattern, train.Y)
+    saved = load_model(tmp_path / "run" / "model.npz")
+    np.testing.assert_allclose(saved.predict_proba(pattern), expected.predict_proba(pattern), rtol=1e-6)
+
+
 @pytest.mark.parametrize(
     "params,match",
     [

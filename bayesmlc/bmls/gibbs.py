@@ -45,7 +45,7 @@ from .samplers import (
     allocate_pair_tokens,
     crt,
     dirichlet_columns,
-    gamma_variates,
+    standard_gamma_draw,
     zero_truncated_poisson,
 )
 
@@ -53,7 +53,7 @@ __all__ = [
     "SweepData",
     "SamplerState",
     "positive_rates",
-    "feature_token_counts",
+    "add_feature_token_counts",
     "sweep_feature_weights",
     "theta_from_log_h",
     "label_log_likelihood",
@@ -148,6 +148,7 @@ class SamplerState:
     rates: np.ndarray = field(default=None)  # (E,)
     topic_tokens: np.ndarray = field(default=None)  # (K,) label tokens per topic in the last sweep
     phi_acceptance: float = 1.0  # share of topics whose phi proposal was accepted in the last sweep
+    shape_counts: np.ndarray = field(default=None)  # (D', K) int64 work buffer of c_dk; all 0 between sweeps
 
 
 @numba.njit(cache=True, nogil=True)
@@ -166,66 +167,63 @@ def positive_rates(rows, cols, phi, theta):
 
 
 @numba.njit(cache=True, nogil=True)
-def feature_token_counts(x_indptr, x_indices, tokens, n_features):
-    """c_dk = sum_n x_nd A_nk (the shape increment of eq. (22)), from the CSR pattern of X'.
+def add_feature_token_counts(x_indptr, x_indices, tokens, counts):
+    """counts[d, k] += c_dk = sum_n x_nd A_nk (the shape increment of eq. (22)), from the CSR pattern of X'.
 
-    ``tokens`` (N, K) int64 = A. Cost O(sum_n nnz(A_n) nnz(X_n)), i.e. proportional to the number of
-    label tokens times the features per row, not to nnz(X) K.
+    ``tokens`` (N, K) int64 = A; ``counts`` (D', K) int64, updated in place. Cost O(N K) plus the label
+    tokens' (row, topic) pairs times the features per row; no (D', K) temporary (the buffer is reused).
     """
     n_rows, n_topics = tokens.shape
-    out = np.zeros((n_features, n_topics), dtype=np.int64)
-    active = np.empty(n_topics, dtype=np.int64)
     for n in range(n_rows):
-        n_active = 0
         for k in range(n_topics):
-            if tokens[n, k] != 0:
-                active[n_active] = k
-                n_active += 1
-        if n_active == 0:
-            continue
-        for p in range(x_indptr[n], x_indptr[n + 1]):
-            d = x_indices[p]
-            for a in range(n_active):
-                k = active[a]
-                out[d, k] += tokens[n, k]
-    return out
+            token_count = tokens[n, k]
+            if token_count != 0:
+                for p in range(x_indptr[n], x_indptr[n + 1]):
+                    counts[x_indices[p], k] += token_count
 
 
 @numba.njit(cache=True, nogil=True)
-def sweep_feature_weights(csc_indptr, csc_indices, gamma_draws, h, theta, exposure, use_exposure, nu0):
-    """Sequential exact Gibbs update of every h_dk, keeping theta consistent (eqs. (21)-(23)).
+def sweep_feature_weights(csc_indptr, csc_indices, shape_counts, h, theta, exposure, use_exposure, mu0, nu0, rng):
+    """Sequential exact Gibbs update of every h_dk, keeping theta consistent (eqs. (21)-(23)), drawing
+    the gamma variates inside the pass over features.
 
-    For d = 0 .. D'-1 in order (the K topics of one d are independent given the rest):
-        S_dk  = sum_{n: x_nd = 1} e_nk theta_nk           (e = 1 when all labels are observed)
+    For d = 0 .. D'-1 in order (the K topics of one d are independent given the rest), over the rows
+    n with x_nd = 1 (the CSC pattern of X'):
+        S_dk  = sum_n e_nk theta_nk                        (e = 1 when all labels are observed)
+        G_dk ~ Gamma(mu0 + c_dk, 1), drawn here for k = 0 .. K-1 (:func:`standard_gamma_draw`)
         h'_dk = G_dk / (nu0 + S_dk / h_dk)  ~ Gamma(mu0 + c_dk, rate nu0 + S_dk / h_dk)
-        theta_nk *= h'_dk / h_dk  for n with x_nd = 1.
-    ``gamma_draws`` (D', K) are Gamma(mu0 + c_dk, 1) variates. ``h`` (D', K) and ``theta`` (N, K) are
-    updated in place.
+        theta_nk *= h'_dk / h_dk.
+    ``shape_counts`` (D', K) int64 = c (:func:`add_feature_token_counts`), reset to 0 as it is read;
+    ``h`` (D', K) and ``theta`` (N, K) are updated in place; ``exposure`` (N, K) is read only when
+    ``use_exposure``; ``rng`` a NumPy ``Generator``. Cost O(nnz(X') K) and D' K gamma draws; no (D', K)
+    array of variates.
     """
     n_features, n_topics = h.shape
-    factor = np.empty(n_topics)
+    rate_sum = np.empty(n_topics)
     for d in range(n_features):
         start = csc_indptr[d]
         stop = csc_indptr[d + 1]
-        factor[:] = 0.0
+        rate_sum[:] = 0.0
         if use_exposure:
             for p in range(start, stop):
                 n = csc_indices[p]
                 for k in range(n_topics):
-                    factor[k] += theta[n, k] * exposure[n, k]
+                    rate_sum[k] += theta[n, k] * exposure[n, k]
         else:
             for p in range(start, stop):
                 n = csc_indices[p]
                 for k in range(n_topics):
-                    factor[k] += theta[n, k]
+                    rate_sum[k] += theta[n, k]
         for k in range(n_topics):
-            new_h = gamma_draws[d, k] / (nu0 + factor[k] / h[d, k])
-            factor[k] = new_h / h[d, k]  # the buffer now holds the ratio h' / h
-            h[d, k] = new_h
+            # h' = G / (nu0 + S / h), as the ratio h' / h = G / (nu0 h + S) (one division)
+            ratio = standard_gamma_draw(rng, mu0 + shape_counts[d, k]) / (nu0 * h[d, k] + rate_sum[k])
+            shape_counts[d, k] = 0
+            h[d, k] *= ratio
+            rate_sum[k] = ratio  # the buffer now holds the ratio h' / h
         for p in range(start, stop):
             n = csc_indices[p]
             for k in range(n_topics):
-                theta[n, k] *= factor[k]
+                theta[n, k] *= rate_sum[k]
 
 
 def theta_from_log_h(x_csr: sp.csr_matrix, h: np.ndarray) -> np.ndarray:
@@ -258,7 +256,8 @@ def init_state(data: SweepData, n_topics: int, n_features_bias: int, beta0: floa
     h = np.ones((n_features_bias, n_topics))
     theta = np.ones((data.n_instances, n_topics))
     state = SamplerState(
-        phi=phi, h=h, theta=theta, beta0=float(beta0), r=np.full(n_topics, 1.0 / n_topics), gamma0=1.0, c0=1.0
+        phi=phi, h=h, theta=theta, beta0=float(beta0), r=np.full(n_topics, 1.0 / n_topics), gamma0=1.0, c0=1.0,
+        shape_counts=np.zeros((n_features_bias, n_topics), dtype=np.int64),
     )
     state.rates = positive_rates(data.pos_rows, data.pos_cols, state.phi, state.theta)
     return state
@@ -395,18 +394,18 @@ def gibbs_sweep(
     tic = _lap(timings, "cooccurrence", tic)
 
     exposure = exposure_matrix(data, state.phi)
-    n_features = state.h.shape[0]
-    shape_increment = feature_token_counts(data.x_csr_indptr, data.x_csr_indices, tokens_nk, n_features)
-    gamma_draws = gamma_variates(mu0 + shape_increment, rng)  # Gamma(mu0 + c_dk, 1), eq. (22)
+    add_feature_token_counts(data.x_csr_indptr, data.x_csr_indices, tokens_nk, state.shape_counts)
     sweep_feature_weights(
         data.x_csc_indptr,
         data.x_csc_indices,
-        gamma_draws,
+        state.shape_counts,
         state.h,
         state.theta,
         exposure if exposure is not None else state.theta,  # placeholder array, unused when e = 1
         exposure is not None,
+        mu0,
         nu0,
+        rng,
     )
     if recompute_theta:
         state.theta = theta_from_log_h(data.x_csr, state.h)
