@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import contextlib
 import json
 import os
 import resource
@@ -160,16 +161,19 @@ def _too_many_threads() -> str:
     return f"more than {max_threads()} threads ({MAX_THREADS_PER_CORE} per core) is refused"
 
 
-def set_threads(args) -> None:
-    """Use ``--threads`` threads, or fewer than one per core when other processes keep the cores busy
-    (:func:`bayesmlc.threads.choose_threads`); says so on stderr when it backs off."""
+def command_threads(args):
+    """A context in which a command computes with ``--threads`` threads, or with fewer than one per
+    core when other processes keep the cores busy (:func:`bayesmlc.threads.choose_threads`; said on
+    stderr); commands without ``--threads`` get a context that changes nothing."""
+    if not getattr(args, "choose_threads", False):
+        return contextlib.nullcontext()
     from .threads import choose_threads, use_threads
 
     choice = choose_threads(args.threads)
-    use_threads(choice.threads)
     if choice.reason == "busy":
         _progress(f"using {choice.threads} thread(s): the load average is {choice.load:.1f} on {choice.cores} "
                   "cores (--threads N to choose)", args.quiet)
+    return use_threads(choice.threads)
 
 
 class RunDirectory:
@@ -835,9 +839,8 @@ def main(argv=None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        if getattr(args, "choose_threads", False):
-            set_threads(args)
-        code = args.func(args)
+        with command_threads(args):
+            code = args.func(args)
         sys.stdout.flush()  # a full disk or a closed pipe shows here, not at exit
         return code
     except BrokenPipeError:

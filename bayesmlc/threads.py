@@ -4,7 +4,7 @@ torch (and the BLAS under NumPy/SciPy) start one thread per core. On a machine w
 already taken by other work, those threads compete with it and with each other: a fit then runs
 several times slower than with one thread (docs/experiments.md, "Threads under a competing load").
 :func:`choose_threads` picks a count from the load average, and :func:`use_threads` applies it to
-torch and to the BLAS/OpenMP pools of the process. The command line does both before every command
+torch and to the BLAS/OpenMP pools of the process inside a ``with`` block. The command line does both before every command
 that computes (``--threads N`` overrides); from Python, pass the count as a model's ``n_threads``::
 
     from bayesmlc import MLGPF
@@ -15,6 +15,7 @@ that computes (``--threads N`` overrides); from Python, pass the count as a mode
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 from dataclasses import dataclass
@@ -93,11 +94,17 @@ def choose_threads(requested: int | None = None) -> ThreadChoice:
     return decide_threads(requested, _load_average(), usable_cores(), torch.get_num_threads())
 
 
-def use_threads(threads: int) -> None:
-    """Make torch's intra-op pool and the BLAS/OpenMP pools of NumPy and SciPy use ``threads``
-    threads for the rest of the process."""
+@contextlib.contextmanager
+def use_threads(threads: int):
+    """Inside the ``with`` block, torch's intra-op pool and the BLAS/OpenMP pools of NumPy and SciPy
+    use ``threads`` threads; the earlier counts come back after it."""
     import torch
     from threadpoolctl import threadpool_limits
 
+    previous = torch.get_num_threads()
     torch.set_num_threads(int(threads))
-    threadpool_limits(limits=int(threads))
+    try:
+        with threadpool_limits(limits=int(threads)):
+            yield
+    finally:
+        torch.set_num_threads(previous)

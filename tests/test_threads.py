@@ -63,14 +63,13 @@ def test_choose_threads_reads_the_load_the_cores_and_the_environment(monkeypatch
     assert threads.choose_threads() == threads.ThreadChoice(4, "unknown load", None, 4)
 
 
-def test_use_threads_sets_torch_and_the_blas_pools():
-    from threadpoolctl import threadpool_info, threadpool_limits
+def test_use_threads_sets_torch_and_the_blas_pools_inside_its_block():
+    from threadpoolctl import threadpool_info
 
-    before = torch.get_num_threads()
-    with threadpool_limits():  # restores the BLAS pools afterwards
-        try:
-            threads.use_threads(1)
-            assert torch.get_num_threads() == 1
-            assert all(pool["num_threads"] == 1 for pool in threadpool_info())
-        finally:
-            torch.set_num_threads(before)
+    torch_before = torch.get_num_threads()
+    blas_before = [pool["num_threads"] for pool in threadpool_info()]
+    with threads.use_threads(1):
+        assert torch.get_num_threads() == 1
+        assert all(pool["num_threads"] == 1 for pool in threadpool_info())
+    assert torch.get_num_threads() == torch_before
+    assert [pool["num_threads"] for pool in threadpool_info()] == blas_before
