@@ -171,8 +171,8 @@ def command_threads(args):
 
     choice = choose_threads(args.threads)
     if choice.reason == "busy":
-        _progress(f"using {choice.threads} thread(s): the load average is {choice.load:.1f} on {choice.cores} "
-                  "cores (--threads N to choose)", args.quiet)
+        _progress(f"using {choice.threads} thread(s): other processes keep {choice.load:.1f} of {choice.cores} "
+                  "cores busy (--threads N to choose)", args.quiet)
     return use_threads(choice.threads)
 
 

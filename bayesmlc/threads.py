@@ -3,7 +3,7 @@
 torch (and the BLAS under NumPy/SciPy) start one thread per core. On a machine whose cores are
 already taken by other work, those threads compete with it and with each other: a fit then runs
 several times slower than with one thread (docs/experiments.md, "Threads under a competing load").
-:func:`choose_threads` picks a count from the load average, and :func:`use_threads` applies it to
+:func:`choose_threads` picks a count from the load (:func:`current_load`), and :func:`use_threads` applies it to
 torch and to the BLAS/OpenMP pools of the process inside a ``with`` block. The command line does both before every command
 that computes (``--threads N`` overrides); from Python, pass the count as a model's ``n_threads``::
 
@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 from .exceptions import ValidationError
 
-__all__ = ["ThreadChoice", "choose_threads", "decide_threads", "usable_cores", "use_threads"]
+__all__ = ["ThreadChoice", "choose_threads", "current_load", "decide_threads", "usable_cores", "use_threads"]
 
 #: environment variables through which a user (or ``bayesmlc bench``) fixes the thread count already
 THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
@@ -32,7 +32,7 @@ THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"
 class ThreadChoice:
     """The count :func:`decide_threads` chose and why: ``reason`` is ``"requested"`` (an explicit
     count), ``"idle"`` (every usable thread), ``"busy"`` (fewer, because of the load) or
-    ``"unknown load"`` (no load average on this system: every usable thread)."""
+    ``"unknown load"`` (the system reports no load: every usable thread)."""
 
     threads: int
     reason: str
@@ -41,8 +41,8 @@ class ThreadChoice:
 
 
 def decide_threads(requested, load: float | None, cores: int, max_threads: int) -> ThreadChoice:
-    """The thread count for a process that starts on ``cores`` usable cores whose one-minute load
-    average is ``load`` (``None``: unknown).
+    """The thread count for a process that starts on ``cores`` usable cores of which other processes
+    keep ``load`` busy (:func:`current_load`; ``None``: unknown).
 
     An explicit ``requested`` count wins. Otherwise the cores other processes leave idle,
     ``cores - load``, rounded to the nearest whole core, and at least 1, at most ``max_threads``
@@ -68,11 +68,22 @@ def usable_cores() -> int:
         return max(1, os.cpu_count() or 1)
 
 
-def _load_average() -> float | None:
+def current_load(proc_loadavg="/proc/loadavg") -> float | None:
+    """How many cores other processes keep busy: the larger of the one-minute load average and, where
+    Linux reports it (the fourth field of ``/proc/loadavg``, ``running/total``), the tasks runnable
+    right now other than this one, so that a load that began seconds ago counts too. ``None`` when
+    the system reports neither."""
     try:
-        return float(os.getloadavg()[0])
-    except (AttributeError, OSError):  # Windows, or /proc/loadavg unreadable
-        return None
+        average = float(os.getloadavg()[0])
+    except (AttributeError, OSError):  # Windows
+        average = None
+    try:
+        with open(proc_loadavg) as handle:
+            running = float(handle.read().split()[3].split("/")[0]) - 1.0
+    except (OSError, IndexError, ValueError):  # not Linux
+        running = None
+    known = [value for value in (average, running) if value is not None]
+    return max(known) if known else None
 
 
 def _requested_by_environment() -> int | None:
@@ -86,12 +97,12 @@ def _requested_by_environment() -> int | None:
 
 def choose_threads(requested: int | None = None) -> ThreadChoice:
     """:func:`decide_threads` for this process now: ``requested``, else a count set in
-    ``OMP_NUM_THREADS`` (an explicit choice too), else one from the load average and the cores."""
+    ``OMP_NUM_THREADS`` (an explicit choice too), else one from :func:`current_load` and the cores."""
     import torch
 
     if requested is None:
         requested = _requested_by_environment()
-    return decide_threads(requested, _load_average(), usable_cores(), torch.get_num_threads())
+    return decide_threads(requested, current_load(), usable_cores(), torch.get_num_threads())
 
 
 @contextlib.contextmanager

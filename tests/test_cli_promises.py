@@ -180,12 +180,13 @@ def test_threads_reach_torch_and_a_busy_machine_backs_off(fitted_run, capsys, mo
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3}, raising=False)
     monkeypatch.setattr(os, "getloadavg", lambda: (0.0, 0.0, 0.0))
+    monkeypatch.setattr(threads, "current_load", lambda: os.getloadavg()[0])
     evaluate = ["evaluate", "--model-dir", str(out), "--test", str(test_path), "--json"]
     assert main(evaluate + ["--threads", "3"]) == 0
     assert "using" not in capsys.readouterr().err
     monkeypatch.setattr(os, "getloadavg", lambda: (64.0, 64.0, 64.0))
     assert main(evaluate) == 0
-    assert "using 1 thread(s): the load average is 64.0 on 4 cores" in capsys.readouterr().err
+    assert "using 1 thread(s): other processes keep 64.0 of 4 cores busy" in capsys.readouterr().err
     assert main(evaluate + ["--quiet"]) == 0
     assert capsys.readouterr().err == ""
     assert main(evaluate + ["--threads", "2"]) == 0  # an explicit count is kept under any load

@@ -41,9 +41,28 @@ def test_a_requested_count_must_be_a_positive_integer(bad):
         decide_threads(bad, 0.0, 2, 2)
 
 
+def test_current_load_is_the_larger_of_the_average_and_the_tasks_running_now(tmp_path, monkeypatch):
+    proc = tmp_path / "loadavg"
+    proc.write_text("0.50 0.60 0.70 4/512 12345\n")  # 4 runnable now, this process one of them
+    monkeypatch.setattr(os, "getloadavg", lambda: (0.5, 0.6, 0.7))
+    assert threads.current_load(proc) == 3.0  # a load that began seconds ago: the average lags
+    proc.write_text("2.50 0.60 0.70 1/512 12345\n")
+    monkeypatch.setattr(os, "getloadavg", lambda: (2.5, 0.6, 0.7))
+    assert threads.current_load(proc) == 2.5  # a load that just ended still counts for a minute
+    assert threads.current_load(tmp_path / "missing") == 2.5  # not Linux: the average alone
+
+    def no_load():
+        raise OSError("no load average")
+
+    monkeypatch.setattr(os, "getloadavg", no_load)
+    assert threads.current_load(tmp_path / "missing") is None
+    assert threads.current_load(proc) == 0.0
+
+
 def test_choose_threads_reads_the_load_the_cores_and_the_environment(monkeypatch):
     for name in threads.THREAD_VARIABLES:
         monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(threads, "current_load", lambda: os.getloadavg()[0])
     monkeypatch.setattr(os, "getloadavg", lambda: (3.0, 0.5, 0.5))  # the 1-minute figure counts
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(4)), raising=False)
     monkeypatch.setattr(torch, "get_num_threads", lambda: 4)
@@ -55,11 +74,7 @@ def test_choose_threads_reads_the_load_the_cores_and_the_environment(monkeypatch
     assert threads.choose_threads() == threads.ThreadChoice(4, "requested", 1.2, 4)
     monkeypatch.setenv("OMP_NUM_THREADS", "")  # empty: not a choice
     assert threads.choose_threads().reason == "busy"
-
-    def no_load():
-        raise OSError("no load average")
-
-    monkeypatch.setattr(os, "getloadavg", no_load)
+    monkeypatch.setattr(threads, "current_load", lambda: None)
     assert threads.choose_threads() == threads.ThreadChoice(4, "unknown load", None, 4)
 
 
