@@ -612,6 +612,11 @@ def cmd_plot_history(args) -> int:
         raise CLIError(f"{history_path}: corrupt {HISTORY_FILE} (not a JSON object)")
     try:
         plot_history(history, output)
+    except ModuleNotFoundError as exc:
+        if (exc.name or "").split(".")[0] != "matplotlib":
+            raise
+        raise CLIError("plot-history needs matplotlib, a dependency of bayesmlc missing from this environment: "
+                       "python -m pip install matplotlib") from None
     except (KeyError, TypeError, IndexError) as exc:
         raise CLIError(f"{history_path}: corrupt {HISTORY_FILE} ({type(exc).__name__}: {exc})") from None
     print(output)

@@ -192,3 +192,20 @@ def test_threads_reach_torch_and_a_busy_machine_backs_off(fitted_run, capsys, mo
     assert main(evaluate + ["--threads", "2"]) == 0  # an explicit count is kept under any load
     assert seen == [3, 1, 1, 2]
     assert torch.get_num_threads() == before  # the command's count ends with it
+
+
+def test_plot_history_without_matplotlib_is_one_line(tmp_path, capsys, monkeypatch):
+    import builtins
+
+    (tmp_path / "history.json").write_text(json.dumps({"epoch": [1, 2], "elbo": [-2.0, -1.0], "wall_time": [1.0, 2.0]}))
+    real_import = builtins.__import__
+
+    def no_matplotlib(name, *args, **kwargs):
+        if name.split(".")[0] == "matplotlib":
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_matplotlib)
+    assert main(["plot-history", "--model-dir", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "needs matplotlib" in err and "pip install matplotlib" in err
