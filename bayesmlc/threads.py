@@ -5,12 +5,13 @@ already taken by other work, those threads compete with it and with each other: 
 several times slower than with one thread (docs/experiments.md, "Threads under a competing load").
 :func:`choose_threads` picks a count from the load (:func:`current_load`), and :func:`use_threads` applies it to
 torch and to the BLAS/OpenMP pools of the process inside a ``with`` block. The command line does both before every command
-that computes (``--threads N`` overrides); from Python, pass the count as a model's ``n_threads``::
+that computes (``--threads N`` overrides). From Python::
 
     from bayesmlc import MLGPF
-    from bayesmlc.threads import choose_threads
+    from bayesmlc.threads import use_threads
 
-    model = MLGPF(n_threads=choose_threads())
+    with use_threads():        # the count choose_threads() picks; use_threads(2) for two
+        model = MLGPF().fit(X, Y)
 """
 
 from __future__ import annotations
@@ -106,11 +107,15 @@ def choose_threads(requested: int | None = None) -> ThreadChoice:
 
 
 @contextlib.contextmanager
-def use_threads(threads: int):
+def use_threads(threads: int | None = None):
     """Inside the ``with`` block, torch's intra-op pool and the BLAS/OpenMP pools of NumPy and SciPy
-    use ``threads`` threads; the earlier counts come back after it."""
+    use ``threads`` threads (``None``: the count :func:`choose_threads` picks now); the earlier
+    counts come back after it."""
     import torch
     from threadpoolctl import threadpool_limits
+
+    if threads is None:
+        threads = choose_threads().threads
 
     previous = torch.get_num_threads()
     torch.set_num_threads(int(threads))

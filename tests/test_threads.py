@@ -88,3 +88,11 @@ def test_use_threads_sets_torch_and_the_blas_pools_inside_its_block():
         assert all(pool["num_threads"] == 1 for pool in threadpool_info())
     assert torch.get_num_threads() == torch_before
     assert [pool["num_threads"] for pool in threadpool_info()] == blas_before
+
+
+def test_use_threads_without_a_count_takes_the_chosen_one(monkeypatch):
+    monkeypatch.setattr(threads, "choose_threads", lambda: threads.ThreadChoice(1, "busy", 5.0, 2))
+    before = torch.get_num_threads()
+    with threads.use_threads():
+        assert torch.get_num_threads() == 1
+    assert torch.get_num_threads() == before
