@@ -246,7 +246,7 @@ def evaluate_model(model, test, inv_propensity) -> tuple[dict, float, dict]:
     seconds = time.perf_counter() - start
     values = metrics.evaluate(test.Y, scores=scores, proba=proba, Y_pred=predicted, inv_propensity=inv_propensity,
                               label_mask=test.label_mask)
-    values = {k: (None if np.isnan(v) else float(v)) for k, v in values.items()}
+    values = _undefined_as_none(values)
     reliability = metrics.calibration_curves(test.Y, proba, label_mask=test.label_mask, scores=scores)
     return values, seconds, reliability
 
@@ -582,8 +582,12 @@ def label_frequency_baseline(train_Y, test, inv_propensity) -> dict:
 
     frequency = np.asarray(train_Y.mean(axis=0), dtype=np.float64).ravel()
     proba = np.broadcast_to(frequency, (test.n_samples, frequency.size))
-    values = metrics.evaluate(test.Y, scores=proba, proba=proba, Y_pred=proba > 0.5, inv_propensity=inv_propensity,
-                              label_mask=test.label_mask)
+    return _undefined_as_none(metrics.evaluate(test.Y, scores=proba, proba=proba, Y_pred=proba > 0.5,
+                                               inv_propensity=inv_propensity, label_mask=test.label_mask))
+
+
+def _undefined_as_none(values: dict) -> dict:
+    """Metric values as floats, with ``None`` for an undefined (NaN) one, as the JSON record has them."""
     return {key: (None if np.isnan(value) else float(value)) for key, value in values.items()}
 
 
