@@ -75,7 +75,7 @@ def test_the_demo_prints_what_the_readme_says(capsys):
     assert lines[2].split() == ["mlgpf", "baseline"]
     model_p1, baseline_p1 = (float(v) for v in next(line for line in lines if line.startswith("P@1 ")).split()[1:])
     stated = readme_demo_figures()
-    assert model_p1 == pytest.approx(stated["p1"], abs=0.015)  # thread counts change the last digits
+    assert model_p1 == pytest.approx(stated["p1"], abs=0.02)  # thread counts change the rounding, not more
     assert baseline_p1 == pytest.approx(stated["baseline_p1"], abs=1e-9)  # label counts: exact
     assert stated["seconds"] < 30
 
