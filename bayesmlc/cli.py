@@ -163,17 +163,24 @@ def _too_many_threads() -> str:
 
 def command_threads(args):
     """A context in which a command computes with ``--threads`` threads, or with fewer than one per
-    core when other processes keep the cores busy (:func:`bayesmlc.threads.choose_threads`; said on
-    stderr); commands without ``--threads`` get a context that changes nothing."""
+    core when other processes keep the cores busy (:func:`bayesmlc.threads.choose_threads`, kept in
+    ``args.thread_choice`` for :func:`thread_note`); commands without ``--threads`` get a context that
+    changes nothing."""
     if not getattr(args, "choose_threads", False):
         return contextlib.nullcontext()
     from .threads import choose_threads, use_threads
 
-    choice = choose_threads(args.threads)
-    if choice.reason == "busy":
-        _progress(f"using {choice.threads} thread(s): other processes keep {choice.load:.1f} of {choice.cores} "
-                  "cores busy (--threads N to choose)", args.quiet)
-    return use_threads(choice.threads)
+    args.thread_choice = choose_threads(args.threads)
+    return use_threads(args.thread_choice.threads)
+
+
+def thread_note(args) -> str:
+    """``"; 1 thread: ..."`` for a progress line when the command backed off under load, else ``""``."""
+    choice = getattr(args, "thread_choice", None)
+    if choice is None or choice.reason != "busy":
+        return ""
+    return (f"; {choice.threads} thread{'s' if choice.threads > 1 else ''}: other processes keep {choice.load:.1f} "
+            f"of {choice.cores} cores busy (--threads N to choose)")
 
 
 class RunDirectory:
@@ -374,7 +381,7 @@ def _train(args, parallel) -> int:
         name = dataset_name(args.train)
         a, b = propensity_constants(name)
         _progress(f"training {args.model} on {name}: {n_rows} rows, {train.n_features} features, "
-                  f"{train.n_labels} labels", quiet)
+                  f"{train.n_labels} labels{thread_note(args)}", quiet)
         fit_params = {}
         if parallel is not None:
             fit_params["parallel"] = parallel
@@ -557,7 +564,7 @@ def cmd_demo(args) -> int:
     model = build_model(args.model, settings, args.seed, args.device, args.quiet)
     shape = (f"{train.n_samples} train / {test.n_samples} test rows, {data.n_features} features, "
              f"{data.n_labels} labels")
-    _progress(f"demo: {args.model} on synthetic data ({shape})", args.quiet)
+    _progress(f"demo: {args.model} on synthetic data ({shape}){thread_note(args)}", args.quiet)
     start = time.perf_counter()
     model.fit(train.X, train.Y)
     train_seconds = time.perf_counter() - start

@@ -170,27 +170,32 @@ def test_threads_reach_torch_and_a_busy_machine_backs_off(fitted_run, capsys, mo
     before = torch.get_num_threads()
     seen = []
 
-    def evaluate_records_threads(args):
+    def train_records_threads(args):
         seen.append(torch.get_num_threads())
-        return real_evaluate(args)
+        return real_train(args)
 
-    real_evaluate = cli.cmd_evaluate
-    monkeypatch.setattr(cli, "cmd_evaluate", evaluate_records_threads)
+    real_train = cli.cmd_train
+    monkeypatch.setattr(cli, "cmd_train", train_records_threads)
     for name in threads.THREAD_VARIABLES:
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3}, raising=False)
     monkeypatch.setattr(os, "getloadavg", lambda: (0.0, 0.0, 0.0))
     monkeypatch.setattr(threads, "current_load", lambda: os.getloadavg()[0])
-    evaluate = ["evaluate", "--model-dir", str(out), "--test", str(test_path), "--json"]
-    assert main(evaluate + ["--threads", "3"]) == 0
-    assert "using" not in capsys.readouterr().err
+    train = ["train", "--model", "logistic", "--train", str(test_path.parent / "train.txt"), "--json"]
+    assert main(train + ["--threads", "3"]) == 0
+    assert "cores busy" not in capsys.readouterr().err
     monkeypatch.setattr(os, "getloadavg", lambda: (64.0, 64.0, 64.0))
-    assert main(evaluate) == 0
-    assert "using 1 thread(s): other processes keep 64.0 of 4 cores busy" in capsys.readouterr().err
-    assert main(evaluate + ["--quiet"]) == 0
+    assert main(train) == 0
+    # the training progress line says so
+    assert "labels; 1 thread: other processes keep 64.0 of 4 cores busy (--threads N to choose)" in capsys.readouterr().err
+    assert main(train + ["--quiet"]) == 0
     assert capsys.readouterr().err == ""
-    assert main(evaluate + ["--threads", "2"]) == 0  # an explicit count is kept under any load
-    assert seen == [3, 1, 1, 2]
+    assert main(train + ["--threads", "2"]) == 0  # an explicit count is kept under any load
+    assert "cores busy" not in capsys.readouterr().err
+    # an error stays one line under load
+    assert main(train[:-1] + ["--out", str(test_path)]) == 2
+    assert len(capsys.readouterr().err.splitlines()) == 1
+    assert seen == [3, 1, 1, 2, 1]
     assert torch.get_num_threads() == before  # the command's count ends with it
 
 
