@@ -6,9 +6,9 @@ with every core forced.
 
 Each run is a fresh ``python -m bayesmlc demo --json --quiet`` process. The competing load is
 ``--busy`` processes that spin on the CPU (started before the runs of that row, stopped after them).
-Two thread settings per load: ``auto`` (the CLI's default: fewer threads when other processes keep the
-cores busy, bayesmlc.threads) and ``--threads N`` with N the usable cores (torch's own default, one
-thread per core, whatever the load). The table gives the wall and CPU seconds of the whole process
+Three thread settings per load: ``auto`` (the CLI's default: fewer threads when other processes keep
+the cores busy, bayesmlc.threads), ``--threads 1``, and ``--threads N`` with N the usable cores
+(torch's own default, one thread per core, whatever the load). The table gives the wall and CPU seconds of the whole process
 (imports included; CPU from ``getrusage`` of the children), the training seconds and test P@1 the
 demo reports, and the load (busy cores) the back-off saw before each run. On a machine that other
 work already loads, the ``--busy 0`` row is not an idle figure: the load column says so.
@@ -94,7 +94,7 @@ def main(argv=None) -> int:
         spinners = spin_processes(busy)
         try:
             time.sleep(1.0 if busy else 0.0)  # let them reach the run queue
-            for threads in (None, cores):
+            for threads in (None, 1, cores) if cores > 1 else (None, 1):
                 for _ in range(args.repeats):
                     r = run_demo(args.model, threads, args.n_samples)
                     label = "auto" if threads is None else f"--threads {threads}"
