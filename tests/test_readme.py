@@ -43,9 +43,9 @@ def recorded_calls(block: str, env: dict) -> list[list[str]]:
 
 def readme_demo_figures() -> dict:
     """The demo's P@1, the baseline's and the seconds the README states."""
-    found = re.search(r"P@1 (\d\.\d+) against (\d\.\d+)\. It takes (\d+) s", README)
+    found = re.search(r"P@1 (\d\.\d+) against (\d\.\d+)\. It takes (\d+(?:\.\d+)?) s", README)
     assert found, "the README states the demo's P@1, the baseline's and its time"
-    return {"p1": float(found[1]), "baseline_p1": float(found[2]), "seconds": int(found[3])}
+    return {"p1": float(found[1]), "baseline_p1": float(found[2]), "seconds": float(found[3])}
 
 
 # ---- the opening commands ------------------------------------------------------------------------
