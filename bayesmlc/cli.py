@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import contextlib
 import json
 import os
 import resource
@@ -44,8 +45,18 @@ EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
 #: rows the CLI needs to train: the inverse propensities of the metrics need ln N > 1
 MIN_TRAIN_ROWS = 3
-#: upper bound on ``--set n_threads=...`` as a multiple of the cores (an absurd count aborts OpenMP)
+#: upper bound on ``--set n_threads=...`` and ``--threads`` as a multiple of the cores (an absurd count
+#: aborts OpenMP)
 MAX_THREADS_PER_CORE = 8
+#: the demo's data: binary bag-of-words features, so that every model (BMLS included) runs on it
+DEMO_FEATURES = 500
+DEMO_LABELS = 40
+#: fewest rows ``demo --n-samples`` takes: a quarter is the test set
+DEMO_MIN_SAMPLES = 100
+#: settings the demo gives a model unless ``--set`` says otherwise: MLGPF at 30 epochs needs half the
+#: CPU of its default 100, for a test P@1 within 1.5 standard errors of it and far above the
+#: baseline's (docs/experiments.md, "The demo")
+DEMO_SETTINGS = {"mlgpf": {"epochs": 30}}
 
 
 class CLIError(Exception):
@@ -137,15 +148,44 @@ def build_model(name: str, settings, seed, device, quiet: bool, preset: str | No
     if "verbose" in valid:
         params.setdefault("verbose", not quiet)
     threads = params.get("n_threads")
-    limit = MAX_THREADS_PER_CORE * (os.cpu_count() or 1)
-    if isinstance(threads, int) and not isinstance(threads, bool) and threads > limit:
-        raise CLIError(f"--set n_threads={threads}: more than {limit} threads ({MAX_THREADS_PER_CORE} per core) "
-                       "is refused")
+    if isinstance(threads, int) and not isinstance(threads, bool) and threads > max_threads():
+        raise CLIError(f"--set n_threads={threads}: {_too_many_threads()}")
     if preset is not None:
         from .presets import build_preset
 
         return build_preset(name, preset, params)
     return cls(**params)
+
+
+def max_threads() -> int:
+    """The most threads ``--threads`` or ``--set n_threads`` may ask for."""
+    return MAX_THREADS_PER_CORE * (os.cpu_count() or 1)
+
+
+def _too_many_threads() -> str:
+    return f"more than {max_threads()} threads ({MAX_THREADS_PER_CORE} per core) is refused"
+
+
+def command_threads(args):
+    """A context in which a command computes with ``--threads`` threads, or with fewer than one per
+    core when other processes keep the cores busy (:func:`bayesmlc.threads.choose_threads`, kept in
+    ``args.thread_choice`` for :func:`thread_note`); commands without ``--threads`` get a context that
+    changes nothing."""
+    if not getattr(args, "choose_threads", False):
+        return contextlib.nullcontext()
+    from .threads import choose_threads, use_threads
+
+    args.thread_choice = choose_threads(args.threads)
+    return use_threads(args.thread_choice.threads)
+
+
+def thread_note(args) -> str:
+    """``"; 1 thread: ..."`` for a progress line when the command backed off under load, else ``""``."""
+    choice = getattr(args, "thread_choice", None)
+    if choice is None or choice.reason != "busy":
+        return ""
+    return (f"; {choice.threads} thread{'s' if choice.threads > 1 else ''}: other processes keep {choice.load:.1f} "
+            f"of {choice.cores} cores busy (--threads N to choose)")
 
 
 class RunDirectory:
@@ -218,15 +258,25 @@ def evaluate_model(model, test, inv_propensity) -> tuple[dict, float, dict]:
     seconds = time.perf_counter() - start
     values = metrics.evaluate(test.Y, scores=scores, proba=proba, Y_pred=predicted, inv_propensity=inv_propensity,
                               label_mask=test.label_mask)
-    values = {k: (None if np.isnan(v) else float(v)) for k, v in values.items()}
+    values = _undefined_as_none(values)
     reliability = metrics.calibration_curves(test.Y, proba, label_mask=test.label_mask, scores=scores)
     return values, seconds, reliability
 
 
-def format_metrics_table(values: dict) -> str:
+def format_metrics_table(values: dict, baseline: dict | None = None, names=("", "")) -> str:
+    """One metric per line; with ``baseline``, a second column of its values and a header line
+    naming the two columns ``names``."""
     width = max((len(k) for k in values), default=0)
-    return "\n".join(f"{key:<{width}}  {value:8.4f}" if value is not None else f"{key:<{width}}  undefined"
-                     for key, value in values.items())
+    if baseline is None:
+        return "\n".join(f"{key:<{width}}  {value:8.4f}" if value is not None else f"{key:<{width}}  undefined"
+                         for key, value in values.items())
+
+    def cell(value):
+        return f"{value:9.4f}" if value is not None else f"{'undefined':>9}"
+
+    header = f"{'':<{width}}  {names[0]:>9}  {names[1]:>9}"
+    return "\n".join([header] + [f"{key:<{width}}  {cell(value)}  {cell(baseline.get(key))}"
+                                  for key, value in values.items()])
 
 
 def _json_default(value):
@@ -340,7 +390,7 @@ def _train(args, parallel) -> int:
         name = dataset_name(args.train)
         a, b = propensity_constants(name)
         _progress(f"training {args.model} on {name}: {n_rows} rows, {train.n_features} features, "
-                  f"{train.n_labels} labels", quiet)
+                  f"{train.n_labels} labels{thread_note(args)}", quiet)
         fit_params = {}
         if parallel is not None:
             fit_params["parallel"] = parallel
@@ -519,27 +569,49 @@ def cmd_info(args) -> int:
 
 def cmd_demo(args) -> int:
     from .data.synthetic import make_multilabel
-
-    # binary bag-of-words features, so that every model (BMLS needs binary input) runs on it
-    data = make_multilabel(args.n_samples, 1000, 40, feature_kind="binary", random_state=args.seed)
-    n_test = args.n_samples // 4
-    train, test = data.subset(np.arange(n_test, data.n_samples)), data.subset(np.arange(n_test))
-    model = build_model(args.model, args.set or [], args.seed, args.device, args.quiet)
     from .metrics import inverse_propensity
 
-    _progress(f"demo: {args.model} on synthetic data ({train.n_samples} train / {test.n_samples} test rows, "
-              f"{data.n_features} features, {data.n_labels} labels)", args.quiet)
+    if args.n_samples < DEMO_MIN_SAMPLES:
+        raise CLIError(f"--n-samples {args.n_samples}: the demo needs at least {DEMO_MIN_SAMPLES} rows")
+    data = make_multilabel(args.n_samples, DEMO_FEATURES, DEMO_LABELS, feature_kind="binary", random_state=args.seed)
+    n_test = args.n_samples // 4
+    train, test = data.subset(np.arange(n_test, data.n_samples)), data.subset(np.arange(n_test))
+    settings = [f"{key}={value!r}" for key, value in DEMO_SETTINGS.get(args.model, {}).items()] + (args.set or [])
+    model = build_model(args.model, settings, args.seed, args.device, args.quiet)
+    shape = (f"{train.n_samples} train / {test.n_samples} test rows, {data.n_features} features, "
+             f"{data.n_labels} labels")
+    _progress(f"demo: {args.model} on synthetic data ({shape}){thread_note(args)}", args.quiet)
     start = time.perf_counter()
     model.fit(train.X, train.Y)
     train_seconds = time.perf_counter() - start
-    values, predict_seconds, _ = evaluate_model(model, test, inverse_propensity(train.Y))
+    inv_prop = inverse_propensity(train.Y)
+    values, predict_seconds, _ = evaluate_model(model, test, inv_prop)
+    baseline = label_frequency_baseline(train.Y, test, inv_prop)
     record = {"model": args.model, "dataset": "synthetic-demo", "params": model.get_params(deep=False),
-              "metrics": values, "train_seconds": train_seconds, "predict_seconds": predict_seconds,
-              "peak_rss_mb": peak_rss_mb(), "device": _device_name(model)}
-    table = (f"{args.model} on synthetic demo data (train {train_seconds:.2f} s, predict {predict_seconds:.2f} s)\n"
-             + format_metrics_table(values))
+              "metrics": values, "baseline_metrics": baseline, "train_seconds": train_seconds,
+              "predict_seconds": predict_seconds, "peak_rss_mb": peak_rss_mb(), "device": _device_name(model)}
+    table = (f"{args.model} on synthetic demo data: {shape} (train {train_seconds:.2f} s, predict "
+             f"{predict_seconds:.2f} s)\nbaseline: every row gets the labels ranked by their training frequency, "
+             "with that frequency as the probability\n"
+             + format_metrics_table(values, baseline, (args.model, "baseline")))
     _emit(args, record, table)
     return EXIT_OK
+
+
+def label_frequency_baseline(train_Y, test, inv_propensity) -> dict:
+    """Metrics of the trivial predictor that ranks every row's labels by their frequency in
+    ``train_Y`` and gives that frequency as each label's probability; ``None`` where undefined."""
+    from . import metrics
+
+    frequency = np.asarray(train_Y.mean(axis=0), dtype=np.float64).ravel()
+    proba = np.broadcast_to(frequency, (test.n_samples, frequency.size))
+    return _undefined_as_none(metrics.evaluate(test.Y, scores=proba, proba=proba, Y_pred=proba > 0.5,
+                                               inv_propensity=inv_propensity, label_mask=test.label_mask))
+
+
+def _undefined_as_none(values: dict) -> dict:
+    """Metric values as floats, with ``None`` for an undefined (NaN) one, as the JSON record has them."""
+    return {key: (None if np.isnan(value) else float(value)) for key, value in values.items()}
 
 
 def cmd_topics(args) -> int:
@@ -571,6 +643,11 @@ def cmd_plot_history(args) -> int:
              else None)
     try:
         plot_history(history, output, title=title)
+    except ModuleNotFoundError as exc:
+        if (exc.name or "").split(".")[0] != "matplotlib":
+            raise
+        raise CLIError("plot-history needs matplotlib, a dependency of bayesmlc missing from this environment: "
+                       "python -m pip install matplotlib") from None
     except (KeyError, TypeError, IndexError) as exc:
         raise CLIError(f"{history_path}: corrupt {HISTORY_FILE} ({type(exc).__name__}: {exc})") from None
     print(output)
@@ -592,86 +669,125 @@ class _Parser(argparse.ArgumentParser):
                               f"(see {self.prog} --help)\n")
 
 
+class _HelpFormatter(argparse.HelpFormatter):
+    """Wraps descriptions to the terminal but keeps an epilog of examples line by line, so that an
+    example command stays on one line and can be copied."""
+
+    def _fill_text(self, text, width, indent):
+        if text.startswith("example"):
+            return "".join(indent + line for line in text.splitlines(keepends=True))
+        return super()._fill_text(text, width, indent)
+
+
 def build_parser() -> argparse.ArgumentParser:
     from . import __version__
     from .models import MODEL_CLASSES
 
-    parser = _Parser(prog="bayesmlc", description="Bayesian multi-label classification at scale")
+    parser = _Parser(prog="bayesmlc", description="Bayesian multi-label classification at scale",
+                     epilog="start with 'bayesmlc demo'; 'bayesmlc COMMAND --help' lists a command's options "
+                            "and gives an example")
     parser.add_argument("--version", action="version", version=f"bayesmlc {__version__}")
-    sub = parser.add_subparsers(dest="command", required=True)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    def common(p, model=True):
-        p.add_argument("--json", action="store_true", help="print one JSON object as the last line of stdout")
-        p.add_argument("--quiet", action="store_true", help="no progress output on stderr")
-        p.add_argument("--format", default=None, help="input format (default: from the file extension)")
+    def command(name, help, example, description=None):
+        return sub.add_parser(name, help=help, description=description or help[0].upper() + help[1:] + ".",
+                              epilog="example:\n  " + example, formatter_class=_HelpFormatter)
+
+    def common(p, model=True, data=True):
+        p.add_argument("--json", action="store_true",
+                       help="print one JSON object as the last line of stdout (default: a table)")
+        p.add_argument("--quiet", action="store_true", help="no progress output on stderr (default: progress shown)")
+        if data:
+            p.add_argument("--format", default=None,
+                           help="input format: xc, arff, svmlight, mat or npz (default: from the file extension)")
         if model:
-            p.add_argument("--set", action="append", metavar="KEY=VALUE", help="model parameter (repeatable)")
+            p.add_argument("--set", action="append", metavar="KEY=VALUE",
+                           help="a model parameter, repeatable (default: the model's own)")
             p.add_argument("--seed", type=_non_negative_int, default=0, help="random_state of the model (default 0)")
             p.add_argument("--device", default=None, help="auto, cpu or cuda (default: the model's)")
+        p.add_argument("--threads", type=_thread_count, default=None, metavar="N",
+                       help="CPU threads (default: one per idle core, fewer when other processes keep the cores busy)")
+        p.set_defaults(choose_threads=True)
 
-    p = sub.add_parser("train", help="fit a model, optionally score a test file")
-    p.add_argument("--model", required=True, choices=sorted(MODEL_CLASSES))
-    p.add_argument("--train", required=True, help="training data file")
-    p.add_argument("--test", help="test data file (metrics are printed)")
-    p.add_argument("--out", help="folder for the model, history and metrics (written whole, or not at all)")
-    p.add_argument("--overwrite", action="store_true", help="replace the run already in --out")
+    p = command("train", "fit a model, optionally score a test file",
+                "bayesmlc train --model logistic --train train.txt --test test.txt --set C=4 --out runs/lr")
+    p.add_argument("--model", required=True, choices=sorted(MODEL_CLASSES), help="model to fit (required)")
+    p.add_argument("--train", required=True, metavar="FILE", help="training data file (required)")
+    p.add_argument("--test", metavar="FILE", help="test data file; its metrics are printed (default: none)")
+    p.add_argument("--out", metavar="DIR",
+                   help="folder for the model, history and metrics, written whole or not at all (default: not saved)")
+    p.add_argument("--overwrite", action="store_true", help="replace the run already in --out (default: refuse)")
     p.add_argument("--distributed", action="store_true",
-                   help="data-parallel training under torchrun (mlgpf; see docs/scaling.md)")
+                   help="data-parallel training under torchrun (mlgpf; see docs/scaling.md; default: one process)")
     p.add_argument("--resume", action="store_true",
-                   help="continue from the model's checkpoint (mlgpf: --set checkpoint_path=...)")
+                   help="continue from the model's checkpoint (mlgpf: --set checkpoint_path=...; default: start afresh)")
     p.add_argument("--preset", metavar="NAME",
                    help="a named configuration of the model: fast, paper or best (default: none, the model's "
                         "defaults); --set overrides its values; 'bayesmlc info --presets' lists them with "
                         "their measured figures")
     p.add_argument("--calibrate", choices=("isotonic", "temperature", "platt"),
                    help="fit on 80%% of the training rows and recalibrate the probabilities on the other 20%% "
-                        "(bayesmlc.calibration.CalibratedClassifier)")
+                        "(bayesmlc.calibration.CalibratedClassifier; default: not recalibrated)")
     common(p)
     p.set_defaults(func=cmd_train)
 
-    p = sub.add_parser("evaluate", help="score a saved model on a test file")
-    p.add_argument("--model-dir", required=True)
-    p.add_argument("--test", required=True)
+    p = command("evaluate", "score a saved model on a test file",
+                "bayesmlc evaluate --model-dir runs/lr --test test.txt --json")
+    p.add_argument("--model-dir", required=True, metavar="DIR", help="folder written by 'train --out' (required)")
+    p.add_argument("--test", required=True, metavar="FILE", help="test data file (required)")
     common(p, model=False)
     p.set_defaults(func=cmd_evaluate)
 
-    p = sub.add_parser(
-        "predict", help="top-k labels per row of a file",
-        description="Print each row's top-k labels with their probabilities: a '#' header line, then "
-                    "'label:probability ...' per row. --json prints one JSON object per row instead "
-                    "({\"labels\": [...], \"probabilities\": [...]}) and no header; --quiet drops the header.",
-        epilog="example: bayesmlc predict --model-dir runs/bibtex-lr --input test.txt --top-k 5 --names")
-    p.add_argument("--model-dir", required=True, help="folder written by 'bayesmlc train --out'")
-    p.add_argument("--input", required=True, help="data file to predict (any supported format)")
-    p.add_argument("--top-k", type=int, default=5, help="labels printed per row (default 5)")
-    p.add_argument("--output", help="write here instead of stdout")
-    p.add_argument("--names", action="store_true", help="print label names instead of indices")
+    p = command("predict", "top-k labels per row of a file",
+                "bayesmlc predict --model-dir runs/lr --input test.txt --top-k 5 --names",
+                description="Print each row's top-k labels with their probabilities (predict_proba): a '#' "
+                            "header line, then 'label:probability ...' per row, best first. --scores prints "
+                            "the raw decision_function scores instead; --json prints one JSON object per row "
+                            "({\"labels\": [...], \"probabilities\": [...]}) and no header; --quiet drops "
+                            "the header.")
+    p.add_argument("--model-dir", required=True, metavar="DIR", help="folder written by 'train --out' (required)")
+    p.add_argument("--input", required=True, metavar="FILE", help="data file to predict, any supported format (required)")
+    p.add_argument("--top-k", type=_positive_int, default=5, metavar="K", help="labels printed per row (default 5)")
+    p.add_argument("--output", metavar="FILE", help="write here (default: stdout)")
+    p.add_argument("--names", action="store_true", help="print label names (default: label indices)")
     p.add_argument("--scores", action="store_true",
-                   help="print raw decision_function scores instead of probabilities (the default)")
+                   help="print raw decision_function scores (default: probabilities from predict_proba)")
     common(p, model=False)
     p.set_defaults(func=cmd_predict)
 
-    p = sub.add_parser("info", help="statistics of a data file, or the model presets")
-    p.add_argument("path", nargs="?", help="data file (any supported format)")
-    p.add_argument("--presets", action="store_true", help="list the presets of every model with their measured figures")
+    p = command("info", "statistics of a data file, or the model presets", "bayesmlc info train.txt --json")
+    p.add_argument("path", nargs="?", metavar="FILE",
+                   help="data file, any supported format (required unless --presets)")
+    p.add_argument("--presets", action="store_true",
+                   help="list the presets of every model with their measured figures (default: off)")
     common(p, model=False)
     p.set_defaults(func=cmd_info)
 
-    p = sub.add_parser("demo", help="train on built-in synthetic data and print a metrics table")
+    settings = "; ".join(f"{name}: {', '.join(f'{k}={v}' for k, v in values.items())}"
+                         for name, values in DEMO_SETTINGS.items())
+    p = command("demo", "train on built-in synthetic data and print its metrics beside a trivial baseline's",
+                "bayesmlc demo --model bmls --n-samples 4000",
+                description=f"Train a model on synthetic data ({DEMO_FEATURES} binary features, {DEMO_LABELS} labels, "
+                            "a quarter of the rows held out) and print its test metrics beside those of "
+                            "ranking every row's labels by their training frequency. The demo's "
+                            f"settings, which --set overrides: {settings}.")
     p.add_argument("--model", default="mlgpf", choices=sorted(MODEL_CLASSES),
                    help="model to train (default mlgpf; logistic is the baseline)")
-    p.add_argument("--n-samples", type=int, default=2000)
-    common(p)
+    p.add_argument("--n-samples", type=_positive_int, default=2000, metavar="N",
+                   help=f"rows of synthetic data, a quarter of them for testing (default 2000, at least {DEMO_MIN_SAMPLES})")
+    common(p, data=False)
     p.set_defaults(func=cmd_demo)
 
-    p = sub.add_parser("topics", help="top labels and features per BMLS topic")
-    p.add_argument("--model-dir", required=True)
-    p.add_argument("--n-top", type=int, default=5)
+    p = command("topics", "top labels and features per BMLS topic", "bayesmlc topics --model-dir runs/bmls --n-top 10")
+    p.add_argument("--model-dir", required=True, metavar="DIR",
+                   help="folder written by 'train --model bmls --out' (required)")
+    p.add_argument("--n-top", type=_positive_int, default=5, metavar="N", help="labels and features per topic (default 5)")
     p.set_defaults(func=cmd_topics)
 
-    p = sub.add_parser("plot-history", help="plot a model's training history to PNG")
-    p.add_argument("--model-dir", required=True)
-    p.add_argument("--output", help="PNG path (default DIR/history.png)")
+    p = command("plot-history", "plot a model's training history to PNG",
+                "bayesmlc plot-history --model-dir runs/mlgpf --output mlgpf-history.png")
+    p.add_argument("--model-dir", required=True, metavar="DIR", help="folder written by 'train --out' (required)")
+    p.add_argument("--output", metavar="PNG", help="PNG path (default DIR/history.png)")
     p.set_defaults(func=cmd_plot_history)
 
     try:
@@ -679,10 +795,25 @@ def build_parser() -> argparse.ArgumentParser:
     except ImportError:
         add_arguments = None
     if add_arguments is not None:
-        p = sub.add_parser("bench", help="run a benchmark suite and write a report with plots")
+        p = command("bench", "run a benchmark suite and write a report with plots",
+                    "bayesmlc bench --suite quick --out runs/bench-quick")
         add_arguments(p)
         p.set_defaults(func=cmd_bench)
     return parser
+
+
+def _positive_int(text: str) -> int:
+    value = _non_negative_int(text)
+    if value == 0:
+        raise argparse.ArgumentTypeError("0 is not positive")
+    return value
+
+
+def _thread_count(text: str) -> int:
+    value = _positive_int(text)
+    if value > max_threads():
+        raise argparse.ArgumentTypeError(f"{value}: {_too_many_threads()}")
+    return value
 
 
 def _non_negative_int(text: str) -> int:
@@ -751,7 +882,8 @@ def main(argv=None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        code = args.func(args)
+        with command_threads(args):
+            code = args.func(args)
         sys.stdout.flush()  # a full disk or a closed pipe shows here, not at exit
         return code
     except BrokenPipeError:

@@ -1,0 +1,211 @@
+"""The README's commands and examples, run as written in a scratch folder, with their outputs checked.
+
+The bash blocks run through bash itself, with ``bayesmlc`` replaced by a shell function that records
+each call's arguments (expanded by bash: variables, ``~``, continuation lines, comments); the
+recorded calls then run in order through :func:`bayesmlc.cli.main`. The Python blocks run with
+``exec``. The data folder (``$BAYESMLC_DATA``) holds a small synthetic stand-in for ``bibtex_xc``
+by default, so the examples run in seconds; ``-m slow`` runs them on the real set from
+``../shared/datasets`` when it is there, the benchmark suite included. The pip commands are not run:
+their text is checked against ``.ci/run`` and ``pyproject.toml``.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import tomllib
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from bayesmlc.cli import main
+from bayesmlc.data.io import write_dataset
+from bayesmlc.data.synthetic import make_multilabel
+
+from conftest import REPO_ROOT, SHARED_DATASETS
+
+README = (REPO_ROOT / "README.md").read_text(encoding="utf-8")
+RECORD_SEPARATOR = "\x1e"
+
+
+def code_blocks(language: str) -> list[str]:
+    return re.findall(rf"^```{language}\n(.*?)^```", README, flags=re.M | re.S)
+
+
+def recorded_calls(block: str, env: dict) -> list[list[str]]:
+    """The argument lists of the ``bayesmlc`` calls in a bash block, as bash expands them."""
+    script = f"bayesmlc() {{ printf '%s\\0' \"$@\"; printf '{RECORD_SEPARATOR}'; }}\nset -e\n{block}"
+    out = subprocess.run(["bash", "-c", script], env=env, capture_output=True, text=True, check=True).stdout
+    return [call.split("\0")[:-1] for call in out.split(RECORD_SEPARATOR)[:-1]]
+
+
+def readme_demo_figures() -> dict:
+    """The demo's P@1, the baseline's and the seconds the README states."""
+    found = re.search(r"P@1 (\d\.\d+) against (\d\.\d+)\. It takes (\d+(?:\.\d+)?) s", README)
+    assert found, "the README states the demo's P@1, the baseline's and its time"
+    return {"p1": float(found[1]), "baseline_p1": float(found[2]), "seconds": float(found[3])}
+
+
+# ---- the opening commands ------------------------------------------------------------------------
+def test_the_readme_opens_with_the_install_and_the_test_commands():
+    install, test = (block.strip() for block in code_blocks("bash")[:2])
+    assert re.fullmatch(r"python -m pip install torch==[\d.]+ -e \. && bayesmlc demo", install)
+    ci_lines = [line for line in (REPO_ROOT / ".ci" / "run").read_text().splitlines()
+                if line and not line.startswith(("#", "set ", "cd "))]
+    assert ci_lines == [test]  # .ci/run runs exactly the README's test command
+    assert re.fullmatch(r'python -m pip install -q torch==[\d.]+ -e "\.\[test\]" && python -m pytest -q', test)
+    pins = set(re.findall(r"torch==([\d.]+)", install + test))
+    assert len(pins) == 1 and f"`torch=={pins.pop()}` is the PyTorch build the project is tested with" in README
+    dependencies = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    (bound,) = [d.split(">=")[1] for d in dependencies if d.startswith("torch>=")]
+    assert f"torch >= {bound}, CPU or CUDA" in README
+    assert any(d.startswith("matplotlib") for d in dependencies)  # plot-history works after the plain install
+    # nothing outside the repository
+    assert "../shared" not in README and "/work/" not in README
+
+
+def test_the_demo_prints_what_the_readme_says(capsys):
+    (call,) = recorded_calls(code_blocks("bash")[0].split("&&")[1], {"PATH": "/usr/bin:/bin"})
+    assert call == ["demo"]
+    assert main(call) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("mlgpf on synthetic demo data: 1500 train / 500 test rows, 500 features, 40 labels")
+    assert lines[2].split() == ["mlgpf", "baseline"]
+    model_p1, baseline_p1 = (float(v) for v in next(line for line in lines if line.startswith("P@1 ")).split()[1:])
+    stated = readme_demo_figures()
+    assert model_p1 == pytest.approx(stated["p1"], abs=0.02)  # thread counts change the rounding, not more
+    assert baseline_p1 == pytest.approx(stated["baseline_p1"], abs=1e-9)  # label counts: exact
+    assert stated["seconds"] < 30
+
+
+# ---- the examples on bibtex_xc ---------------------------------------------------------------------
+def _stand_in_data_home(folder: Path) -> Path:
+    """A data folder whose ``bibtex_xc`` is a small synthetic set with label and feature names."""
+    data = make_multilabel(400, 120, 12, feature_kind="binary", random_state=3)
+    data.label_names = [f"tag_{j}" for j in range(data.n_labels)]
+    data.feature_names = [f"word_{j}" for j in range(data.n_features)]
+    target = folder / "bibtex_xc"
+    target.mkdir(parents=True)
+    write_dataset(data.subset(np.arange(100, 400)), target / "train.txt", write_names=True)
+    write_dataset(data.subset(np.arange(100)), target / "test.txt")
+    return folder
+
+
+def _run_examples(data_home: Path, work: Path, monkeypatch, capsys, with_bench: bool) -> None:
+    monkeypatch.setenv("BAYESMLC_DATA", str(data_home))
+    monkeypatch.chdir(work)
+    python_blocks = code_blocks("python")
+    assert len(python_blocks) == 2
+
+    # first Python example: logistic regression, metrics, a saved model
+    namespace: dict = {}
+    exec(compile(python_blocks[0], "README.md (python 1)", "exec"), namespace)
+    train, test = namespace["train"], namespace["test"]
+    printed = capsys.readouterr().out
+    metrics = eval(printed.strip(), {"nan": float("nan")})  # the printed dict of metrics
+    assert {"P@1", "P@5", "AUC_micro", "ECE"} <= set(metrics)
+    assert 0.0 <= metrics["P@1"] <= 1.0
+    from bayesmlc import LogisticRegression
+
+    saved = LogisticRegression.load(work / "runs" / "bibtex-logistic.npz")
+    np.testing.assert_allclose(saved.predict_proba(test.X), namespace["proba"], rtol=1e-6)
+
+    # second: the three models, each with its top 5 labels per row
+    exec(compile(python_blocks[1], "README.md (python 2)", "exec"), namespace)
+    for model in (namespace["mlgpf"], namespace["bmls"], namespace["bnmc"]):
+        labels, scores = model.predict_topk(test.X, k=5)
+        assert labels.shape == scores.shape == (test.n_samples, 5)
+        assert np.all(np.diff(scores, axis=1) <= 0)  # best first
+
+    # the command line block
+    (cli_block,) = [block for block in code_blocks("bash") if "bayesmlc train" in block]
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(work), "BAYESMLC_DATA": str(data_home)}
+    calls = recorded_calls(cli_block, env)
+    assert [call[0] for call in calls] == ["info", "train", "evaluate", "predict", "predict", "train", "topics",
+                                           "train", "plot-history", "bench"]
+    data = data_home / "bibtex_xc"
+    assert calls[0] == ["info", str(data / "train.txt")]
+    capsys.readouterr()
+    for call in calls:
+        if call[0] == "bench" and not with_bench:
+            from bayesmlc.cli import build_parser
+
+            assert build_parser().parse_args(call).data_root == str(data_home)
+            continue
+        assert main(call) == 0, call
+        out = capsys.readouterr().out
+        check = CHECKS.get(" ".join(call[:2]) if call[0] in ("train", "predict") else call[0])
+        if check is not None:
+            check(call, out, work, train, test)
+
+
+def _check_info(call, out, work, train, test):
+    assert str(train.n_samples) in out and str(train.n_labels) in out
+
+
+def _check_train(call, out, work, train, test):
+    run = work / call[call.index("--out") + 1]
+    assert (run / "model.npz").exists() and (run / "meta.json").exists()
+    if "--json" in call:
+        record = json.loads(out.strip().splitlines()[-1])
+        assert record["model"] == "logistic" and record["params"]["C"] == 4
+        assert all(0.0 <= v <= 1.0 for v in record["metrics"].values() if v is not None)
+
+
+def _check_evaluate(call, out, work, train, test):
+    rows = dict(line.split() for line in out.strip().splitlines())
+    logistic = json.loads((work / "runs" / "bibtex-lr" / "metrics.json").read_text())
+    assert float(rows["P@1"]) == pytest.approx(logistic["P@1"], abs=5e-5)
+
+
+def _check_predict(call, out, work, train, test):
+    lines = out.strip().splitlines()
+    if "--json" in call:
+        rows = [json.loads(line) for line in lines]
+        assert len(rows) == test.n_samples
+        assert all(len(r["labels"]) == 5 and all(0.0 <= p <= 1.0 for p in r["probabilities"]) for r in rows)
+        return
+    header, *rows = lines
+    assert header.startswith("#") and "label:probability" in header and len(rows) == test.n_samples
+    names = set(train.label_names)
+    for row in rows:
+        pairs = [pair.rsplit(":", 1) for pair in row.split()]
+        assert len(pairs) == 5 and all(name in names and 0.0 <= float(p) <= 1.0 for name, p in pairs)
+
+
+def _check_topics(call, out, work, train, test):
+    assert "topic" in out.lower() and any(name in out for name in train.label_names)
+
+
+def _check_plot(call, out, work, train, test):
+    png = Path(out.strip())
+    assert png == Path(call[call.index("--model-dir") + 1]) / "history.png"
+    assert (work / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def _check_bench(call, out, work, train, test):
+    assert (work / call[call.index("--out") + 1] / "report.md").exists()
+
+
+CHECKS = {"info": _check_info, "train --model": _check_train, "evaluate": _check_evaluate,
+          "predict --model-dir": _check_predict, "topics": _check_topics, "plot-history": _check_plot,
+          "bench": _check_bench}
+
+
+@pytest.mark.filterwarnings("ignore:.*differs from the (registry's verified|published) Bibtex")
+def test_the_readme_examples_run_on_a_stand_in_for_bibtex(tmp_path, monkeypatch, capsys):
+    data_home = _stand_in_data_home(tmp_path / "data")
+    work = tmp_path / "work"
+    work.mkdir()
+    _run_examples(data_home, work, monkeypatch, capsys, with_bench=False)
+
+
+@pytest.mark.slow
+def test_the_readme_examples_run_on_the_real_bibtex_with_the_bench(tmp_path, monkeypatch, capsys):
+    if not (SHARED_DATASETS / "bibtex_xc" / "train.txt").exists():
+        pytest.skip(f"bibtex_xc not found in {SHARED_DATASETS}")
+    work = tmp_path / "work"
+    work.mkdir()
+    _run_examples(SHARED_DATASETS, work, monkeypatch, capsys, with_bench=True)
