@@ -124,7 +124,7 @@ def _run_examples(data_home: Path, work: Path, monkeypatch, capsys, with_bench: 
     env = {"PATH": "/usr/bin:/bin", "HOME": str(work), "BAYESMLC_DATA": str(data_home)}
     calls = recorded_calls(cli_block, env)
     assert [call[0] for call in calls] == ["info", "train", "evaluate", "predict", "predict", "train", "topics",
-                                           "train", "plot-history", "bench"]
+                                           "train", "plot-history", "bench", "info"]
     data = data_home / "bibtex_xc"
     assert calls[0] == ["info", str(data / "train.txt")]
     capsys.readouterr()
@@ -136,13 +136,20 @@ def _run_examples(data_home: Path, work: Path, monkeypatch, capsys, with_bench: 
             continue
         assert main(call) == 0, call
         out = capsys.readouterr().out
-        check = CHECKS.get(" ".join(call[:2]) if call[0] in ("train", "predict") else call[0])
+        check = CHECKS.get(" ".join(call[:2]) if call[0] in ("train", "predict") or call[1:] == ["--presets"] else call[0])
         if check is not None:
             check(call, out, work, train, test)
 
 
 def _check_info(call, out, work, train, test):
     assert str(train.n_samples) in out and str(train.n_labels) in out
+
+
+def _check_presets(call, out, work, train, test):
+    from bayesmlc.presets import PRESETS
+
+    listed = {tuple(line.split()[:3]) for line in out.splitlines() if " --preset " in line}
+    assert listed == {(model, "--preset", f"{name}:") for model, named in PRESETS.items() for name in named}
 
 
 def _check_train(call, out, work, train, test):
@@ -189,7 +196,7 @@ def _check_bench(call, out, work, train, test):
     assert (work / call[call.index("--out") + 1] / "report.md").exists()
 
 
-CHECKS = {"info": _check_info, "train --model": _check_train, "evaluate": _check_evaluate,
+CHECKS = {"info": _check_info, "info --presets": _check_presets, "train --model": _check_train, "evaluate": _check_evaluate,
           "predict --model-dir": _check_predict, "topics": _check_topics, "plot-history": _check_plot,
           "bench": _check_bench}
 
