@@ -24,6 +24,7 @@ import sys
 import tempfile
 import time
 import unicodedata
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -164,6 +165,24 @@ def max_threads() -> int:
 
 def _too_many_threads() -> str:
     return f"more than {max_threads()} threads ({MAX_THREADS_PER_CORE} per core) is refused"
+
+
+def format_warning(message, category, filename, lineno, line=None) -> str:
+    """A warning as the CLI prints it: one line, ``bayesmlc: warning: MESSAGE`` (Python's default
+    adds the file, the line number and the source line that raised it)."""
+    return f"bayesmlc: warning: {printable(' '.join(str(message).split()))}\n"
+
+
+@contextlib.contextmanager
+def one_line_warnings():
+    """A context in which warnings print as :func:`format_warning` does; the previous formatter comes
+    back afterwards (``main`` may be called from Python)."""
+    previous = warnings.formatwarning
+    warnings.formatwarning = format_warning
+    try:
+        yield
+    finally:
+        warnings.formatwarning = previous
 
 
 def command_threads(args):
@@ -882,7 +901,7 @@ def main(argv=None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        with command_threads(args):
+        with one_line_warnings(), command_threads(args):
             code = args.func(args)
         sys.stdout.flush()  # a full disk or a closed pipe shows here, not at exit
         return code

@@ -566,3 +566,25 @@ def test_auto_sweep_budget_follows_the_cost_model():
         seconds = 50 * (7e-10 * (X.nnz + n_rows) + 5.5e-8 * (occurring + 1))
         assert model._auto_sweeps(X_bias, 50) == int(np.clip(60.0 // seconds, 100, 2000))
     assert BMLS(max_sweeps=300)._auto_sweeps(X_bias, 50) == 300
+
+
+def test_cli_says_the_binarisation_in_one_line_on_stderr(tmp_path):
+    """From the command line the automatic binarisation is one stderr line, ``bayesmlc: warning: ...``
+    (Python's default warning format would add the source file and line)."""
+    import subprocess
+    import sys
+
+    from bayesmlc.data.io import write_dataset
+
+    data = _count_features_problem()
+    write_dataset(data.subset(np.arange(160)), tmp_path / "train.txt")
+    result = subprocess.run(
+        [sys.executable, "-m", "bayesmlc", "train", "--model", "bmls", "--train", str(tmp_path / "train.txt"),
+         "--set", "n_topics=3", "--set", "max_sweeps=40", "--quiet"],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert result.returncode == 0, result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    binarise = [line for line in lines if "x > 0" in line]
+    assert len(binarise) == 1 and binarise[0].startswith("bayesmlc: warning: ")
+    assert not any(".py:" in line for line in lines), lines
