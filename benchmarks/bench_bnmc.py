@@ -300,7 +300,7 @@ def main(argv=None):
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
-    params = {"device": "cpu", **parse_set_values(args.set, BNMC._get_param_names())}
+    params = {"device": "cpu", **parse_set_values(args.set, BNMC().get_params())}
     commands = {"accuracy": cmd_accuracy, "speed": cmd_speed, "missing": cmd_missing, "scale": cmd_scale,
                 "distributed": cmd_distributed}
     commands[args.command](args, params)

@@ -91,10 +91,8 @@ def _peak_rss_mb() -> float:
 
 def measure(mode: str, path: str, cache_dir: str) -> dict:
     """Run inside the child process: one read, timed; returns seconds and peak RSS."""
-    from bayesmlc.data.formats.sparse_text import _scanner
     from bayesmlc.data.io import read_dataset
 
-    _scanner()
     warm = Path(cache_dir).parent / "warm-up.txt"  # load the compiled code (numba cache) before timing
     warm.write_text("1 2 1\n0 1:0.5\n")
     read_dataset(warm)
