@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import numpy as np
+import scipy.sparse as sp
 
 from ..exceptions import ValidationError
 from ._checks import _check_dense, _check_mask, _check_y_true, _entry_rows, _restrict, _row_blocks, _undefined
@@ -99,6 +100,28 @@ def _sortable_block(block: np.ndarray, observed: np.ndarray | None) -> np.ndarra
     return out
 
 
+def _rank_sums_per_row(positives: sp.csr_matrix, scores: np.ndarray, mask: sp.csr_matrix | None):
+    """Per row g of an (m, w) problem: the sum over its positives of (#observed scores of row g below
+    it + #at or below it), the row's positives and its observed entries (the inputs of
+    :func:`_auc_per_group`). ``positives`` (m, w) CSR holds the observed positives, ``scores`` (m, w)
+    the scores, ``mask`` (m, w) CSR the observed entries (None: all). Rows are sorted in blocks and
+    each positive located by binary search."""
+    m, width = positives.shape
+    n_pos = np.diff(positives.indptr)
+    n_observed = np.full(m, width) if mask is None else np.diff(mask.indptr)
+    sums = np.zeros(m)
+    for rows in _row_blocks(m, width):
+        observed = None if mask is None else mask[rows].toarray() > 0
+        block = scores[rows]
+        groups = _sortable_block(block, observed)
+        groups.sort(axis=1)
+        part = positives[rows]
+        row_of_positive = _entry_rows(part)
+        below, at_or_below = _group_counts(groups, row_of_positive, block[row_of_positive, part.indices])
+        sums[rows] = np.bincount(row_of_positive, weights=below + at_or_below, minlength=part.shape[0])
+    return sums, n_pos, n_observed
+
+
 def auc_macro(Y_true, scores, label_mask=None, return_count: bool = False):
     """Mean over labels of the per-label ROC AUC (``roc_auc_score(..., average="macro")``).
 
@@ -118,20 +141,10 @@ def auc_macro(Y_true, scores, label_mask=None, return_count: bool = False):
     Y = _check_y_true(Y_true)
     scores = _dense_scores_for_auc(scores, Y.shape)
     mask = _check_mask(label_mask, Y.shape)
-    n, n_labels = Y.shape
-    positives = _restrict(Y, mask).tocsc()
-    mask_csc = None if mask is None else mask.tocsc()
-    n_pos = np.diff(positives.indptr)
-    n_observed = np.full(n_labels, n) if mask is None else np.diff(mask_csc.indptr)
-    sums = np.zeros(n_labels)  # per label: sum over positives of (#below + #at or below)
-    for cols in _row_blocks(n_labels, n):  # blocks of label columns, each column holding n scores
-        observed = None if mask is None else mask_csc[:, cols].toarray().T > 0
-        groups = _sortable_block(scores[:, cols].T, observed)  # (labels in block, n), one label per row
-        groups.sort(axis=1)
-        part = positives[:, cols]
-        label_of_positive = np.repeat(np.arange(part.shape[1]), np.diff(part.indptr))
-        below, at_or_below = _group_counts(groups, label_of_positive, scores[part.indices, label_of_positive + cols.start])
-        sums[cols] = np.bincount(label_of_positive, weights=below + at_or_below, minlength=part.shape[1])
+    # a label's AUC is the AUC of its row in the transposed problem
+    sums, n_pos, n_observed = _rank_sums_per_row(
+        sp.csr_matrix(_restrict(Y, mask).T), scores.T, None if mask is None else sp.csr_matrix(mask.T)
+    )
     per_label, usable = _auc_per_group(sums, n_pos, n_observed)
     count = int(usable.sum())
     value = float(per_label.mean()) if count else _undefined("auc_macro is undefined: no label has both classes")
@@ -152,19 +165,7 @@ def auc_instance(Y_true, scores, label_mask=None, return_count: bool = False):
     Y = _check_y_true(Y_true)
     scores = _dense_scores_for_auc(scores, Y.shape)
     mask = _check_mask(label_mask, Y.shape)
-    n, n_labels = Y.shape
-    positives = _restrict(Y, mask)
-    n_pos = np.diff(positives.indptr)
-    n_observed = np.full(n, n_labels) if mask is None else np.diff(mask.indptr)
-    sums = np.zeros(n)  # per row: sum over positives of (#below + #at or below)
-    for rows in _row_blocks(n, n_labels):
-        observed = None if mask is None else mask[rows].toarray() > 0
-        groups = _sortable_block(scores[rows], observed)
-        groups.sort(axis=1)
-        part = positives[rows]
-        row_of_positive = _entry_rows(part)
-        below, at_or_below = _group_counts(groups, row_of_positive, scores[rows][row_of_positive, part.indices])
-        sums[rows] = np.bincount(row_of_positive, weights=below + at_or_below, minlength=part.shape[0])
+    sums, n_pos, n_observed = _rank_sums_per_row(_restrict(Y, mask), scores, mask)
     per_row, usable = _auc_per_group(sums, n_pos, n_observed)
     count = int(usable.sum())
     value = float(per_row.mean()) if count else _undefined("auc_instance is undefined: no row has both classes")
