@@ -99,23 +99,33 @@ def test_auto_negative_samples_sample_only_above_a_thousand_labels(monkeypatch, 
     import bayesmlc.gp.training as training_module
 
     drawn = []
-    real = training_module.sample_label_entries
+    per_row, per_batch = training_module.sample_label_entries, training_module.sample_shared_negatives
 
-    def recording(Y, mask, negative_samples, rng):
-        drawn.append(negative_samples)
-        return real(Y, mask, negative_samples, rng)
+    def recording(real, mode):
+        def record(Y, mask, negative_samples, rng):
+            drawn.append((mode, negative_samples))
+            return real(Y, mask, negative_samples, rng)
+        return record
 
-    monkeypatch.setattr(training_module, "sample_label_entries", recording)
+    monkeypatch.setattr(training_module, "sample_label_entries", recording(per_row, "row"))
+    monkeypatch.setattr(training_module, "sample_shared_negatives", recording(per_batch, "batch"))
     rng = np.random.default_rng(0)
     X = sp.csr_matrix(rng.standard_normal((60, 8)).astype(np.float32))
     Y = sp.csr_matrix((rng.random((60, n_labels)) < 0.01).astype(np.float32))
-    model = MLGPF(n_latent=2, n_inducing=5, subspace_rank=4, batch_size=30, epochs=1, random_state=0, n_threads=1)
-    model.fit(X, Y)  # negative_samples="auto" is the default
-    assert drawn == ([] if expected is None else [expected, expected])  # two batches of 30 rows
-    # a sampled entry set holds each row's positives and min(500, its negatives) sampled negatives
+    for mode in ("batch", "row"):  # "batch" is the default
+        drawn.clear()
+        params = {} if mode == "batch" else {"negative_sampling": "row"}
+        model = MLGPF(n_latent=2, n_inducing=5, subspace_rank=4, batch_size=30, epochs=1, random_state=0, n_threads=1,
+                      **params)
+        model.fit(X, Y)  # negative_samples="auto" is the default
+        assert drawn == ([] if expected is None else [(mode, expected)] * 2)  # two batches of 30 rows
+    # a sampled entry set holds each row's positives and min(500, its negatives) sampled negatives;
+    # a shared one, the batch's positives and one block of 500 labels for all its rows
     if expected is not None:
-        entries = real(Y[:30], None, expected, np.random.default_rng(1))
+        entries = per_row(Y[:30], None, expected, np.random.default_rng(1))
         assert len(entries.rows) == Y[:30].nnz + 30 * expected
+        shared = per_batch(Y[:30], None, expected, np.random.default_rng(1))
+        assert shared.weights.shape == (30, expected) and len(shared.positives.rows) == Y[:30].nnz
 
 
 def test_predict_topk_never_scores_more_than_a_batch_of_rows(monkeypatch):

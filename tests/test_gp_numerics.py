@@ -12,7 +12,7 @@ from torch.distributions import MultivariateNormal, kl_divergence
 
 from bayesmlc.gp.inducing import InputSpaceInducing, SubspaceInducing, truncated_svd
 from bayesmlc.gp.kernels import make_kernel
-from bayesmlc.gp.likelihoods import BernoulliLogit
+from bayesmlc.gp.likelihoods import TAIL_RELATIVE_ERROR, BernoulliLogit, tail_entries
 from bayesmlc.gp.variational import CholeskyError, make_variational, robust_cholesky
 
 DT = torch.float64
@@ -56,6 +56,53 @@ def test_quadrature_matches_monte_carlo():
     assert torch.all((lik.predictive_mean(mean, var) - mc_proba.mean(0)).abs() < proba_tol + 1e-4)
     # ten nodes (the paper's choice) are already accurate to 1e-3 on these inputs
     assert torch.allclose(BernoulliLogit(10).expected_log_lik(mean, var, sign), quad, atol=2e-3)
+
+
+
+def _expected_log_sigmoid_by_integration(mean, var, sign):
+    """E[log sigmoid(sign f)], f ~ N(mean, var), by the trapezoid rule on a fine grid of +-12 sd."""
+    out = []
+    for m, v, s in zip(mean.tolist(), var.tolist(), sign.tolist()):
+        sd = math.sqrt(v)
+        f = np.linspace(m - 12 * sd, m + 12 * sd, 200_001)
+        density = np.exp(-0.5 * ((f - m) / sd) ** 2) / (sd * math.sqrt(2 * math.pi))
+        out.append(np.trapezoid(-np.logaddexp(0.0, -s * f) * density, f))
+    return torch.tensor(out, dtype=DT)
+
+
+def test_tail_series_matches_numerical_integration():
+    # deep-tail entries (the series), entries near the boundary, and entries outside the tail (quadrature)
+    mean = torch.tensor([-7.0, -5.2, -3.2, 9.0, -12.0, -4.0, -1.0, 2.0, -6.0], dtype=DT)
+    var = torch.tensor([0.5, 0.6, 0.01, 1.5, 2.5, 0.4, 1.0, 0.3, 2.5], dtype=DT)
+    sign = torch.tensor([-1.0, -1.0, -1.0, 1.0, -1.0, -1.0, -1.0, 1.0, -1.0], dtype=DT)
+    lik = BernoulliLogit(10)
+    tail = tail_entries(-sign * mean, var)
+    assert tail[:5].all() and not tail[5:].any()
+    exact = _expected_log_sigmoid_by_integration(mean, var, sign)
+    value = lik.expected_log_lik(mean, var, sign)
+    # the series: relative error at most TAIL_RELATIVE_ERROR (its first omitted term) plus rounding
+    assert torch.all(((value - exact).abs() / exact.abs())[tail] < 2 * TAIL_RELATIVE_ERROR)
+    # quadrature everywhere agrees as well, and the two rules agree where both apply
+    quadrature_only = BernoulliLogit(10, tail_series=False).expected_log_lik(mean, var, sign)
+    assert torch.allclose(quadrature_only[~tail], value[~tail], rtol=0, atol=0)
+    assert torch.allclose(quadrature_only, exact, rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize("tail_series", [True, False])
+def test_expected_log_lik_gradients_match_finite_differences(tail_series):
+    gen = torch.Generator().manual_seed(3)
+    mean = (torch.randn(60, generator=gen, dtype=DT) * 4 - 3).requires_grad_()
+    var = (torch.rand(60, generator=gen, dtype=DT) * 2 + 1e-3).requires_grad_()
+    sign = torch.where(torch.rand(60, generator=gen) < 0.5, -1.0, 1.0).to(DT)
+    lik = BernoulliLogit(10, tail_series=tail_series)
+    if tail_series:  # both rules are exercised
+        tail = tail_entries(-sign * mean.detach(), var.detach())
+        assert 0 < int(tail.sum()) < 60
+    assert torch.autograd.gradcheck(lambda m, v: lik.expected_log_lik(m, v, sign), (mean, var))
+    # broadcasting: a scalar sign against (B, S) moments, as the shared negatives use it
+    m2, v2 = mean.detach().reshape(6, 10).requires_grad_(), var.detach().reshape(6, 10).requires_grad_()
+    minus = -torch.ones((), dtype=DT)
+    assert torch.autograd.gradcheck(lambda m, v: lik.expected_log_lik(m, v, minus), (m2, v2))
 
 
 # ---- variational families ----------------------------------------------------------------------

@@ -1,11 +1,25 @@
-"""The logistic (Bernoulli-logit) likelihood, its Gauss-Hermite expectations and predictive mean.
+"""The logistic (Bernoulli-logit) likelihood, its expectations under a Gaussian and predictive mean.
 
-With f ~ N(mean, var) and y in {-1, +1}:
+With f ~ N(mean, var) and y in {-1, +1}, the expected log-likelihood is computed in one of two ways:
 
-    E[log sigmoid(y f)] = sum_j (w_j / sqrt(pi)) log sigmoid(y (mean + sqrt(2 var) xi_j))
+* Gauss-Hermite quadrature (journal paper sec. 4.2, ten points there)::
 
-(xi_j, w_j) the Gauss-Hermite nodes and weights (journal paper sec. 4.2, ten points there), and the
-predictive probability E[sigmoid(f)] uses the same rule.
+      E[log sigmoid(y f)] = sum_j (w_j / sqrt(pi)) log sigmoid(y (mean + sqrt(2 var) xi_j))
+
+* in the far tail, where sigmoid(y f) is almost surely close to 1 (a confident label: most negatives
+  of a large label set), by the series log sigmoid(y f) = -log(1 + z) with z = exp(g), g = -y f,
+  log(1 + z) = z - z^2/2 + z^3/3 - z^4/4 + ..., and the Gaussian moments E[z^k] = exp(k m + k^2 v / 2)
+  (m = -y mean, v = var)::
+
+      E[log sigmoid(y f)] = -sum_{k=1..4} (-1)^(k+1) exp(k m + k^2 v / 2) / k
+
+  used where the first omitted term is below ``TAIL_RELATIVE_ERROR`` of the first (m + 3 v <= -3.05
+  below; derivation in :func:`tail_entries`) and nearly all of the Gaussian's mass has z < 1
+  (m + 5 sqrt(v) <= 0). It costs a few element-wise operations per entry instead of Q log-sigmoids
+  and their backward pass; on the negatives of a large label set most entries are in this tail
+  (docs/experiments.md, "MLGPF at scale").
+
+The predictive probability E[sigmoid(f)] uses the quadrature.
 """
 
 from __future__ import annotations
@@ -16,9 +30,84 @@ import numpy as np
 import torch
 from torch.nn.functional import logsigmoid
 
-__all__ = ["BernoulliLogit"]
+__all__ = ["BernoulliLogit", "TAIL_RELATIVE_ERROR", "tail_entries"]
 
 VAR_FLOOR = 1e-10
+#: The series is used where its first omitted term, E[z^5] / 5, is at most this fraction of E[z].
+TAIL_RELATIVE_ERROR = 1e-6
+#: ... and where mean + TAIL_SIGMAS standard deviations of g = -y f is at most 0 (z < 1 there).
+TAIL_SIGMAS = 5.0
+_TAIL_BOUND = math.log(5.0 * TAIL_RELATIVE_ERROR) / 4.0  # m + 3 v <= this (about -3.05)
+
+
+def tail_entries(g_mean: torch.Tensor, var: torch.Tensor) -> torch.Tensor:
+    """Where the four-term series is accurate, for g ~ N(g_mean, var): a boolean tensor.
+
+    E[z^5] / 5 / E[z] = exp(4 m + 12 v) / 5 <= TAIL_RELATIVE_ERROR  <=>  m + 3 v <= log(5 eps) / 4,
+    and m + TAIL_SIGMAS sqrt(v) <= 0.
+    """
+    return (g_mean + 3.0 * var <= _TAIL_BOUND) & (g_mean + TAIL_SIGMAS * var.clamp_min(0.0).sqrt() <= 0.0)
+
+
+class _ExpectedLogSigmoid(torch.autograd.Function):
+    """E[log sigmoid(sign f)] for f ~ N(mean, var), element-wise, with its gradients with respect to
+    ``mean`` and ``var`` formed in the forward pass (no Q-wide tensors are kept for the backward).
+
+    Entries in the tail (:func:`tail_entries`) take the four-term series; with E_k = exp(k m + k^2 v / 2),
+    m = -sign mean:
+
+        value = -(E_1 - E_2 / 2 + E_3 / 3 - E_4 / 4)
+        d value / d m = -(E_1 - E_2 + E_3 - E_4),   d value / d v = -(E_1 / 2 - E_2 + 3 E_3 / 2 - 2 E_4)
+
+    The others take the Gauss-Hermite rule and its exact derivative: with x_j = sign (mean + s xi_j),
+    s = sqrt(var), d log sigmoid(x) / dx = sigmoid(-x), so d/d mean = sign sum_j w_j sigmoid(-x_j) and
+    d/d s = sign sum_j w_j xi_j sigmoid(-x_j) (zero below ``VAR_FLOOR``, where the variance is floored).
+    ``mean``, ``var`` and ``sign`` must have one shape.
+    """
+
+    @staticmethod
+    def forward(ctx, mean, var, sign, nodes, weights, use_tail):
+        shape = mean.shape
+        mean, var, sign = mean.reshape(-1), var.reshape(-1), sign.reshape(-1)
+        value, d_mean, d_var = torch.empty_like(mean), torch.empty_like(mean), torch.empty_like(mean)
+        if use_tail:
+            tail = tail_entries(-sign * mean, var)
+            tail_index, rest_index = torch.nonzero(tail).squeeze(-1), torch.nonzero(~tail).squeeze(-1)
+        else:
+            tail_index, rest_index = mean.new_empty(0, dtype=torch.long), None
+        if tail_index.numel():
+            s = sign.index_select(0, tail_index)
+            m, v = -s * mean.index_select(0, tail_index), var.index_select(0, tail_index)
+            e1, e2 = torch.exp(m + 0.5 * v), torch.exp(2.0 * m + 2.0 * v)
+            e3, e4 = torch.exp(3.0 * m + 4.5 * v), torch.exp(4.0 * m + 8.0 * v)
+            value.index_copy_(0, tail_index, (e2 / 2 + e4 / 4) - (e1 + e3 / 3))
+            d_mean.index_copy_(0, tail_index, s * (e1 - e2 + e3 - e4))  # d value / d m times d m / d mean = -sign
+            d_var.index_copy_(0, tail_index, (e2 + 2.0 * e4) - (e1 / 2 + 1.5 * e3))
+        if rest_index is None or rest_index.numel():
+            def pick(t):
+                return t if rest_index is None else t.index_select(0, rest_index)
+
+            def put(target, t):
+                if rest_index is None:
+                    target.copy_(t)
+                else:
+                    target.index_copy_(0, rest_index, t)
+
+            mu, v, s = pick(mean), pick(var), pick(sign)
+            sd = v.clamp_min(VAR_FLOOR).sqrt()
+            x = (mu.unsqueeze(-1) + sd.unsqueeze(-1) * nodes).mul_(s.unsqueeze(-1))  # (R, Q)
+            put(value, logsigmoid(x) @ weights)
+            slope = torch.sigmoid(x.neg_()).mul_(weights)  # w_j d log sigmoid / dx at the nodes
+            put(d_mean, s * slope.sum(-1))
+            d_sd = s * (slope @ nodes)
+            put(d_var, torch.where(v > VAR_FLOOR, d_sd / (2.0 * sd), torch.zeros_like(sd)))
+        ctx.save_for_backward(d_mean.reshape(shape), d_var.reshape(shape))
+        return value.reshape(shape)
+
+    @staticmethod
+    def backward(ctx, grad):
+        d_mean, d_var = ctx.saved_tensors
+        return grad * d_mean, grad * d_var, None, None, None, None
 
 
 class BernoulliLogit:
@@ -27,12 +116,15 @@ class BernoulliLogit:
     Parameters
     ----------
     quadrature_points : int, number of Gauss-Hermite nodes Q.
+    tail_series : bool, use the closed-form series for entries in the far tail (module docstring);
+        False computes every entry by quadrature.
     """
 
-    def __init__(self, quadrature_points: int = 10):
+    def __init__(self, quadrature_points: int = 10, tail_series: bool = True):
         nodes, weights = np.polynomial.hermite.hermgauss(quadrature_points)
         self.nodes = torch.as_tensor(nodes * math.sqrt(2.0))  # f = mean + sqrt(var) * node
         self.weights = torch.as_tensor(weights / math.sqrt(math.pi))
+        self.tail_series = tail_series
 
     def _grid(self, mean: torch.Tensor, var: torch.Tensor) -> torch.Tensor:
         nodes = self.nodes.to(mean.device, mean.dtype)
@@ -41,8 +133,10 @@ class BernoulliLogit:
 
     def expected_log_lik(self, mean: torch.Tensor, var: torch.Tensor, sign: torch.Tensor) -> torch.Tensor:
         """E_{N(f; mean, var)}[log sigmoid(sign * f)], element-wise; all arguments broadcast."""
+        mean, var, sign = torch.broadcast_tensors(mean, var, sign.to(mean.dtype))
+        nodes = self.nodes.to(mean.device, mean.dtype)
         weights = self.weights.to(mean.device, mean.dtype)
-        return logsigmoid(sign.unsqueeze(-1) * self._grid(mean, var)) @ weights
+        return _ExpectedLogSigmoid.apply(mean, var, sign.detach(), nodes, weights, self.tail_series)
 
     def predictive_mean(self, mean: torch.Tensor, var: torch.Tensor) -> torch.Tensor:
         """E_{N(f; mean, var)}[sigmoid(f)], element-wise."""

@@ -46,8 +46,8 @@ __all__ = [
     "data_term_shared", "utility_moments",
 ]
 
-#: ``negative_sampling``: "row" draws negatives for each row, "batch" one set of labels per minibatch.
-NEGATIVE_SAMPLING = ("row", "batch")
+#: ``negative_sampling``: "batch" draws one set of labels per minibatch (the default), "row" negatives for each row.
+NEGATIVE_SAMPLING = ("batch", "row")
 
 
 #: ``negative_samples="auto"``: all labels enter the bound up to this many labels; above it each row

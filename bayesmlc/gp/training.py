@@ -204,7 +204,7 @@ def skip_negative_draws(n_negatives: np.ndarray, negative_samples: int, rng: np.
 
 
 def minibatch_targets(Y, label_mask, rows, rng: np.random.Generator, device, dtype, negative_samples="auto",
-                      negative_sampling: str = "row", share: slice | None = None, n_batch: int | None = None,
+                      negative_sampling: str = "batch", share: slice | None = None, n_batch: int | None = None,
                       strategy=ONE_PROCESS):
     """The label targets of the rows ``rows`` of ``Y`` for :func:`~bayesmlc.gp.objective.minibatch_elbo`,
     and those rows of ``Y`` (CSR): ``("full", Y dense, mask dense or None)`` when every label enters
