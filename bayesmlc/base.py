@@ -50,6 +50,37 @@ def label_counts(Y, label_mask=None) -> tuple[np.ndarray, np.ndarray]:
     return positives, observed
 
 
+#: ``label_cardinality``: "independent" leaves the per-label probabilities as the model gives them;
+#: "at_least_one" conditions them on the row having at least one label (:func:`at_least_one_label`).
+LABEL_CARDINALITY = ("independent", "at_least_one")
+
+
+def at_least_one_label(proba: np.ndarray) -> np.ndarray:
+    """Per-label probabilities conditioned on the row having at least one label.
+
+    Under independent labels with marginals p_il, P(y_il = 1 | sum_l y_il >= 1) =
+    p_il / (1 - prod_l (1 - p_il)), since y_il = 1 implies a non-empty row. The zero-truncated
+    product of Bernoullis (a hurdle model of the label count with no mass at 0) is the joint
+    this conditions on; a row's probabilities are multiplied by one factor >= 1, so every row keeps
+    its ranking. ``proba``: (n, L); returns float32 (n, L), each entry in [p_il, 1].
+    """
+    proba = np.asarray(proba, dtype=np.float64)
+    log_none = np.log1p(-np.clip(proba, 0.0, 1.0 - 1e-12)).sum(axis=1, keepdims=True)
+    some = -np.expm1(log_none)  # P(at least one label) under independence, computed without cancellation
+    return np.minimum(proba / np.maximum(some, np.finfo(np.float64).tiny), 1.0).astype(np.float32)
+
+
+def _warn_about_empty_rows(Y, label_mask, name: str) -> None:
+    """One warning when rows with every label observed have none positive: ``label_cardinality=
+    "at_least_one"`` assumes that every row has a label."""
+    complete = np.ones(Y.shape[0], dtype=bool) if label_mask is None else np.diff(label_mask.indptr) == Y.shape[1]
+    empty = int(np.count_nonzero(complete & (np.diff(Y.indptr) == 0)))
+    if empty:
+        warnings.warn(f"{name}: label_cardinality='at_least_one' assumes every row has a label, but {empty} of "
+                      f"{Y.shape[0]} training rows have none; their probabilities will be too high", UserWarning,
+                      stacklevel=3)
+
+
 class MultiLabelEstimator(BaseEstimator):
     """Base class: ``fit``, ``decision_function``, ``predict_proba``, ``predict``, ``predict_topk``,
     ``score``, ``save`` and ``load`` for every model.
@@ -170,6 +201,8 @@ class MultiLabelEstimator(BaseEstimator):
                 UserWarning,
                 stacklevel=2,
             )
+        if getattr(self, "label_cardinality", "independent") == "at_least_one":
+            _warn_about_empty_rows(Y, label_mask, type(self).__name__)
         self.history_ = {"wall_time": [], "objective": []}
         self._fit(X, Y, label_mask, **fit_params)
         return self
@@ -215,8 +248,12 @@ class MultiLabelEstimator(BaseEstimator):
         return self._batched(X, self._decision_function, prior_logit)
 
     def predict_proba(self, X) -> np.ndarray:
-        """Probabilities that each label is on, shape (n_samples, n_labels)."""
-        return self._batched(X, self._predict_proba, getattr(self, "label_prior_", None))
+        """Probabilities that each label is on, shape (n_samples, n_labels); conditioned on at least one
+        label per row when the model's ``label_cardinality`` is "at_least_one" (:func:`at_least_one_label`)."""
+        proba = self._batched(X, self._predict_proba, getattr(self, "label_prior_", None))
+        if getattr(self, "label_cardinality", "independent") == "at_least_one":
+            proba = at_least_one_label(proba)
+        return proba
 
     def predict(self, X, threshold: float = 0.5, top_k: int | None = None) -> sp.csr_matrix:
         """Sparse 0/1 predictions: labels with probability >= ``threshold``, or the ``top_k`` best."""

@@ -317,6 +317,15 @@ def test_plan_runs_selection_and_errors(tmp_path):
         plan_runs(SUITES["quick"], tmp_path, datasets=["bibtex"])
     with pytest.raises(Exception, match="--repeats"):
         plan_runs(SUITES["quick"], tmp_path, repeats=0)
+    # MODEL:CONFIG keeps one configuration of a model; MODEL keeps all of them
+    standard = SUITES["standard"]
+    runs = plan_runs(standard, tmp_path, datasets=["scene"], models=["mlgpf:default", "bnmc", "knn"])
+    assert [(r.model, r.config) for r in runs] == [
+        ("knn", "default"), ("bnmc", "paper-L"), ("bnmc", "paper-S"), ("bnmc", "default"), ("mlgpf", "default")]
+    with pytest.raises(Exception, match="no configuration 'fast' of mlgpf; it has default, paper"):
+        plan_runs(standard, tmp_path, models=["mlgpf:fast"])
+    with pytest.raises(Exception, match="not in suite"):
+        plan_runs(standard, tmp_path, models=["nope:default"])
 
 
 def test_cli_runner_set_values_round_trip_through_the_cli_parser(tmp_path):

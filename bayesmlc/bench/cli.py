@@ -26,7 +26,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The ``bench`` options, added to ``parser``."""
     parser.add_argument("--suite", required=True, choices=sorted(SUITES), help="which suite to run")
     parser.add_argument("--datasets", nargs="+", metavar="NAME", help="only these datasets of the suite")
-    parser.add_argument("--models", nargs="+", metavar="NAME", help="only these models of the suite")
+    parser.add_argument("--models", nargs="+", metavar="NAME", help="only these models of the suite; "
+                        "NAME:CONFIG for one configuration of a model (mlgpf:default)")
     parser.add_argument("--dataset", action="append", metavar="NAME=TRAIN[,TEST]", default=[],
                         help="also run on your own files (repeatable; without TEST, 20%% of TRAIN's rows are held "
                              "out by --seed); add --datasets NAME to run on yours alone")

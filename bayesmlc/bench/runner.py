@@ -270,6 +270,26 @@ def _select(requested, available: list[str], what: str, suite: str) -> list[str]
     return [name for name in available if name in requested]
 
 
+def _select_configs(requested, suite: Suite) -> set[tuple[str, str]]:
+    """The (model, configuration) pairs of ``suite`` that ``--models`` names: ``MODEL`` takes every
+    configuration of the model, ``MODEL:CONFIG`` one of them (``mlgpf:default``)."""
+    pairs = [(config.model, config.config) for config in suite.configs]
+    if not requested:
+        return set(pairs)
+    model_names = _select([name.split(":", 1)[0] for name in requested], suite.model_names, "models", suite.name)
+    wanted = set()
+    for name in requested:
+        model, _, config = name.partition(":")
+        chosen = {pair for pair in pairs if pair[0] == model and (not config or pair[1] == config)}
+        if not chosen:
+            configs = ", ".join(sorted({c for m, c in pairs if m == model}))
+            raise ValidationError(f"--models {name}: suite {suite.name!r} has no configuration {config!r} of "
+                                  f"{model}; it has {configs}")
+        wanted |= chosen
+    assert {model for model, _ in wanted} <= set(model_names)
+    return wanted
+
+
 def plan_runs(suite: Suite, out_dir: Path, *, datasets=None, models=None, repeats: int = 1, seed: int = 0,
               data_root: Path | None = None, timeout_s: float | None = None, calibrate=()) -> list[RunSpec]:
     """Every run of ``suite`` (restricted to ``datasets`` and ``models`` when given), repeat by repeat.
@@ -288,7 +308,7 @@ def plan_runs(suite: Suite, out_dir: Path, *, datasets=None, models=None, repeat
         raise ValidationError(f"--calibrate {', '.join(unknown)}: choose from {', '.join(CALIBRATION_METHODS)}")
     data_root = Path(data_root) if data_root is not None else default_data_root()
     dataset_names = _select(datasets, suite.dataset_names, "datasets", suite.name)
-    model_names = _select(models, suite.model_names, "models", suite.name)
+    wanted_configs = _select_configs(models, suite)
     runs = []
     for name in dataset_names:
         spec = suite.dataset(name)
@@ -296,7 +316,7 @@ def plan_runs(suite: Suite, out_dir: Path, *, datasets=None, models=None, repeat
         train_path, test_path = (map(Path, spec.files) if spec.files is not None
                                  else (folder / "train.txt", folder / "test.txt"))
         for config in suite.configs:
-            if config.model not in model_names:
+            if (config.model, config.config) not in wanted_configs:
                 continue
             for method in (None,) + calibrate:
                 for repeat in range(repeats):

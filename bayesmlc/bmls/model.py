@@ -10,7 +10,7 @@ import numpy as np
 import scipy.sparse as sp
 import torch
 
-from ..base import MultiLabelEstimator
+from ..base import LABEL_CARDINALITY, MultiLabelEstimator
 from ..exceptions import ValidationError
 from ..parameters import Boolean, Integer, Options, Real
 from ..utils import iter_batches, logit, numpy_rng, resolve_device
@@ -213,6 +213,10 @@ class BMLS(MultiLabelEstimator):
         feature is on when x > 0 (one warning at fit when X is not already 0/1); a number t: on when
         x > t; None: any non-binary value is an error.
     sample_dtype : ``"float32"`` or ``"float16"``, storage of the kept draws (the moments stay float64).
+    label_cardinality : {"independent", "at_least_one"}, what ``predict_proba`` returns: the model's
+        per-label probabilities, or the same conditioned on the row having at least one label
+        (:func:`bayesmlc.base.at_least_one_label`), for data where every row has a label. Rankings are
+        unchanged; measured: docs/experiments.md, "Calibration".
     recompute_theta_every : int, sweeps between recomputing theta = exp(X log h) from scratch in log
         space (between them theta is updated multiplicatively, eq. (23)).
     random_state : int, Generator or None.
@@ -271,6 +275,7 @@ class BMLS(MultiLabelEstimator):
         recompute_theta_every=10,
         phi_step="dirichlet",
         sample_dtype="float32",
+        label_cardinality="independent",
         random_state=None,
         device="auto",
         verbose=False,
@@ -295,11 +300,13 @@ class BMLS(MultiLabelEstimator):
         self.recompute_theta_every = recompute_theta_every
         self.phi_step = phi_step
         self.sample_dtype = sample_dtype
+        self.label_cardinality = label_cardinality
         self.random_state = random_state
         self.device = device
         self.verbose = verbose
 
     _parameter_constraints = {
+        "label_cardinality": [Options(*LABEL_CARDINALITY)],
         **{name: [Integer(1)] for name in ("n_topics", "n_samples", "thin", "recompute_theta_every")},
         "n_burnin": [Integer(0)],
         "max_sweeps": ["auto", Integer(2 * AUTO_WINDOW)],

@@ -13,7 +13,7 @@ from types import SimpleNamespace
 import numpy as np
 import torch
 
-from ..base import MultiLabelEstimator, label_counts
+from ..base import LABEL_CARDINALITY, MultiLabelEstimator, label_counts
 from ..distributed import ONE_PROCESS, ParallelContext
 from ..exceptions import ValidationError
 from ..parameters import Boolean, Integer, Options, Real, check_parameters
@@ -100,6 +100,10 @@ class MLGPF(MultiLabelEstimator):
         metrics) returns: the mean utilities E_q[f] (the papers' and authors' choice), or the
         predictive probabilities E_q[sigmoid(f)] of ``predict_proba``, which use the predictive
         variance (how the two rank: docs/experiments.md, "MLGPF on Bibtex").
+    label_cardinality : {"independent", "at_least_one"}, what ``predict_proba`` returns: the model's
+        per-label probabilities, or the same conditioned on the row having at least one label
+        (:func:`bayesmlc.base.at_least_one_label`), for data where every row has a label. Rankings are
+        unchanged; measured: docs/experiments.md, "Calibration".
     jitter : float, relative jitter added to K_ZZ before its Cholesky factorisation (grown x10 on
         failure, recorded in ``history_["jitter"]``).
     svd_max_rows : int or None, rows the subspace SVD and the k-means initialisation see at most.
@@ -134,7 +138,7 @@ class MLGPF(MultiLabelEstimator):
         learning_rate=0.03, variational_learning_rate=None, lr_decay=0.5,
         negative_samples="auto", negative_sampling="batch", quadrature_points=10, kl_weight=1.0,
         init_factors="svd", init_mean="ridge", idf_weighting=True, standardize="auto", normalize_features=True,
-        rank_by="mean", jitter=1e-5, svd_max_rows=100_000,
+        rank_by="mean", label_cardinality="independent", jitter=1e-5, svd_max_rows=100_000,
         validation_fraction=0.0, validation_every=1, early_stopping_patience=None,
         checkpoint_every=None, checkpoint_path=None,
         dtype="float32", n_threads=None, random_state=None, device="auto", verbose=False,
@@ -164,6 +168,7 @@ class MLGPF(MultiLabelEstimator):
         self.standardize = standardize
         self.normalize_features = normalize_features
         self.rank_by = rank_by
+        self.label_cardinality = label_cardinality
         self.jitter = jitter
         self.svd_max_rows = svd_max_rows
         self.validation_fraction = validation_fraction
@@ -185,6 +190,7 @@ class MLGPF(MultiLabelEstimator):
         "init_factors": [Options("svd", "random")],
         "init_mean": [Options("ridge", "zero")],
         "rank_by": [Options("mean", "proba")],
+        "label_cardinality": [Options(*LABEL_CARDINALITY)],
         "negative_sampling": [Options(*NEGATIVE_SAMPLING)],
         "dtype": [Options(*_DTYPES)],
         "standardize": STANDARDIZE_CONSTRAINT,
