@@ -180,3 +180,21 @@ def test_progress_bar_labels_training_and_validation_precision(monkeypatch):
     assert math.isnan(history["val_P@1"][0]) and math.isnan(history["val_P@1"][2])
     expected = [history["val_P@1"][1]] * 2 + [history["val_P@1"][3]]
     assert [p["val P@1"] for p in postfixes[1:]] == [f"{v:.3f}" for v in expected]
+
+
+@pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf, None])
+def test_all_finite_flags_any_non_finite_gradient_or_loss(bad):
+    params = [torch.zeros(3, 4, requires_grad=True), torch.zeros(5, requires_grad=True), torch.zeros(2, requires_grad=True)]
+    for p in params[:2]:
+        p.grad = torch.ones_like(p)
+    loss = torch.tensor(-3.5)
+    assert training_module.all_finite(loss, params)  # the third parameter has no gradient: skipped
+    if bad is None:  # a non-finite loss
+        assert not training_module.all_finite(torch.tensor(math.nan), params)
+        return
+    params[1].grad[3] = bad
+    assert not training_module.all_finite(loss, params)
+    params[1].grad[3] = 0.0
+    params[0].grad[2, 1] = bad
+    params[0].grad[0, 0] = -bad if not math.isnan(bad) else 0.0  # +inf and -inf in one gradient: a NaN sum
+    assert not training_module.all_finite(loss, params)

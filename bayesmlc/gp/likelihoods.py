@@ -69,20 +69,21 @@ class _ExpectedLogSigmoid(torch.autograd.Function):
     def forward(ctx, mean, var, sign, nodes, weights, use_tail):
         shape = mean.shape
         mean, var, sign = mean.reshape(-1), var.reshape(-1), sign.reshape(-1)
-        value, d_mean, d_var = torch.empty_like(mean), torch.empty_like(mean), torch.empty_like(mean)
         if use_tail:
-            tail = tail_entries(-sign * mean, var)
-            tail_index, rest_index = torch.nonzero(tail).squeeze(-1), torch.nonzero(~tail).squeeze(-1)
-        else:
-            tail_index, rest_index = mean.new_empty(0, dtype=torch.long), None
-        if tail_index.numel():
-            s = sign.index_select(0, tail_index)
-            m, v = -s * mean.index_select(0, tail_index), var.index_select(0, tail_index)
+            # the series on every entry (cheaper than gathering the tail), its arguments clamped so that
+            # the entries outside the tail stay finite; those are overwritten by the quadrature below
+            g_mean = -sign * mean
+            rest_index = torch.nonzero(~tail_entries(g_mean, var)).squeeze(-1)
+            m = g_mean.clamp(max=_TAIL_BOUND)
+            v = torch.minimum(var, (_TAIL_BOUND - m) / 3.0)  # unchanged in the tail, where m + 3 v <= bound
             e1, e2 = torch.exp(m + 0.5 * v), torch.exp(2.0 * m + 2.0 * v)
             e3, e4 = torch.exp(3.0 * m + 4.5 * v), torch.exp(4.0 * m + 8.0 * v)
-            value.index_copy_(0, tail_index, (e2 / 2 + e4 / 4) - (e1 + e3 / 3))
-            d_mean.index_copy_(0, tail_index, s * (e1 - e2 + e3 - e4))  # d value / d m times d m / d mean = -sign
-            d_var.index_copy_(0, tail_index, (e2 + 2.0 * e4) - (e1 / 2 + 1.5 * e3))
+            value = (e2 / 2 + e4 / 4) - (e1 + e3 / 3)
+            d_mean = sign * (e1 - e2 + e3 - e4)  # d value / d m times d m / d mean = -sign
+            d_var = (e2 + 2.0 * e4) - (e1 / 2 + 1.5 * e3)
+        else:
+            rest_index = None
+            value, d_mean, d_var = torch.empty_like(mean), torch.empty_like(mean), torch.empty_like(mean)
         if rest_index is None or rest_index.numel():
             def pick(t):
                 return t if rest_index is None else t.index_select(0, rest_index)

@@ -132,10 +132,11 @@ def learning_rate_factor(progress: float, decay_fraction: float) -> float:
 
 
 def all_finite(loss: torch.Tensor, parameters) -> bool:
-    """True when the loss and every gradient are finite."""
-    if not torch.isfinite(loss).all():
-        return False
-    return all(p.grad is None or torch.isfinite(p.grad).all() for p in parameters)
+    """True when the loss and every gradient are finite: one sum over all of them, which is NaN or
+    infinite when any entry is (or when they are so large that the sum overflows, which is divergence
+    too), so that each gradient is read once."""
+    sums = [loss.detach().sum().double()] + [p.grad.sum().double() for p in parameters if p.grad is not None]
+    return bool(torch.isfinite(torch.stack(sums).sum()))
 
 
 def early_stop(scores: list[float], patience: int) -> bool:
