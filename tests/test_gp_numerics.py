@@ -105,6 +105,25 @@ def test_expected_log_lik_gradients_match_finite_differences(tail_series):
     assert torch.autograd.gradcheck(lambda m, v: lik.expected_log_lik(m, v, minus), (m2, v2))
 
 
+def test_threaded_sparse_products_equal_the_serial_ones():
+    from bayesmlc.gp.inducing import _ThreadedProducts
+
+    rng = np.random.default_rng(5)
+    X = _sparse_rows(rng, 3000, 40, density=0.1).astype(np.float64)
+    W = rng.standard_normal((40, 7))
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        products = _ThreadedProducts(X)
+        assert len(products.blocks) == 2 and sum(b.shape[0] for b in products.blocks) == 3000
+        np.testing.assert_allclose(products.times(W), X @ W, rtol=1e-12, atol=1e-12)
+        np.testing.assert_allclose(products.gram_times(W), X.T @ (X @ W), rtol=1e-12, atol=1e-10)
+        torch.set_num_threads(1)
+        assert len(_ThreadedProducts(X).blocks) == 1
+    finally:
+        torch.set_num_threads(before)
+
+
 # ---- variational families ----------------------------------------------------------------------
 @pytest.mark.parametrize("name", ["whitened", "cholesky", "preconditioned", "shared"])
 def test_kl_matches_dense_gaussian_kl(name):
