@@ -284,7 +284,11 @@ def test_ctrl_c_exits_130_without_traceback(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     process = subprocess.Popen([sys.executable, "-m", "bayesmlc", "train", "--model", "mlgpf", "--train", str(train),
                                 "--set", "epochs=100000", "--set", "n_inducing=10"], env=env,
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               # a test runner started in the background (a non-interactive shell's
+                               # `cmd &`, nohup) hands its children SIGINT ignored, and Python then
+                               # installs no handler: give the CLI the default disposition a terminal gives
+                               preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.time() + 120
     for line in process.stderr:  # wait until training has started
         if line.startswith("training mlgpf") or time.time() > deadline:

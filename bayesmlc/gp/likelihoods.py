@@ -49,9 +49,10 @@ def tail_entries(g_mean: torch.Tensor, var: torch.Tensor) -> torch.Tensor:
     return (g_mean + 3.0 * var <= _TAIL_BOUND) & (g_mean + TAIL_SIGMAS * var.clamp_min(0.0).sqrt() <= 0.0)
 
 
-class _ExpectedLogSigmoid(torch.autograd.Function):
-    """E[log sigmoid(sign f)] for f ~ N(mean, var), element-wise, with its gradients with respect to
-    ``mean`` and ``var`` formed in the forward pass (no Q-wide tensors are kept for the backward).
+def _expected_log_sigmoid(mean, var, sign, nodes, weights, use_tail: bool):
+    """E[log sigmoid(sign f)] for f ~ N(mean, var), element-wise, and its derivatives with respect to
+    ``mean`` and ``var``: three tensors of the shape of ``mean``, formed together (no Q-wide tensors
+    are kept for a backward pass).
 
     Entries in the tail (:func:`tail_entries`) take the four-term series; with E_k = exp(k m + k^2 v / 2),
     m = -sign mean:
@@ -64,51 +65,42 @@ class _ExpectedLogSigmoid(torch.autograd.Function):
     d/d s = sign sum_j w_j xi_j sigmoid(-x_j) (zero below ``VAR_FLOOR``, where the variance is floored).
     ``mean``, ``var`` and ``sign`` must have one shape.
     """
+    shape = mean.shape
+    mean, var, sign = mean.reshape(-1), var.reshape(-1), sign.reshape(-1)
+    if use_tail:
+        # the series on every entry (cheaper than gathering the tail), its arguments clamped so that
+        # the entries outside the tail stay finite; those are overwritten by the quadrature below
+        g_mean = -sign * mean
+        rest_index = torch.nonzero(~tail_entries(g_mean, var)).squeeze(-1)
+        m = g_mean.clamp(max=_TAIL_BOUND)
+        v = torch.minimum(var, (_TAIL_BOUND - m) / 3.0)  # unchanged in the tail, where m + 3 v <= bound
+        e1, e2 = torch.exp(m + 0.5 * v), torch.exp(2.0 * m + 2.0 * v)
+        e3, e4 = torch.exp(3.0 * m + 4.5 * v), torch.exp(4.0 * m + 8.0 * v)
+        value = (e2 / 2 + e4 / 4) - (e1 + e3 / 3)
+        d_mean = sign * (e1 - e2 + e3 - e4)  # d value / d m times d m / d mean = -sign
+        d_var = (e2 + 2.0 * e4) - (e1 / 2 + 1.5 * e3)
+    else:
+        rest_index = None
+        value, d_mean, d_var = torch.empty_like(mean), torch.empty_like(mean), torch.empty_like(mean)
+    if rest_index is None or rest_index.numel():
+        def pick(t):
+            return t if rest_index is None else t.index_select(0, rest_index)
 
-    @staticmethod
-    def forward(ctx, mean, var, sign, nodes, weights, use_tail):
-        shape = mean.shape
-        mean, var, sign = mean.reshape(-1), var.reshape(-1), sign.reshape(-1)
-        if use_tail:
-            # the series on every entry (cheaper than gathering the tail), its arguments clamped so that
-            # the entries outside the tail stay finite; those are overwritten by the quadrature below
-            g_mean = -sign * mean
-            rest_index = torch.nonzero(~tail_entries(g_mean, var)).squeeze(-1)
-            m = g_mean.clamp(max=_TAIL_BOUND)
-            v = torch.minimum(var, (_TAIL_BOUND - m) / 3.0)  # unchanged in the tail, where m + 3 v <= bound
-            e1, e2 = torch.exp(m + 0.5 * v), torch.exp(2.0 * m + 2.0 * v)
-            e3, e4 = torch.exp(3.0 * m + 4.5 * v), torch.exp(4.0 * m + 8.0 * v)
-            value = (e2 / 2 + e4 / 4) - (e1 + e3 / 3)
-            d_mean = sign * (e1 - e2 + e3 - e4)  # d value / d m times d m / d mean = -sign
-            d_var = (e2 + 2.0 * e4) - (e1 / 2 + 1.5 * e3)
-        else:
-            rest_index = None
-            value, d_mean, d_var = torch.empty_like(mean), torch.empty_like(mean), torch.empty_like(mean)
-        if rest_index is None or rest_index.numel():
-            def pick(t):
-                return t if rest_index is None else t.index_select(0, rest_index)
+        def put(target, t):
+            if rest_index is None:
+                target.copy_(t)
+            else:
+                target.index_copy_(0, rest_index, t)
 
-            def put(target, t):
-                if rest_index is None:
-                    target.copy_(t)
-                else:
-                    target.index_copy_(0, rest_index, t)
-
-            mu, v, s = pick(mean), pick(var), pick(sign)
-            sd = v.clamp_min(VAR_FLOOR).sqrt()
-            x = (mu.unsqueeze(-1) + sd.unsqueeze(-1) * nodes).mul_(s.unsqueeze(-1))  # (R, Q)
-            put(value, logsigmoid(x) @ weights)
-            slope = torch.sigmoid(x.neg_()).mul_(weights)  # w_j d log sigmoid / dx at the nodes
-            put(d_mean, s * slope.sum(-1))
-            d_sd = s * (slope @ nodes)
-            put(d_var, torch.where(v > VAR_FLOOR, d_sd / (2.0 * sd), torch.zeros_like(sd)))
-        ctx.save_for_backward(d_mean.reshape(shape), d_var.reshape(shape))
-        return value.reshape(shape)
-
-    @staticmethod
-    def backward(ctx, grad):
-        d_mean, d_var = ctx.saved_tensors
-        return grad * d_mean, grad * d_var, None, None, None, None
+        mu, v, s = pick(mean), pick(var), pick(sign)
+        sd = v.clamp_min(VAR_FLOOR).sqrt()
+        x = (mu.unsqueeze(-1) + sd.unsqueeze(-1) * nodes).mul_(s.unsqueeze(-1))  # (R, Q)
+        put(value, logsigmoid(x) @ weights)
+        slope = torch.sigmoid(x.neg_()).mul_(weights)  # w_j d log sigmoid / dx at the nodes
+        put(d_mean, s * slope.sum(-1))
+        d_sd = s * (slope @ nodes)
+        put(d_var, torch.where(v > VAR_FLOOR, d_sd / (2.0 * sd), torch.zeros_like(sd)))
+    return value.reshape(shape), d_mean.reshape(shape), d_var.reshape(shape)
 
 
 class BernoulliLogit:
@@ -137,7 +129,13 @@ class BernoulliLogit:
         mean, var, sign = torch.broadcast_tensors(mean, var, sign.to(mean.dtype))
         nodes = self.nodes.to(mean.device, mean.dtype)
         weights = self.weights.to(mean.device, mean.dtype)
-        return _ExpectedLogSigmoid.apply(mean, var, sign.detach(), nodes, weights, self.tail_series)
+        with torch.no_grad():
+            value, d_mean, d_var = _expected_log_sigmoid(mean, var, sign, nodes, weights, self.tail_series)
+        if not (mean.requires_grad or var.requires_grad):
+            return value
+        # value, with the gradients d_mean and d_var attached by built-in operations: the added terms
+        # are exactly zero, and the backward pass multiplies the incoming gradient by d_mean and d_var
+        return value + (mean - mean.detach()) * d_mean + (var - var.detach()) * d_var
 
     def predictive_mean(self, mean: torch.Tensor, var: torch.Tensor) -> torch.Tensor:
         """E_{N(f; mean, var)}[sigmoid(f)], element-wise."""
