@@ -90,6 +90,15 @@ def _auc_per_group(sums: np.ndarray, n_pos: np.ndarray, n_observed: np.ndarray):
     return (sums[usable] - pos**2) / (2.0 * pos * (n_observed[usable] - pos)), usable
 
 
+def _mean_auc(sums, n_pos, n_observed, return_count: bool, metric: str, group: str):
+    """The mean of :func:`_auc_per_group` over the usable groups (NaN with an ``UndefinedMetricWarning``
+    when there is none), with their number when ``return_count``."""
+    per_group, usable = _auc_per_group(sums, n_pos, n_observed)
+    count = int(usable.sum())
+    value = float(per_group.mean()) if count else _undefined(f"{metric} is undefined: no {group} has both classes")
+    return (value, count) if return_count else value
+
+
 def _sortable_block(block: np.ndarray, observed: np.ndarray | None) -> np.ndarray:
     """A sorted-ready copy of ``block``; unobserved entries become +inf, above every finite score, so
     they never count as below or equal to an observed positive."""
@@ -145,10 +154,7 @@ def auc_macro(Y_true, scores, label_mask=None, return_count: bool = False):
     sums, n_pos, n_observed = _rank_sums_per_row(
         sp.csr_matrix(_restrict(Y, mask).T), scores.T, None if mask is None else sp.csr_matrix(mask.T)
     )
-    per_label, usable = _auc_per_group(sums, n_pos, n_observed)
-    count = int(usable.sum())
-    value = float(per_label.mean()) if count else _undefined("auc_macro is undefined: no label has both classes")
-    return (value, count) if return_count else value
+    return _mean_auc(sums, n_pos, n_observed, return_count, "auc_macro", "label")
 
 
 def auc_instance(Y_true, scores, label_mask=None, return_count: bool = False):
@@ -166,7 +172,4 @@ def auc_instance(Y_true, scores, label_mask=None, return_count: bool = False):
     scores = _dense_scores_for_auc(scores, Y.shape)
     mask = _check_mask(label_mask, Y.shape)
     sums, n_pos, n_observed = _rank_sums_per_row(_restrict(Y, mask), scores, mask)
-    per_row, usable = _auc_per_group(sums, n_pos, n_observed)
-    count = int(usable.sum())
-    value = float(per_row.mean()) if count else _undefined("auc_instance is undefined: no row has both classes")
-    return (value, count) if return_count else value
+    return _mean_auc(sums, n_pos, n_observed, return_count, "auc_instance", "row")
