@@ -67,40 +67,36 @@ def _expected_log_sigmoid(mean, var, sign, nodes, weights, use_tail: bool):
     """
     shape = mean.shape
     mean, var, sign = mean.reshape(-1), var.reshape(-1), sign.reshape(-1)
-    if use_tail:
-        # the series on every entry (cheaper than gathering the tail), its arguments clamped so that
-        # the entries outside the tail stay finite; those are overwritten by the quadrature below
-        g_mean = -sign * mean
-        rest_index = torch.nonzero(~tail_entries(g_mean, var)).squeeze(-1)
-        m = g_mean.clamp(max=_TAIL_BOUND)
-        v = torch.minimum(var, (_TAIL_BOUND - m) / 3.0)  # unchanged in the tail, where m + 3 v <= bound
-        e1, e2 = torch.exp(m + 0.5 * v), torch.exp(2.0 * m + 2.0 * v)
-        e3, e4 = torch.exp(3.0 * m + 4.5 * v), torch.exp(4.0 * m + 8.0 * v)
-        value = (e2 / 2 + e4 / 4) - (e1 + e3 / 3)
-        d_mean = sign * (e1 - e2 + e3 - e4)  # d value / d m times d m / d mean = -sign
-        d_var = (e2 + 2.0 * e4) - (e1 / 2 + 1.5 * e3)
-    else:
-        rest_index = None
-        value, d_mean, d_var = torch.empty_like(mean), torch.empty_like(mean), torch.empty_like(mean)
-    if rest_index is None or rest_index.numel():
-        def pick(t):
-            return t if rest_index is None else t.index_select(0, rest_index)
-
-        def put(target, t):
-            if rest_index is None:
-                target.copy_(t)
-            else:
-                target.index_copy_(0, rest_index, t)
-
-        mu, v, s = pick(mean), pick(var), pick(sign)
-        sd = v.clamp_min(VAR_FLOOR).sqrt()
-        x = (mu.unsqueeze(-1) + sd.unsqueeze(-1) * nodes).mul_(s.unsqueeze(-1))  # (R, Q)
-        put(value, logsigmoid(x) @ weights)
-        slope = torch.sigmoid(x.neg_()).mul_(weights)  # w_j d log sigmoid / dx at the nodes
-        put(d_mean, s * slope.sum(-1))
-        d_sd = s * (slope @ nodes)
-        put(d_var, torch.where(v > VAR_FLOOR, d_sd / (2.0 * sd), torch.zeros_like(sd)))
+    if not use_tail:
+        value, d_mean, d_var = _quadrature_and_derivatives(mean, var, sign, nodes, weights)
+        return value.reshape(shape), d_mean.reshape(shape), d_var.reshape(shape)
+    # the series on every entry (cheaper than gathering the tail), its arguments clamped so that the
+    # entries outside the tail stay finite; those are overwritten by the quadrature below
+    g_mean = -sign * mean
+    rest = torch.nonzero(~tail_entries(g_mean, var)).squeeze(-1)
+    m = g_mean.clamp(max=_TAIL_BOUND)
+    v = torch.minimum(var, (_TAIL_BOUND - m) / 3.0)  # unchanged in the tail, where m + 3 v <= bound
+    e1, e2 = torch.exp(m + 0.5 * v), torch.exp(2.0 * m + 2.0 * v)
+    e3, e4 = torch.exp(3.0 * m + 4.5 * v), torch.exp(4.0 * m + 8.0 * v)
+    value = (e2 / 2 + e4 / 4) - (e1 + e3 / 3)
+    d_mean = sign * (e1 - e2 + e3 - e4)  # d value / d m times d m / d mean = -sign
+    d_var = (e2 + 2.0 * e4) - (e1 / 2 + 1.5 * e3)
+    if rest.numel():
+        picked = (t.index_select(0, rest) for t in (mean, var, sign))
+        for target, part in zip((value, d_mean, d_var), _quadrature_and_derivatives(*picked, nodes, weights)):
+            target.index_copy_(0, rest, part)
     return value.reshape(shape), d_mean.reshape(shape), d_var.reshape(shape)
+
+
+def _quadrature_and_derivatives(mean, var, sign, nodes, weights):
+    """The Gauss-Hermite value of E[log sigmoid(sign f)] and its exact derivatives with respect to
+    ``mean`` and ``var`` (:func:`_expected_log_sigmoid`), for 1-D tensors of one length."""
+    sd = var.clamp_min(VAR_FLOOR).sqrt()
+    x = (mean.unsqueeze(-1) + sd.unsqueeze(-1) * nodes).mul_(sign.unsqueeze(-1))  # (R, Q)
+    value = logsigmoid(x) @ weights
+    slope = torch.sigmoid(x.neg_()).mul_(weights)  # w_j d log sigmoid / dx at the nodes
+    d_sd = sign * (slope @ nodes)
+    return value, sign * slope.sum(-1), torch.where(var > VAR_FLOOR, d_sd / (2.0 * sd), torch.zeros_like(sd))
 
 
 class BernoulliLogit:
