@@ -32,40 +32,34 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_mlgpf import load_avg, parse_sets  # noqa: E402
+from bench_mlgpf import STAGES, load_avg, parse_sets, setup, timed_steps  # noqa: E402
 from bench_mlgpf_scale import cached_preset  # noqa: E402
 
 import numpy as np  # noqa: E402
 
-from bayesmlc.gp import MLGPF, Trainer  # noqa: E402
-from bayesmlc.gp.likelihoods import BernoulliLogit  # noqa: E402
-from bayesmlc.gp.objective import VariationalELBO  # noqa: E402
-from bayesmlc.gp.training import TrainingRows, epoch_batches, resolve_batch_size  # noqa: E402
+from bayesmlc.gp import MLGPF  # noqa: E402
+from bayesmlc.gp.training import epoch_batches, resolve_batch_size  # noqa: E402
 from bayesmlc.preprocessing import FeaturePreprocessor  # noqa: E402
-
-STAGES = ("batching", "kernels", "factorisations", "marginals", "quadrature", "kl", "backward", "adam")
 
 
 def split_epochs(model: MLGPF, X, Y, epochs: int):
     """Set-up and ``epochs`` epochs of ``model``'s settings through ``Trainer.step``, with per-stage
-    clocks; returns (set-up s, [epoch s], {stage: s over all epochs})."""
-    settings = model.get_params()
+    clocks (:func:`bench_mlgpf.setup`, :func:`bench_mlgpf.timed_steps`); returns (set-up s, [epoch s],
+    {stage: s over all epochs})."""
     start = time.perf_counter()
     preprocessor = FeaturePreprocessor(standardize=model.standardize, idf=model.idf_weighting,
                                        normalize=model.normalize_features).fit(X)
     X = preprocessor.transform(X)
     rng = np.random.default_rng(model.random_state)
-    trainer = Trainer(settings, rng, "cpu", getattr(torch, model.dtype))
-    projection = trainer.initialise(X, Y)
+    trainer, rows, _ = setup(model.get_params(), X, Y, rng)
     setup_s = time.perf_counter() - start
-    rows = TrainingRows(X, Y, None, projection)
-    elbo = VariationalELBO(BernoulliLogit(model.quadrature_points), X.shape[0], model.kl_weight)
     timings: dict = {}
     epoch_s = []
     for _ in range(epochs):
         epoch_start = time.perf_counter()
-        for batch_rows in epoch_batches(X.shape[0], resolve_batch_size(model.batch_size, X.shape[0]), rng):
-            trainer.step(rows, batch_rows, elbo, timings)
+        steps = timed_steps(trainer, rows, epoch_batches(X.shape[0], resolve_batch_size(model.batch_size, X.shape[0]), rng))
+        for stage, seconds in steps.items():
+            timings[stage] = timings.get(stage, 0.0) + seconds
         epoch_s.append(time.perf_counter() - epoch_start)
     return setup_s, epoch_s, timings
 
