@@ -126,6 +126,12 @@ class MultiLabelEstimator(BaseEstimator):
                                   f"matrix; labels are its columns), got {np.asarray(classes).tolist()[:10]}")
 
     @property
+    def _conditions_on_a_label(self) -> bool:
+        """Whether ``predict_proba`` conditions on a non-empty row (``label_cardinality="at_least_one"``;
+        models without the parameter never do)."""
+        return getattr(self, "label_cardinality", "independent") == "at_least_one"
+
+    @property
     def classes_(self) -> np.ndarray:
         """The label columns ``arange(n_labels_)`` (scikit-learn's multi-label convention)."""
         self._check_is_fitted()
@@ -201,7 +207,7 @@ class MultiLabelEstimator(BaseEstimator):
                 UserWarning,
                 stacklevel=2,
             )
-        if getattr(self, "label_cardinality", "independent") == "at_least_one":
+        if self._conditions_on_a_label:
             _warn_about_empty_rows(Y, label_mask, type(self).__name__)
         self.history_ = {"wall_time": [], "objective": []}
         self._fit(X, Y, label_mask, **fit_params)
@@ -251,7 +257,7 @@ class MultiLabelEstimator(BaseEstimator):
         """Probabilities that each label is on, shape (n_samples, n_labels); conditioned on at least one
         label per row when the model's ``label_cardinality`` is "at_least_one" (:func:`at_least_one_label`)."""
         proba = self._batched(X, self._predict_proba, getattr(self, "label_prior_", None))
-        if getattr(self, "label_cardinality", "independent") == "at_least_one":
+        if self._conditions_on_a_label:
             proba = at_least_one_label(proba)
         return proba
 
