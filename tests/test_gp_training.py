@@ -198,3 +198,37 @@ def test_all_finite_flags_any_non_finite_gradient_or_loss(bad):
     params[0].grad[2, 1] = bad
     params[0].grad[0, 0] = -bad if not math.isnan(bad) else 0.0  # +inf and -inf in one gradient: a NaN sum
     assert not training_module.all_finite(loss, params)
+
+
+def test_projection_cache_forms_each_row_once_with_the_bits_of_the_per_batch_product(monkeypatch):
+    from bayesmlc.gp.inducing import SubspaceInducing
+    from bayesmlc.gp.initialisation import ProjectionCache
+
+    rng = np.random.default_rng(5)
+    X = sp.random(400, 300, density=0.05, format="csr", random_state=6, dtype=np.float32)
+    basis = np.linalg.qr(rng.standard_normal((300, 20)))[0].T
+    inducing = SubspaceInducing(basis, rng.standard_normal((7, 20)), trainable=False)
+    cache = ProjectionCache(inducing, X)
+    formed = []
+    project = inducing.project
+    monkeypatch.setattr(inducing, "project", lambda rows: formed.append(rows.shape[0]) or project(rows))
+    first, second = np.sort(rng.choice(400, 150, replace=False)), np.sort(rng.choice(400, 150, replace=False))
+    for rows in (first, second, first):
+        np.testing.assert_array_equal(cache[rows], project(X[rows]).numpy())  # the same bits as a batch's own product
+    new_in_second = np.setdiff1d(second, first).size
+    assert formed == [150, new_in_second]  # each row formed once; the third call formed nothing
+    assert cache.known.sum() == np.union1d(first, second).size
+
+
+def test_fit_with_and_without_the_projection_cache_is_identical(monkeypatch):
+    import bayesmlc.gp.initialisation as initialisation
+
+    X, Y = _data(1, n=200, D=30, L=5)
+    made = []
+    original = initialisation.training_projection
+    monkeypatch.setattr(initialisation, "training_projection", lambda *a: made.append(original(*a)) or made[-1])
+    cached = MLGPF(epochs=3, **SMALL).fit(X, Y)
+    monkeypatch.setattr(initialisation, "PROJECTION_CACHE_MEMORY_SHARE", 0.0)  # every batch forms its projections
+    uncached = MLGPF(epochs=3, **SMALL).fit(X, Y)
+    assert made[0].known.all() and made[1] is None
+    np.testing.assert_array_equal(cached.decision_function(X), uncached.decision_function(X))

@@ -193,6 +193,10 @@ class SubspaceInducing(InducingInputs):
         return InnerProducts(zz=zz, xz=xz, xx=xx)
 
 
+#: Subspace iterations of :func:`top_singular_vectors` (scikit-learn's count for a large rank).
+SUBSPACE_ITERATIONS = 4
+
+
 class _ThreadedProducts:
     """X W and X^T (X W) for a sparse X, over row blocks of X on ``torch.get_num_threads()`` threads
     (SciPy's sparse products are single-threaded but release the GIL; 2.1x on two cores at EURLex-4K
@@ -224,24 +228,22 @@ class _ThreadedProducts:
         return total
 
 
-def top_singular_vectors(X, k: int, seed: int, context: ParallelContext | None = None, n_iter: int = 7,
-                         n_oversamples: int = 10, dtype=np.float64):
+def top_singular_vectors(X, k: int, seed: int, context: ParallelContext | None = None,
+                         n_iter: int = SUBSPACE_ITERATIONS, n_oversamples: int = 10, dtype=np.float64):
     """Top-``k`` right singular vectors and singular values of a row-sharded ``X`` (dense or sparse).
 
     Subspace iteration on X^T X (Halko et al. 2011, alg. 4.4) with a Rayleigh-Ritz step: from a
     seeded Gaussian (D, k + n_oversamples) start, ``n_iter`` times W <- X^T (X W), renormalised
-    between steps by the L factor of a pivoted LU (it spans the same columns; 4.2 s against 32.7 s
-    for a QR at D = 203,882, k = 1010 here) and orthonormalised by a QR after the last step; then the
-    eigenvectors of the small Gram matrix (X W)^T (X W) rotate W onto the singular directions
-    (``n_iter=5`` spans range((X^T X)^5 Omega), the subspace scikit-learn's ``randomized_svd`` with
-    its 4 power iterations reaches; the default 7 is more accurate when the spectrum is flat: the
-    error of the top-5 projector of a random 60 x 25 sparse matrix, median over 20 seeds, is
-    2.6e-4 against 2.9e-3 for scikit-learn). X
-    enters only through X W and X^T (X W), sums over rows: with X split by rows over processes,
-    ``context.reduce_sum`` (an all-reduce SUM) adds the per-process (D, k) and (k, k) products, and
-    every process computes the same basis as one process holding every row (``context`` None).
-    ``dtype`` is that of the (D, k) work arrays (three of them live at once; float32 halves that
-    memory).
+    between steps by the L factor of a pivoted LU (it spans the same columns at a fifth of a QR's
+    cost at D = 203,882, k = 1010) and orthonormalised by a QR after the last step; then the
+    eigenvectors of the small Gram matrix (X W)^T (X W) rotate W onto the singular directions.
+    ``n_iter=4`` is scikit-learn's ``randomized_svd`` count for a large rank; at the AmazonCat-13K
+    shape its basis keeps 99.1% of the held-out energy that 7 iterations keep, at 63% of the time
+    (docs/experiments.md, "The subspace SVD at scale"). X enters only through X W and X^T (X W), sums
+    over rows: with X split by rows over processes, ``context.reduce_sum`` (an all-reduce SUM) adds
+    the per-process (D, k) and (k, k) products, and every process computes the same basis as one
+    process holding every row (``context`` None). ``dtype`` is that of the (D, k) work arrays (three
+    of them live at once; float32 halves that memory).
 
     Returns
     -------
@@ -249,23 +251,33 @@ def top_singular_vectors(X, k: int, seed: int, context: ParallelContext | None =
         magnitude is positive (a convention independent of the summation order)
     s : ndarray (k,) float64, the singular values, decreasing (from the float64 Gram matrix)
     """
+    Vt, s, _ = _subspace_iteration(X, k, seed, context, n_iter, n_oversamples, dtype)
+    return Vt, s
+
+
+def _subspace_iteration(X, k: int, seed: int, context: ParallelContext | None = None,
+                        n_iter: int = SUBSPACE_ITERATIONS, n_oversamples: int = 10, dtype=np.float64):
+    """:func:`top_singular_vectors`, and also this process's X Vt^T (n_local, k) float64, which the
+    Rayleigh-Ritz step forms anyway."""
     reduce = (context or ParallelContext.whole(X.shape[0])).reduce_sum
     n_features = X.shape[1]
     width = min(k + n_oversamples, n_features)
-    W = np.random.default_rng(seed).standard_normal((n_features, width)).astype(dtype)
+    W = np.random.default_rng(seed).standard_normal((n_features, width), dtype=dtype)
     products = _ThreadedProducts(X)
     for step in range(n_iter):
         W = reduce(np.asarray(products.gram_times(W), dtype=dtype))
         if step < n_iter - 1:  # keep the columns from collapsing onto the top direction
-            W = scipy.linalg.lu(W, permute_l=True, check_finite=False)[0]
-    W = np.linalg.qr(W)[0]
+            W = scipy.linalg.lu(W, permute_l=True, overwrite_a=True, check_finite=False)[0]
+    W = torch.linalg.qr(torch.from_numpy(W))[0].numpy()  # in dtype: NumPy's QR works in float64
     XW = np.asarray(products.times(W), dtype=np.float64)
     eigenvalues, eigenvectors = np.linalg.eigh(reduce(XW.T @ XW))
     top = np.argsort(eigenvalues)[::-1][:k]
-    Vt = (W @ eigenvectors[:, top].astype(W.dtype)).T
+    rotation = eigenvectors[:, top]
+    Vt = (W @ rotation.astype(W.dtype)).T
     largest = np.abs(Vt).argmax(axis=1)
-    Vt *= np.sign(Vt[np.arange(Vt.shape[0]), largest])[:, None]
-    return Vt, np.sqrt(np.clip(eigenvalues[top], 0.0, None))
+    signs = np.sign(Vt[np.arange(Vt.shape[0]), largest])
+    Vt *= signs[:, None]
+    return Vt, np.sqrt(np.clip(eigenvalues[top], 0.0, None)), (XW @ rotation) * signs
 
 
 def truncated_svd(X: sp.csr_matrix, rank: int, seed: int, max_rows: int | None = None,
@@ -283,8 +295,7 @@ def truncated_svd(X: sp.csr_matrix, rank: int, seed: int, max_rows: int | None =
     -------
     basis : ndarray (rank, D), orthonormal rows
     US : ndarray (n_used, rank), X_used X~^T (this process's used rows), which is U S for an exact
-        SVD. It is formed by a sparse product so that training rows get exactly the projections
-        test rows get.
+        SVD (from the Rayleigh-Ritz step's X W, so it equals the sparse product up to rounding)
     used : None when every row was used; otherwise the ParallelContext of the used rows (this
         process's share of the ``max_rows`` sampled ones, in the order of their global ids)
     """
@@ -294,9 +305,8 @@ def truncated_svd(X: sp.csr_matrix, rank: int, seed: int, max_rows: int | None =
         chosen = np.sort(np.random.default_rng(seed).choice(context.n_total, max_rows, replace=False))
         local, used = context.select(chosen)
         X = X[local]
-    Vt, _ = top_singular_vectors(X, rank, seed, context, dtype=dtype)
-    basis = np.ascontiguousarray(Vt, dtype=np.float32)
-    return basis, np.asarray(X @ basis.T, dtype=np.float32), used
+    Vt, _, projection = _subspace_iteration(X, rank, seed, context, dtype=dtype)
+    return np.ascontiguousarray(Vt, dtype=np.float32), projection.astype(np.float32), used
 
 
 def kmeans_centres(points, n_clusters: int, seed: int, max_rows: int = 20000, context: ParallelContext | None = None,

@@ -106,7 +106,8 @@ class MLGPF(MultiLabelEstimator):
         unchanged; measured: docs/experiments.md, "Calibration".
     jitter : float, relative jitter added to K_ZZ before its Cholesky factorisation (grown x10 on
         failure, recorded in ``history_["jitter"]``).
-    svd_max_rows : int or None, rows the subspace SVD and the k-means initialisation see at most.
+    svd_max_rows : int or None, rows the subspace SVD, the label SVD (``init_factors="svd"``) and the
+        k-means initialisation see at most.
     validation_fraction : float in [0, 1), rows held out for validation metrics / early stopping.
     validation_every : int, epochs between validation evaluations.
     early_stopping_patience : int or None, stop when validation P@1 has not improved for this many

@@ -24,7 +24,7 @@ import torch
 from ..distributed import ONE_PROCESS, ParallelContext
 from ..exceptions import ModelFormatError, ValidationError
 from ..persistence import decode, encode, read_npz, write_npz_atomically
-from .initialisation import feature_batch, initial_module, module_from_parameters, training_projection
+from .initialisation import ProjectionCache, feature_batch, initial_module, module_from_parameters, training_projection
 from .likelihoods import BernoulliLogit
 from .objective import (
     LabelEntries, StageClock, VariationalELBO, resolve_negative_samples, sample_label_entries, sample_shared_negatives,
@@ -250,7 +250,7 @@ class TrainingRows:
     """This process's prepared training rows and their place among all training rows.
 
     X : CSR (n, D); Y : CSR (n, L) 0/1; label_mask : CSR (n, L) 0/1 or None (all observed);
-    projection : (n, R) cached subspace projections or None
+    projection : the rows' :class:`~bayesmlc.gp.initialisation.ProjectionCache` or None
     (:func:`~bayesmlc.gp.initialisation.training_projection`); context : ParallelContext of the
     rows (None: one process holding them all).
     """
@@ -258,7 +258,7 @@ class TrainingRows:
     X: sp.csr_matrix
     Y: sp.csr_matrix
     label_mask: sp.csr_matrix | None = None
-    projection: np.ndarray | None = None
+    projection: ProjectionCache | None = None
     context: ParallelContext | None = None
 
     def __post_init__(self):
@@ -329,7 +329,7 @@ class Trainer:
     def initialise(self, X, Y, context: ParallelContext | None = None) -> np.ndarray | None:
         """Build the starting module from the prepared training rows ``X``, ``Y`` (this process's share
         of ``context``'s rows) as ``fit`` does (:func:`~bayesmlc.gp.initialisation.initial_module`)
-        and start training it. Returns the rows' cached projections (or None)."""
+        and start training it. Returns the rows' projection cache (or None)."""
         module, projection = initial_module(self.settings, X, Y, self.rng, context, self.device, self.dtype)
         self.start(module)
         return projection
