@@ -43,11 +43,21 @@ def inverse_document_frequency(document_counts: np.ndarray, n_rows: int) -> np.n
     return np.log((1.0 + n_rows) / (1.0 + counts)) + 1.0
 
 
-def normalize_rows(X: sp.csr_matrix, dtype=np.float32) -> sp.csr_matrix:
-    """``X`` with every non-zero row scaled to unit L2 norm (all-zero rows kept), as CSR of ``dtype``."""
-    norms = np.sqrt(np.asarray(X.multiply(X).sum(axis=1)).ravel())
+def normalize_rows(X: sp.csr_matrix, dtype=np.float32, copy: bool = True) -> sp.csr_matrix:
+    """``X`` with every non-zero row scaled to unit L2 norm (all-zero rows kept), as CSR of ``dtype``:
+    a new matrix, or ``X`` itself scaled in place when ``copy`` is False and it is CSR of ``dtype``.
+    The squared norms are summed in float64 over each row's stored entries (duplicates summed
+    first), and the entries scaled in place: no sparse product."""
+    X = sp.csr_matrix(X, dtype=dtype, copy=copy)
+    X.sum_duplicates()
+    lengths = np.diff(X.indptr)
+    filled = lengths > 0
+    squares = np.zeros(X.shape[0])
+    squares[filled] = np.add.reduceat(np.square(X.data), X.indptr[:-1][filled], dtype=np.float64)
+    norms = np.sqrt(squares)
     norms[norms == 0] = 1.0
-    return sp.csr_matrix(sp.diags((1.0 / norms).astype(dtype)) @ X, dtype=dtype)
+    X.data *= np.repeat((1.0 / norms).astype(dtype), lengths)
+    return X
 
 
 def column_mean_and_scale(X, n_rows: int | None = None, reduce=None) -> tuple[np.ndarray, np.ndarray]:
@@ -176,10 +186,12 @@ class FeaturePreprocessor(TransformerMixin, BaseEstimator):
             X = sp.csr_matrix(self._standardised_dense(X))
         elif self.scale_ is not None:
             X = sp.csr_matrix(X.multiply(self._inverse_scale()[None, :]), dtype=dtype)
-        if self.idf_ is not None:
-            X = sp.csr_matrix(X @ sp.diags(self.idf_.astype(dtype)), dtype=dtype)
+        if self.idf_ is not None or self.normalize:  # the steps below scale this copy in place
+            X = sp.csr_matrix(X, dtype=dtype, copy=True)
+        if self.idf_ is not None:  # column j times idf_j
+            X.data *= self.idf_.astype(dtype)[X.indices]
         if self.normalize:
-            X = normalize_rows(X, dtype)
+            X = normalize_rows(X, dtype, copy=False)
         return X.astype(dtype, copy=False)
 
     def transform_dense(self, X) -> np.ndarray:

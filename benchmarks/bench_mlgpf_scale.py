@@ -89,7 +89,7 @@ def family_rows(model: MLGPF, X, Y, arrays: dict, steps: int) -> dict:
         module = build_module(model, arrays)
         projection = training_projection(module, X)
         if model.init_mean == "ridge":
-            warm_start_mean(model, module, X, Y, projection, rng)
+            warm_start_mean(model, module, X, Y, rng)
         return Trainer(model.get_params(), rng, module=module), TrainingRows(X, Y, None, projection)
 
     (trainer, rows), warm_s, _ = timed(build)

@@ -102,7 +102,7 @@ def initial_factors(Y, n_latent: int, init_factors: str, rng: np.random.Generato
     return (Phi + 0.1 * noise).astype(np.float32)
 
 
-def warm_start_mean(settings, module: MLGPFModule, X, Y, projection, rng: np.random.Generator,
+def warm_start_mean(settings, module: MLGPFModule, X, Y, rng: np.random.Generator,
                     context: ParallelContext | None = None, max_rows: int = 5000, max_entries: int = 4_000_000) -> None:
     """Start E_q[u] at a ridge fit of latent targets (a reduced-rank-regression warm start), in place.
 
@@ -119,7 +119,7 @@ def warm_start_mean(settings, module: MLGPFModule, X, Y, projection, rng: np.ran
     chosen = np.sort(rng.choice(n, min(n, max_rows), replace=False))
     rows, chosen_here = context.shard.select(chosen)  # this process's chosen rows, and their positions in chosen
     with torch.no_grad():
-        batch = feature_batch(module, X, rows, projection)
+        batch = feature_batch(module, X, rows)  # not the training cache: these random rows would touch all its pages
         mean_h, var_h, prep = latent_marginals(module, batch, settings.jitter)
         blocks = module.kernel(module.inducing.inner_products(batch, module.kernel.input_weights()))
         L_K, _ = robust_cholesky(blocks.zz, settings.jitter)
@@ -256,5 +256,5 @@ def initial_module(settings, X, Y, rng: np.random.Generator, context: ParallelCo
     module = module.to(device=device, dtype=dtype)
     projection = training_projection(module, X)
     if settings.init_mean == "ridge":
-        warm_start_mean(settings, module, X, Y, projection, rng, context)
+        warm_start_mean(settings, module, X, Y, rng, context)
     return module, projection
