@@ -262,11 +262,34 @@ def check_training_data(train, n_rows: int, path) -> None:
         raise CLIError(f"--train {path}: no row has a positive label, so there is nothing to learn")
 
 
+#: A test set with more (rows x labels) entries than this is scored on a seeded random subset of
+#: MAX_EVALUATION_ENTRIES // labels of its rows, announced on stderr and recorded as
+#: ``evaluated_rows``: the metrics take dense (rows, labels) scores, probabilities and predictions,
+#: three arrays that at the AmazonCat-13K shape (237k test rows, 13,330 labels) would take 30 GB
+#: (this limit: about 5,000 of those rows).
+MAX_EVALUATION_ENTRIES = 1 << 26
+
+
+def evaluation_rows(test, source, seed: int = 0):
+    """``test``, or a seeded random subset of its rows when it holds more than
+    :data:`MAX_EVALUATION_ENTRIES` entries (with a notice on stderr naming ``source``); returns
+    (dataset, number of rows evaluated)."""
+    n_rows, n_labels = test.Y.shape
+    if n_rows * n_labels <= MAX_EVALUATION_ENTRIES:
+        return test, n_rows
+    kept = max(1, MAX_EVALUATION_ENTRIES // n_labels)
+    rows = np.sort(np.random.default_rng(seed).choice(n_rows, kept, replace=False))
+    print(f"{source}: {n_rows:,} rows x {n_labels:,} labels is more than {MAX_EVALUATION_ENTRIES:,} scores to hold; "
+          f"the metrics are those of {kept:,} rows drawn at random (seed {seed})", file=sys.stderr)
+    return test.subset(rows), kept
+
+
 def evaluate_model(model, test, inv_propensity) -> tuple[dict, float, dict]:
     """Metrics of ``model`` on the ``test`` dataset; returns (metrics, predict_seconds, reliability).
 
     Entries that ``test.label_mask`` marks unobserved are left out of the metrics that take a mask.
-    A metric that is undefined on this data (an AUC with one class only) is ``None``.
+    A metric that is undefined on this data (an AUC with one class only) is ``None``. The caller
+    bounds the test set's size (:func:`evaluation_rows`).
     """
     from . import metrics
 
@@ -436,6 +459,7 @@ def _train(args, parallel) -> int:
                   "device": _device_name(model)}
         table = f"trained in {train_seconds:.2f} s"
         if test is not None:
+            test, record["evaluated_rows"] = evaluation_rows(test, args.test)
             values, predict_seconds, reliability = evaluate_model(model, test, inv_prop)
             record["metrics"], record["predict_seconds"] = values, predict_seconds
             table = (f"{args.model} on {name} (train {train_seconds:.2f} s, predict {predict_seconds:.2f} s)\n"
@@ -499,10 +523,12 @@ def cmd_evaluate(args) -> int:
         inv_prop = np.asarray(meta["inv_propensity"])
         if inv_prop.dtype.kind not in "iuf" or inv_prop.shape != (model.n_labels_,):
             raise CLIError(f"{Path(args.model_dir) / META_FILE}: inv_propensity is not {model.n_labels_} numbers")
+    test, evaluated_rows = evaluation_rows(test, args.test)
     values, predict_seconds, _ = evaluate_model(model, test, inv_prop)
     record = {"model": meta.get("model", type(model).__name__), "dataset": dataset_name(args.test),
               "params": model.get_params(deep=False), "metrics": values, "train_seconds": None,
-              "predict_seconds": predict_seconds, "peak_rss_mb": peak_rss_mb(), "device": _device_name(model)}
+              "predict_seconds": predict_seconds, "peak_rss_mb": peak_rss_mb(), "device": _device_name(model),
+              "evaluated_rows": evaluated_rows}
     _emit(args, record, format_metrics_table(values))
     return EXIT_OK
 

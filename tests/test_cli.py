@@ -44,13 +44,41 @@ def _last_json(capsys):
     return json.loads(out[-1])
 
 
+
+def test_a_test_set_above_the_score_limit_is_scored_on_a_named_random_subset(tiny_files, capsys, monkeypatch):
+    import bayesmlc.cli as cli
+    from bayesmlc import metrics
+    from bayesmlc.data.io import read_dataset
+
+    monkeypatch.setattr(cli, "MAX_EVALUATION_ENTRIES", 100)  # 40 test rows x 5 labels = 200 scores: 20 rows
+    out = tiny_files / "run"
+    assert main(["train", "--model", "logistic", "--train", str(tiny_files / "train.txt"), "--test",
+                 str(tiny_files / "test.txt"), "--out", str(out), "--json", "--quiet"]) == 0
+    captured = capsys.readouterr()
+    record = json.loads(captured.out.strip().splitlines()[-1])
+    assert record["evaluated_rows"] == 20
+    assert "test.txt: 40 rows x 5 labels" in captured.err and "20 rows drawn at random (seed 0)" in captured.err
+    # the figures are exactly those of the seeded rows, computed here from the saved model
+    model, test, train = (LogisticRegression.load(out / "model.npz"), read_dataset(tiny_files / "test.txt"),
+                          read_dataset(tiny_files / "train.txt"))
+    rows = np.sort(np.random.default_rng(0).choice(40, 20, replace=False))
+    X, Y = test.X[rows], test.Y[rows]
+    expected = metrics.evaluate(Y, scores=model.decision_function(X), proba=model.predict_proba(X),
+                                Y_pred=model.predict(X), inv_propensity=metrics.inverse_propensity(train.Y))
+    for key, value in expected.items():
+        assert record["metrics"][key] == pytest.approx(value, abs=1e-12), key
+    assert main(["evaluate", "--model-dir", str(out), "--test", str(tiny_files / "test.txt"), "--json"]) == 0
+    assert _last_json(capsys)["metrics"] == record["metrics"]
+
 def test_train_json_line_evaluate_and_predict(tiny_files, capsys):
     out = tiny_files / "run"
     code = main(["train", "--model", "logistic", "--train", str(tiny_files / "train.txt"), "--test",
                  str(tiny_files / "test.txt"), "--set", "C=2.0", "--out", str(out), "--json", "--quiet"])
     assert code == 0
     record = _last_json(capsys)
-    assert set(record) == {"model", "dataset", "params", "metrics", "train_seconds", "predict_seconds", "peak_rss_mb", "device"}
+    assert set(record) == {"model", "dataset", "params", "metrics", "train_seconds", "predict_seconds", "peak_rss_mb", "device",
+                           "evaluated_rows"}
+    assert record["evaluated_rows"] == 40  # every test row
     assert record["params"]["C"] == 2.0 and record["device"] == "cpu"
     assert set(record["metrics"]) == METRIC_KEYS
     assert all(0.0 <= v <= 1.0 for v in record["metrics"].values())
