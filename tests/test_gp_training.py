@@ -232,3 +232,20 @@ def test_fit_with_and_without_the_projection_cache_is_identical(monkeypatch):
     uncached = MLGPF(epochs=3, **SMALL).fit(X, Y)
     assert made[0].known.all() and made[1] is None
     np.testing.assert_array_equal(cached.decision_function(X), uncached.decision_function(X))
+
+
+def test_projection_cache_is_kept_only_within_its_share_of_memory(monkeypatch):
+    import bayesmlc.gp.initialisation as initialisation
+    from bayesmlc.gp.inducing import SubspaceInducing
+
+    rng = np.random.default_rng(9)
+    X = sp.random(1000, 50, density=0.1, format="csr", random_state=9, dtype=np.float32)
+    inducing = SubspaceInducing(np.linalg.qr(rng.standard_normal((50, 8)))[0].T, rng.standard_normal((4, 8)), False)
+    module = type("Module", (), {"inducing": inducing})()
+    size = 1000 * 8 * 4  # rows x rank x float32 bytes
+    for memory, kept in ((4 * size, True), (4 * size - 1, False), (None, True)):  # None: the 1 GiB fallback
+        monkeypatch.setattr(initialisation, "physical_memory_bytes", lambda: memory)
+        assert isinstance(initialisation.training_projection(module, X), initialisation.ProjectionCache) is kept
+    monkeypatch.setattr(initialisation, "physical_memory_bytes", lambda: None)
+    tall = type("Rows", (), {"shape": (2**30 // (8 * 4) + 1, 50)})()  # just over 1 GiB of projections
+    assert initialisation.training_projection(module, tall) is None
