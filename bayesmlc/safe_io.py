@@ -29,7 +29,7 @@ from typing import Callable, Iterator, Mapping
 import numpy as np
 import scipy.sparse as sp
 
-__all__ = ["memory_limit_bytes", "format_bytes", "check_width", "checked_csr", "LazyNpz", "BYTES_PER_COLUMN",
+__all__ = ["memory_limit_bytes", "physical_memory_bytes", "format_bytes", "check_width", "checked_csr", "LazyNpz", "BYTES_PER_COLUMN",
            "temporary_prefix", "remove_stale_temporaries", "apply_umask_mode", "make_temporary_file", "error_factory",
            "MEMORY_LIMIT_ENV"]
 
@@ -55,6 +55,14 @@ def format_bytes(n: float) -> str:
     raise AssertionError  # pragma: no cover
 
 
+def physical_memory_bytes() -> int | None:
+    """The machine's physical memory in bytes, or None where the platform does not say."""
+    try:
+        return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    except (ValueError, OSError, AttributeError):  # pragma: no cover - not POSIX
+        return None
+
+
 def memory_limit_bytes() -> int:
     """What one read may allocate: ``$BAYESMLC_MEMORY_LIMIT`` if set, else the memory available now
     (``MemAvailable`` of ``/proc/meminfo``; physical memory where that does not exist)."""
@@ -72,10 +80,8 @@ def memory_limit_bytes() -> int:
                     return int(line.split()[1]) * 1024
     except (OSError, ValueError, IndexError):
         pass
-    try:
-        return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
-    except (ValueError, OSError, AttributeError):  # pragma: no cover - not POSIX
-        return _FALLBACK_LIMIT
+    physical = physical_memory_bytes()
+    return _FALLBACK_LIMIT if physical is None else physical
 
 
 def check_width(value: int, what: str, fail: Callable[[str], Exception]) -> None:

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Callable
 
 from ..exceptions import ValidationError
+from ..safe_io import physical_memory_bytes
 from .suites import DatasetSpec, Suite
 
 __all__ = [
@@ -117,10 +118,8 @@ def _cpu_model() -> str:
 
 
 def _memory_gb() -> float | None:
-    try:
-        return round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1)
-    except (ValueError, OSError, AttributeError):
-        return None
+    physical = physical_memory_bytes()
+    return None if physical is None else round(physical / 2**30, 1)
 
 
 def _versions() -> dict:

@@ -11,7 +11,6 @@ so a data-parallel run starts where the one-process run does.
 from __future__ import annotations
 
 import math
-import os
 import warnings
 
 import numpy as np
@@ -20,6 +19,7 @@ import torch
 from ..base import label_counts
 from ..distributed import ParallelContext
 from ..exceptions import ModelFormatError
+from ..safe_io import physical_memory_bytes
 from ..utils import logit
 from .inducing import FeatureBatch, InputSpaceInducing, SubspaceInducing, kmeans_centres, top_singular_vectors, truncated_svd
 from .kernels import make_kernel
@@ -184,14 +184,6 @@ def structural_arrays(parameters: dict) -> dict:
     if not any(k in arrays for k in ("basis", "Z")):
         raise ModelFormatError("MLGPF parameters hold neither inducing.basis_t nor inducing.Z")
     return arrays
-
-
-def physical_memory_bytes() -> int | None:
-    """The machine's physical memory in bytes, or None where the platform does not say."""
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (AttributeError, ValueError, OSError):
-        return None
 
 
 class ProjectionCache:
