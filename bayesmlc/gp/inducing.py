@@ -281,6 +281,17 @@ def _subspace_iteration(X, k: int, seed: int, context: ParallelContext | None = 
     return Vt, np.sqrt(np.clip(eigenvalues[top], 0.0, None)), (XW @ rotation) * signs
 
 
+def sample_rows(X, context: ParallelContext, max_rows: int | None, seed: int):
+    """This process's rows of ``X`` among at most ``max_rows`` of ``context``'s rows drawn with ``seed``
+    (a sorted choice of global ids, the same on every process), and the draw's ParallelContext:
+    (X, None) when every row is kept."""
+    if max_rows is None or context.n_total <= max_rows:
+        return X, None
+    chosen = np.sort(np.random.default_rng(seed).choice(context.n_total, max_rows, replace=False))
+    local, used = context.select(chosen)
+    return X[local], used
+
+
 def truncated_svd(X: sp.csr_matrix, rank: int, seed: int, max_rows: int | None = None,
                   context: ParallelContext | None = None, dtype=np.float64):
     """Top-``rank`` right singular vectors of sparse ``X`` without densifying it.
@@ -301,12 +312,8 @@ def truncated_svd(X: sp.csr_matrix, rank: int, seed: int, max_rows: int | None =
         process's share of the ``max_rows`` sampled ones, in the order of their global ids)
     """
     context = ParallelContext.whole(X.shape[0]) if context is None else context
-    used = None
-    if max_rows is not None and context.n_total > max_rows:
-        chosen = np.sort(np.random.default_rng(seed).choice(context.n_total, max_rows, replace=False))
-        local, used = context.select(chosen)
-        X = X[local]
-    Vt, _, projection = _subspace_iteration(X, rank, seed, context, dtype=dtype)
+    X, used = sample_rows(X, context, max_rows, seed)
+    Vt, _, projection = _subspace_iteration(X, rank, seed, context if used is None else used, dtype=dtype)
     return Vt.astype(np.float32, copy=False), projection.astype(np.float32, copy=False), used
 
 

@@ -21,7 +21,8 @@ from ..distributed import ParallelContext
 from ..exceptions import ModelFormatError
 from ..safe_io import physical_memory_bytes
 from ..utils import logit
-from .inducing import FeatureBatch, InputSpaceInducing, SubspaceInducing, kmeans_centres, top_singular_vectors, truncated_svd
+from .inducing import (FeatureBatch, InputSpaceInducing, SubspaceInducing, kmeans_centres, sample_rows,
+                       top_singular_vectors, truncated_svd)
 from .kernels import make_kernel
 from .likelihoods import BernoulliLogit
 from .objective import MLGPFModule, data_term_full, latent_marginals
@@ -93,10 +94,8 @@ def initial_factors(Y, n_latent: int, init_factors: str, rng: np.random.Generato
     if init_factors == "random" or P > min(context.n_total, L):  # P = L: the full SVD basis
         return noise.astype(np.float32)
     seed = int(rng.integers(2**31 - 1))
-    if max_rows is not None and context.n_total > max_rows:
-        local, context = context.select(np.sort(np.random.default_rng(seed).choice(context.n_total, max_rows, replace=False)))
-        Y = Y[local]
-    Vt, s = top_singular_vectors(Y, P, seed, context)
+    Y, used = sample_rows(Y, context, max_rows, seed)
+    Vt, s = top_singular_vectors(Y, P, seed, context if used is None else used)
     Phi = Vt.T * np.sqrt(s / s.mean())
     Phi *= math.sqrt(L) / np.linalg.norm(Phi)
     return (Phi + 0.1 * noise).astype(np.float32)
