@@ -10,7 +10,7 @@ import scipy.sparse as sp
 import torch
 from torch.distributions import MultivariateNormal, kl_divergence
 
-from bayesmlc.gp.inducing import InputSpaceInducing, SubspaceInducing, truncated_svd
+from bayesmlc.gp.inducing import InputSpaceInducing, SubspaceInducing, top_singular_vectors, truncated_svd
 from bayesmlc.gp.kernels import make_kernel
 from bayesmlc.gp.likelihoods import TAIL_RELATIVE_ERROR, BernoulliLogit, tail_entries
 from bayesmlc.gp.variational import CholeskyError, make_variational, robust_cholesky
@@ -309,6 +309,22 @@ def test_truncated_svd_matches_dense_svd_and_never_needs_dense_input():
     assert np.allclose(US, X @ basis.T, atol=1e-4)
     captured = float((np.asarray(X @ basis.T) ** 2).sum())
     assert 0.0 <= 1.0 - captured / float((s[:5] ** 2).sum()) < 2e-4
+
+
+@pytest.mark.parametrize("dtype, atol", [(np.float64, 1e-12), (np.float32, 2e-6)])
+def test_top_singular_vectors_of_a_matrix_of_lower_rank_than_asked(dtype, atol):
+    # rank 3, 12 rows (fewer than the 15 columns of the iteration), 5 vectors asked: the top 3 are the
+    # dense SVD's, the other 2 orthonormal directions with singular value 0, and X X~^T is exact
+    rng = np.random.default_rng(0)
+    X = sp.csr_matrix(rng.standard_normal((12, 3)) @ rng.standard_normal((3, 30))).astype(dtype)
+    Vt, s = top_singular_vectors(X, 5, seed=0, dtype=dtype)
+    _, s_dense, Vt_dense = np.linalg.svd(X.toarray().astype(np.float64))
+    np.testing.assert_allclose(s[:3], s_dense[:3], rtol=10 * atol)
+    np.testing.assert_array_equal(s[3:], 0.0)
+    np.testing.assert_allclose(Vt @ Vt.T, np.eye(5), atol=atol)
+    np.testing.assert_allclose(np.abs(Vt[:3] @ Vt_dense[:3].T), np.eye(3), atol=atol)
+    basis, US, _ = truncated_svd(X.astype(np.float32), 5, seed=0)
+    np.testing.assert_allclose(US, X @ basis.T, atol=1e-5)
 
 
 @pytest.mark.parametrize("name", ["whitened", "cholesky", "preconditioned", "shared"])
