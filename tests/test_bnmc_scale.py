@@ -166,8 +166,9 @@ def test_dirichlet_loglik_on_the_columns_a_sparse_minibatch_uses_equals_the_full
     np.testing.assert_allclose(emission.expected_loglik(X), X.toarray() @ e_log.T, rtol=1e-12, atol=1e-12)
 
 
-def test_low_rank_basis_spans_the_top_singular_vectors():
-    from bayesmlc.bnmc.classifiers import low_rank_basis
+def test_the_float32_low_rank_basis_spans_the_top_singular_vectors():
+    # BNMC's lowrank solver: top_singular_vectors in float32, transposed to (D, r)
+    from bayesmlc.linalg import top_singular_vectors
 
     rng = np.random.default_rng(6)
     # a spectrum with a gap after the 8th direction; sparse rows
@@ -175,8 +176,11 @@ def test_low_rank_basis_spans_the_top_singular_vectors():
     right = np.linalg.qr(rng.normal(size=(90, 40)))[0]
     spectrum = np.r_[np.linspace(20, 10, 8), np.linspace(2, 0.1, 32)]
     X = sp.csr_matrix((left * spectrum) @ right.T)
-    V = low_rank_basis(X, 8, seed=0)
+    Vt, s = top_singular_vectors(X, 8, seed=0, dtype=np.float32)
+    V = Vt.T
+    assert V.dtype == np.float32
     np.testing.assert_allclose(V.T @ V, np.eye(8), atol=1e-5)
+    np.testing.assert_allclose(s, spectrum[:8], rtol=1e-5)
     top = right[:, :8]
     assert np.linalg.norm(V @ V.T - top @ top.T, 2) < 1e-3
     # the largest entry of each column is positive (a convention independent of the seed)

@@ -34,7 +34,8 @@ from bayesmlc.data.shard import RowShard, read_shard, shard_bounds
 from bayesmlc.distributed import DataParallel, ParallelContext, RankFailedError, SingleProcess
 from bayesmlc.exceptions import DataFormatError, ValidationError
 from bayesmlc.gp import MLGPF
-from bayesmlc.gp.inducing import kmeans_centres, top_singular_vectors, truncated_svd
+from bayesmlc.gp.inducing import kmeans_centres, truncated_svd
+from bayesmlc.linalg import top_singular_vectors
 
 WORLD_SIZE = 2
 JOIN_TIMEOUT_S = 240.0  # the whole spawned run; a hang fails the test instead of blocking the suite

@@ -10,10 +10,11 @@ import scipy.sparse as sp
 import torch
 from torch.distributions import MultivariateNormal, kl_divergence
 
-from bayesmlc.gp.inducing import InputSpaceInducing, SubspaceInducing, top_singular_vectors, truncated_svd
+from bayesmlc.gp.inducing import InputSpaceInducing, SubspaceInducing, truncated_svd
 from bayesmlc.gp.kernels import make_kernel
 from bayesmlc.gp.likelihoods import TAIL_RELATIVE_ERROR, BernoulliLogit, tail_entries
 from bayesmlc.gp.variational import CholeskyError, make_variational, robust_cholesky
+from bayesmlc.linalg import top_singular_vectors
 
 DT = torch.float64
 
@@ -106,7 +107,7 @@ def test_expected_log_lik_gradients_match_finite_differences(tail_series):
 
 
 def test_threaded_sparse_products_equal_the_serial_ones():
-    from bayesmlc.gp.inducing import _ThreadedProducts
+    from bayesmlc.linalg import _ThreadedProducts
 
     rng = np.random.default_rng(5)
     X = _sparse_rows(rng, 3000, 40, density=0.1).astype(np.float64)

@@ -149,37 +149,6 @@ class LowRankDesign(Design):
         return torch.cat([self.X, torch.ones(self.n, 1, dtype=self.X.dtype, device=self.device)], dim=1)
 
 
-def low_rank_basis(X, rank: int, seed: int, reduce=_no_reduce, n_iter: int = 4, n_oversamples: int = 10) -> np.ndarray:
-    """Top-``rank`` right singular vectors (D, rank) float32 of X (n, D), sparse or dense, whose rows
-    may be split over processes (``reduce`` sums a numpy array over them).
-
-    Randomized subspace iteration (Halko, Martinsson and Tropp 2011, alg. 4.4): from a seeded
-    Gaussian (D, k) start, k = rank + n_oversamples, ``n_iter`` times W <- X^T (X W), renormalised
-    between steps by the L factor of a pivoted LU (it spans the same columns, at a fraction of a
-    Householder QR's cost at D = 203,882); then Rayleigh-Ritz without an orthonormalisation: the
-    generalised eigenproblem (X W)^T (X W) v = lambda W^T W v gives V = W v with V^T V = I and
-    V^T X^T X V diagonal. Only X W and X^T (X W) touch X, so each process multiplies its rows and
-    the sums make every process's basis the same. Signs: each column's largest entry is positive.
-    """
-    import scipy.linalg
-
-    n_features = X.shape[1]
-    width = min(rank + n_oversamples, n_features)
-    W = np.random.default_rng(seed).standard_normal((n_features, width)).astype(np.float32)
-    for _ in range(n_iter):
-        W = reduce(np.asarray(X.T @ np.asarray(X @ W, dtype=np.float32), dtype=np.float32))
-        W = scipy.linalg.lu(W, permute_l=True, check_finite=False)[0].astype(np.float32)
-    XW = np.asarray(X @ W, dtype=np.float64)
-    gram = W.T.astype(np.float64) @ W.astype(np.float64)
-    gram[np.diag_indices_from(gram)] += 1e-12 * np.trace(gram) / width
-    eigenvalues, eigenvectors = scipy.linalg.eigh(reduce(XW.T @ XW), gram)
-    top = np.argsort(eigenvalues)[::-1][: min(rank, width)]
-    V = W @ eigenvectors[:, top].astype(np.float32)
-    largest = np.abs(V).argmax(axis=0)
-    V *= np.sign(V[largest, np.arange(V.shape[1])])[None, :]
-    return np.ascontiguousarray(V, dtype=np.float32)
-
-
 def solver_costs(n: int, n_features: int, n_labels: int, nnz: int) -> dict:
     """Rough floating-point operations of one sweep of each exact sampler (n rows, nnz stored entries
     of X): ``woodbury`` L n^3 / 3 + n^2 D (n < D + 1 only), ``dense`` n D^2 L + L D^3 / 3, ``cg`` one

@@ -19,8 +19,8 @@ from ..parameters import Boolean, Integer, Options, Real, check_parameters
 from ..preprocessing import STANDARDIZE_CONSTRAINT, FeaturePreprocessor, legacy_preprocessor_state
 from ..utils import iter_batches, logit, numpy_rng, resolve_device, sigmoid, softplus
 from ..validation import check_features, check_fit_inputs
-from .classifiers import (Design, LowRankDesign, SGDClassifier, choose_solver, gibbs_classifier,
-                          low_rank_basis)
+from ..linalg import top_singular_vectors
+from .classifiers import Design, LowRankDesign, SGDClassifier, choose_solver, gibbs_classifier
 from .mixture import DirichletEmission, DPMixture, GaussianEmission
 
 __all__ = ["BNMC"]
@@ -322,12 +322,14 @@ class BNMC(MultiLabelEstimator):
                              float(self.sgd_eta0) / mean_sq_norm)
 
     # ---- the shared low-rank representation -----------------------------------------------------
-    def _set_basis(self, Z, rng, reduce=None) -> None:
-        """``classifier_basis_`` (D, r): the top-r right singular vectors of the classifier features
-        of the given rows (randomized subspace iteration, summed over processes by ``reduce``)."""
+    def _set_basis(self, Z, rng, parallel=None) -> None:
+        """``classifier_basis_`` (D, r) float32: the top-r right singular vectors of the classifier
+        features of the given rows (:func:`~bayesmlc.linalg.top_singular_vectors`, summed over
+        processes by ``parallel.reduce_sum``; None: one process)."""
         rank = int(min(self.low_rank, Z.shape[1]))
         seed = int(rng.integers(0, 2**31 - 1))
-        self.classifier_basis_ = low_rank_basis(Z, rank, seed, **_reducing(reduce))
+        Vt, _ = top_singular_vectors(Z, rank, seed, parallel, dtype=np.float32)
+        self.classifier_basis_ = np.ascontiguousarray(Vt.T)
 
     def _classifier_inputs(self, Z):
         """What the classifiers see: Z itself, or its projection Z V on the basis (dense (n, r))."""
@@ -505,7 +507,7 @@ class BNMC(MultiLabelEstimator):
         prior = self._prior_precision()
         fit_rows = train_rows if val_rows.size else rows
         if solver == "lowrank":
-            self._set_basis(Z[local(rows)], rng, reduce)
+            self._set_basis(Z[local(rows)], rng, parallel)
             inputs = self._classifier_inputs(Z)
             prior = np.full(inputs.shape[1] + 1, self.weight_precision_)
             prior[-1] = 1e-2

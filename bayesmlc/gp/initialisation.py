@@ -21,8 +21,8 @@ from ..distributed import ParallelContext
 from ..exceptions import ModelFormatError
 from ..safe_io import physical_memory_bytes
 from ..utils import logit
-from .inducing import (FeatureBatch, InputSpaceInducing, SubspaceInducing, kmeans_centres, sample_rows,
-                       top_singular_vectors, truncated_svd)
+from ..linalg import top_singular_vectors
+from .inducing import FeatureBatch, InputSpaceInducing, SubspaceInducing, kmeans_centres, sample_rows, truncated_svd
 from .kernels import make_kernel
 from .likelihoods import BernoulliLogit
 from .objective import MLGPFModule, data_term_full, latent_marginals
