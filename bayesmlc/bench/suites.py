@@ -155,7 +155,7 @@ PAPER_SETTINGS = (
     ModelConfig("bnmc", "default", {}, timeout_s=900),
     ModelConfig(
         "mlgpf", "paper", {"n_latent": 30, "n_inducing": 500, "batch_size": 500, "subspace_rank": 1000, "epochs": 200,
-                           "idf_weighting": False, "variational": "whitened"},
+                           "idf_weighting": False, "variational": "whitened", "kl_weight": 1.0},
         # the small sets have fewer than 500 training rows (medical: 333), too few for M=500 inducing rows
         per_dataset={"bibtex": {"epochs": 100}, "bibtex_xc": {"epochs": 100},
                      **{name: {"n_inducing": 200} for name in SMALL_SET_NAMES}},
