@@ -337,3 +337,15 @@ def test_set_mean_gives_the_requested_mean_of_q_u(name):
     family.set_mean(target, torch.linalg.cholesky(K_zz))
     mean_u, _ = family.dense_q_u(family.prepare(K_zz, 0.0))
     assert torch.allclose(mean_u, target, atol=1e-8)
+
+
+def test_the_lu_renormalisation_is_scipys_permuted_lower_factor():
+    # P L of W = P L U, computed with PyTorch's LU in W's memory, against SciPy's permute_l factor
+    import scipy.linalg
+
+    from bayesmlc.linalg import _lu_basis
+
+    rng = np.random.default_rng(11)
+    W = rng.standard_normal((40, 6))
+    expected = scipy.linalg.lu(W, permute_l=True)[0]
+    np.testing.assert_allclose(_lu_basis(W.copy()), expected, rtol=1e-12, atol=1e-12)
