@@ -261,6 +261,23 @@ def test_doc_option_copies_the_plots_beside_the_document(tmp_path, tiny_records)
     assert "### alpha" in document.read_text()
 
 
+def test_doc_option_without_plots_leaves_the_plot_folder_alone(tmp_path, tiny_records):
+    # --no-plots: the report links no plots, so the folder beside the document (which another
+    # document of the same suite may use) keeps its files, and OUT's old plots are not copied
+    from bayesmlc.bench.cli import _write_into_document
+
+    out, records = tiny_records
+    (out / "plots").mkdir()
+    (out / "plots" / "alpha-objective.png").write_bytes(b"png")
+    (out / "report.md").write_text(render_report(records, suite="tiny"))
+    document = tmp_path / "docs" / "benchmarks.md"
+    (document.parent / "benchmarks-tiny").mkdir(parents=True)
+    (document.parent / "benchmarks-tiny" / "kept.png").write_bytes(b"old")
+    _write_into_document(document, "tiny", out / "report.md", None)
+    assert sorted(p.name for p in (document.parent / "benchmarks-tiny").iterdir()) == ["kept.png"]
+    assert "### alpha" in document.read_text() and ".png" not in document.read_text()
+
+
 def test_scale_plot_and_table(tmp_path):
     pytest.importorskip("matplotlib")
     records = []

@@ -98,7 +98,7 @@ def run(args) -> int:
     report = write_report(records, out, suite=suite.name, quality=suite.quality, plots=plots,
                           command=_command_line(args))
     if args.doc:
-        _write_into_document(Path(args.doc), suite.name, report, out / PLOTS_DIR)
+        _write_into_document(Path(args.doc), suite.name, report, None if args.no_plots else out / PLOTS_DIR)
     counts = {}
     for record in records:
         counts[record.get("status")] = counts.get(record.get("status"), 0) + 1
@@ -107,14 +107,16 @@ def run(args) -> int:
     return 1 if counts.get("failed") or counts.get("timeout") else 0
 
 
-def _write_into_document(document: Path, suite: str, report: Path, plots: Path) -> None:
-    """Splice ``report`` into ``document`` and replace ``benchmarks-SUITE/`` beside it with ``plots``."""
+def _write_into_document(document: Path, suite: str, report: Path, plots: Path | None) -> None:
+    """Splice ``report`` into ``document`` and replace ``benchmarks-SUITE/`` beside it with ``plots``
+    (``None``, as with ``--no-plots``: the folder is left as it is, since the report links no plots)."""
     folder_name = f"benchmarks-{suite}"
     folder = document.parent / folder_name
-    if folder.exists():
-        shutil.rmtree(folder)
-    if plots.is_dir():
-        shutil.copytree(plots, folder)
+    if plots is not None:
+        if folder.exists():
+            shutil.rmtree(folder)
+        if plots.is_dir():
+            shutil.copytree(plots, folder)
     text = document.read_text(encoding="utf-8") if document.exists() else "# Benchmarks\n"
     text = splice_into_document(text, suite, report.read_text(encoding="utf-8"), plots_folder=folder_name)
     document.write_text(text, encoding="utf-8")
