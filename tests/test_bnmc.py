@@ -1,5 +1,6 @@
 """BNMC: mixture recovery, ELBO, solvers, prediction rules, missing labels, online learning."""
 
+import copy
 import warnings
 
 import numpy as np
@@ -333,3 +334,38 @@ def test_scene_reaches_the_papers_best_bnmc_row():
     pred = model.predict(test.X)
     assert f1_example(test.Y, pred) >= 0.715  # paper Table 2, BNMC-L 71.5
     assert exact_match(test.Y, pred) >= 0.662  # paper Table 3, BNMC-S 66.2
+
+
+def test_fit_calibration_recovers_the_offset_of_each_rows_leading_label():
+    # validation entries drawn from the model itself: p = sigmoid(a s_clf + b s_pat + d + r [leads]),
+    # with the leading label the row's largest a s_clf + b s_pat; maximum likelihood on 4,000 rows x 12
+    # labels recovers (a, b, d, r) to within about 3 standard errors (0.03-0.12 here)
+    from bayesmlc.bnmc.model import fit_calibration
+
+    rng = np.random.default_rng(0)
+    s_clf, s_pat = rng.normal(-1.0, 1.5, (4000, 12)), rng.normal(0.0, 1.0, (4000, 12))
+    a, b, d, r = 1.3, 0.4, -0.8, 1.1
+    logits = a * s_clf + b * s_pat + d
+    logits[np.arange(4000), (a * s_clf + b * s_pat).argmax(axis=1)] += r
+    Y = (rng.random(logits.shape) < 1.0 / (1.0 + np.exp(-logits))).astype(float)
+    observed = rng.random(Y.shape) < 0.9
+    theta, offset = fit_calibration(s_clf, s_pat, Y, observed)
+    np.testing.assert_allclose(theta, [a, b, d], atol=0.12)
+    assert abs(offset - r) < 0.25
+    # with no lead effect in the data the offset is (near) zero, and never negative
+    Y0 = (rng.random(logits.shape) < 1.0 / (1.0 + np.exp(-(a * s_clf + b * s_pat + d)))).astype(float)
+    assert 0.0 <= fit_calibration(s_clf, s_pat, Y0, observed)[1] < 0.15
+
+
+def test_the_leading_label_offset_raises_only_each_rows_first_label(pattern_data, fitted):
+    X = pattern_data[0]
+    model = copy.deepcopy(fitted)
+    model.top_label_offset_ = 0.0
+    plain = model.decision_function(X[:50])
+    model.top_label_offset_ = 0.7
+    shifted = model.decision_function(X[:50])
+    first = plain.argmax(axis=1)
+    expected = plain.copy()
+    expected[np.arange(50), first] += 0.7
+    np.testing.assert_allclose(shifted, expected, rtol=1e-6, atol=1e-6)
+    np.testing.assert_array_equal(shifted.argmax(axis=1), first)
