@@ -577,8 +577,9 @@ class BNMC(MultiLabelEstimator):
     # ---- calibration ----------------------------------------------------------------------------
     def _calibrate(self, Z_val, Y_val, mask_val, gather=None) -> None:
         """Fit (a, b, d) of logit p = a s_clf + b s_pattern + d and the offset of each row's leading
-        label (:func:`fit_calibration`) on the observed validation entries; then the threshold (near-best example-F1, then best exact match) and, with
-        ``count_rule="auto"``, the rule with the best example-F1 + exact match on the validation rows.
+        label (:func:`fit_calibration`) on the observed validation entries; then the threshold
+        (near-best example-F1, then best exact match) and, with ``count_rule="auto"``, the rule with
+        the best example-F1 + exact match on the validation rows.
         ``gather``: this process's validation rows of an (n_val_local, L) array -> all validation
         rows (several processes)."""
         self._finish_mixture()
@@ -912,10 +913,11 @@ def fit_calibration(s_clf: np.ndarray, s_pat: np.ndarray, Y: np.ndarray, observe
 
     The leading label of a row is its largest a s_clf + b s_pattern under the (a, b, d) fitted without
     the offset; r is then fitted with (a, b, d) by Newton's method and kept at 0 when negative, so that
-    the offset never changes a row's ranking. It models what independent per-label evidence misses:
-    a row's labels compete, and the one that leads is right more often than its evidence alone says
-    (on scene ECE@1 0.081 -> 0.029 with the default settings; docs/experiments.md, "Calibration: the
-    leading label"). Returns (theta (3,), r float).
+    the offset never changes a row's ranking (predictions take the leading label under the final
+    (a, b, d)). It models what independent per-label evidence misses: a row's labels compete, and the
+    one that leads is right more often than its evidence alone says (on scene ECE@1 0.081 -> 0.029
+    with the default settings; docs/experiments.md, "Calibration: the leading label"). Returns
+    (theta (3,), r float).
     """
     ones = np.ones(int(observed.sum()))
     theta = _logistic_newton(np.stack([s_clf[observed], s_pat[observed], ones], axis=1), Y[observed],
