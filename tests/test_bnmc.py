@@ -336,28 +336,31 @@ def test_scene_reaches_the_papers_best_bnmc_row():
     assert exact_match(test.Y, pred) >= 0.662  # paper Table 3, BNMC-S 66.2
 
 
-def test_fit_calibration_recovers_the_offset_of_each_rows_leading_label():
-    # validation entries drawn from the model itself: p = sigmoid(a s_clf + b s_pat + d + r [leads]),
-    # with the leading label the row's largest a s_clf + b s_pat; maximum likelihood on 4,000 rows x 12
-    # labels recovers (a, b, d, r) to within about 3 standard errors (0.03-0.12 here)
+def test_fit_calibration_recovers_the_offset_and_slope_of_each_rows_leading_label():
+    # validation entries drawn from the model itself: p = sigmoid(z + [leads] (r + c z)), z = a s_clf +
+    # b s_pat + d, the leading label the row's largest z; maximum likelihood on 6,000 rows x 12 labels
+    # recovers (a, b, d, r, c) to within about 3 standard errors
     from bayesmlc.bnmc.model import fit_calibration
 
     rng = np.random.default_rng(0)
-    s_clf, s_pat = rng.normal(-1.0, 1.5, (4000, 12)), rng.normal(0.0, 1.0, (4000, 12))
-    a, b, d, r = 1.3, 0.4, -0.8, 1.1
-    logits = a * s_clf + b * s_pat + d
-    logits[np.arange(4000), (a * s_clf + b * s_pat).argmax(axis=1)] += r
-    Y = (rng.random(logits.shape) < 1.0 / (1.0 + np.exp(-logits))).astype(float)
+    s_clf, s_pat = rng.normal(-1.0, 1.5, (6000, 12)), rng.normal(0.0, 1.0, (6000, 12))
+    a, b, d, r, c = 1.3, 0.4, -0.8, 0.9, -0.4
+    z = a * s_clf + b * s_pat + d
+    rows, leading = np.arange(6000), z.argmax(axis=1)
+    logits = z.copy()
+    logits[rows, leading] += r + c * z[rows, leading]
+    Y = (rng.random(z.shape) < 1.0 / (1.0 + np.exp(-logits))).astype(float)
     observed = rng.random(Y.shape) < 0.9
-    theta, offset = fit_calibration(s_clf, s_pat, Y, observed)
-    np.testing.assert_allclose(theta, [a, b, d], atol=0.12)
-    assert abs(offset - r) < 0.25
-    # with no lead effect in the data the offset is (near) zero, and never negative
-    Y0 = (rng.random(logits.shape) < 1.0 / (1.0 + np.exp(-(a * s_clf + b * s_pat + d)))).astype(float)
-    assert 0.0 <= fit_calibration(s_clf, s_pat, Y0, observed)[1] < 0.15
+    theta, offset, slope = fit_calibration(s_clf, s_pat, Y, observed)
+    np.testing.assert_allclose(theta, [a, b, d], atol=0.1)
+    assert abs(offset - r) < 0.2 and abs(slope - c) < 0.1
+    # with no lead effect in the data both are near zero, and the offset is never negative
+    Y0 = (rng.random(z.shape) < 1.0 / (1.0 + np.exp(-z))).astype(float)
+    _, offset0, slope0 = fit_calibration(s_clf, s_pat, Y0, observed)
+    assert 0.0 <= offset0 < 0.15 and abs(slope0) < 0.1
 
 
-def test_the_leading_label_offset_raises_only_each_rows_first_label(pattern_data, fitted):
+def test_the_leading_label_offset_and_slope_touch_only_each_rows_first_label(pattern_data, fitted):
     X = pattern_data[0]
     model = copy.deepcopy(fitted)
     model.top_label_offset_ = 0.0
@@ -369,3 +372,12 @@ def test_the_leading_label_offset_raises_only_each_rows_first_label(pattern_data
     expected[np.arange(50), first] += 0.7
     np.testing.assert_allclose(shifted, expected, rtol=1e-6, atol=1e-6)
     np.testing.assert_array_equal(shifted.argmax(axis=1), first)
+    # the probability of the leading label also carries the slope: sigmoid(z + r + c z)
+    model.top_label_slope_ = -0.3
+    proba = model.predict_proba(X[:50])
+    np.testing.assert_allclose(model.decision_function(X[:50]), shifted, rtol=1e-6, atol=1e-6)
+    z = plain[np.arange(50), first]
+    np.testing.assert_allclose(proba[np.arange(50), first], 1.0 / (1.0 + np.exp(-(z + 0.7 - 0.3 * z))), rtol=1e-5)
+    others = np.ones(plain.shape, dtype=bool)
+    others[np.arange(50), first] = False
+    np.testing.assert_allclose(proba[others], 1.0 / (1.0 + np.exp(-plain[others])), rtol=1e-5)

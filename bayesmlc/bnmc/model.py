@@ -152,7 +152,9 @@ class BNMC(MultiLabelEstimator):
     calibration_ : ndarray (3,), (a, b, d) of the calibrated logit a * s_clf + b * s_pattern + d
     top_label_offset_ : float >= 0, added to that logit for the label that leads its row (the labels
         of a row compete: the leading one is right more often than its evidence alone says; fitted
-        with (a, b, d), :func:`fit_calibration`)
+        with (a, b, d), :func:`fit_calibration`); ``decision_function`` ranks by this logit
+    top_label_slope_ : float, c: the leading label's probability is sigmoid(z + r + c z), z its logit
+        without the offset (the ranking stays that of ``decision_function``)
     history_ : per pass (pass 0: right after initialisation): ``wall_time``, ``objective`` (the
         mixture ELBO over the training data), ``pass``, ``n_patterns``; ``partial_fit`` appends one
         entry per call (ELBO estimated from the batch)
@@ -483,7 +485,7 @@ class BNMC(MultiLabelEstimator):
         else:
             val_rows, train_rows = np.array([], dtype=np.int64), rows
         self.calibration_ = np.array([1.0, 1.0, 0.0])
-        self.top_label_offset_ = 0.0
+        self.top_label_offset_ = self.top_label_slope_ = 0.0
         self.threshold_ = 0.5
         self.count_rule_ = "expected" if self.count_rule == "auto" else self.count_rule
         self.classifier_basis_ = None
@@ -576,8 +578,8 @@ class BNMC(MultiLabelEstimator):
 
     # ---- calibration ----------------------------------------------------------------------------
     def _calibrate(self, Z_val, Y_val, mask_val, gather=None) -> None:
-        """Fit (a, b, d) of logit p = a s_clf + b s_pattern + d and the offset of each row's leading
-        label (:func:`fit_calibration`) on the observed validation entries; then the threshold
+        """Fit (a, b, d) of logit p = a s_clf + b s_pattern + d and the offset and slope of each row's
+        leading label (:func:`fit_calibration`) on the observed validation entries; then the threshold
         (near-best example-F1, then best exact match) and, with ``count_rule="auto"``, the rule with
         the best example-F1 + exact match on the validation rows.
         ``gather``: this process's validation rows of an (n_val_local, L) array -> all validation
@@ -587,8 +589,9 @@ class BNMC(MultiLabelEstimator):
         s_clf, s_pat = self._evidence(Z_val, X_val)
         if gather is not None:
             s_clf, s_pat, Y_val, mask_val = (gather(part) for part in (s_clf, s_pat, Y_val, mask_val))
-        self.calibration_, self.top_label_offset_ = fit_calibration(s_clf, s_pat, Y_val, mask_val > 0)
-        proba = sigmoid(self._calibrated_logits(s_clf, s_pat))
+        self.calibration_, self.top_label_offset_, self.top_label_slope_ = fit_calibration(
+            s_clf, s_pat, Y_val, mask_val > 0)
+        proba = sigmoid(self._calibrated_logits(s_clf, s_pat, probability=True))
 
         def quality(pred):  # the selection criterion: example-F1 + exact match
             return _example_f1(Y_val, mask_val, pred) + _exact_match(Y_val, mask_val, pred)
@@ -646,11 +649,18 @@ class BNMC(MultiLabelEstimator):
         s_clf, s_pat = self._evidence(self._classifier_features(X), X)
         return self._calibrated_logits(s_clf, s_pat).astype(np.float32)
 
-    def _calibrated_logits(self, s_clf, s_pat) -> np.ndarray:
-        """a s_clf + b s_pattern + d, plus ``top_label_offset_`` for each row's leading label (which
-        stays in the lead: the offset is not negative). Files written before the offset have none."""
+    def _predict_proba(self, X) -> np.ndarray:
+        s_clf, s_pat = self._evidence(self._classifier_features(X), X)
+        return sigmoid(self._calibrated_logits(s_clf, s_pat, probability=True))
+
+    def _calibrated_logits(self, s_clf, s_pat, probability: bool = False) -> np.ndarray:
+        """z = a s_clf + b s_pattern + d, and for each row's leading label z + r (the ranking score:
+        the offset r >= 0 keeps it in the lead) or, with ``probability``, z + r + c z (the logit of its
+        probability). Files written before the offset and slope have neither."""
         a, b, d = self.calibration_
-        return _with_top_label_offset(a * s_clf + b * s_pat + d, getattr(self, "top_label_offset_", 0.0))
+        offset = getattr(self, "top_label_offset_", 0.0)
+        slope = getattr(self, "top_label_slope_", 0.0) if probability else 0.0
+        return _with_top_label_offset(a * s_clf + b * s_pat + d, offset, slope)
 
     def predict(self, X, threshold: float | None = None, top_k: int | None = None, rule: str | None = None,
                 random_state=None) -> sp.csr_matrix:
@@ -738,7 +748,7 @@ class BNMC(MultiLabelEstimator):
             self.n_seen_ = 0
             self.svi_steps_ = 0
             self.calibration_ = np.array([1.0, 1.0, 0.0])
-            self.top_label_offset_ = 0.0
+            self.top_label_offset_ = self.top_label_slope_ = 0.0
             self.threshold_ = 0.5
             self.count_rule_ = "expected" if self.count_rule == "auto" else self.count_rule
             self.classifier_samples_ = self.classifier_variances_ = self.classifier_basis_ = None
@@ -900,36 +910,41 @@ def _example_f1(Y: np.ndarray, mask: np.ndarray, pred: np.ndarray) -> float:
     return float(np.mean(np.where(denom > 0, 2 * inter / np.maximum(denom, 1e-12), 1.0)))
 
 
-def _with_top_label_offset(logits: np.ndarray, offset: float) -> np.ndarray:
-    """``logits`` (n, L) with ``offset`` added to each row's largest entry (in place)."""
-    if offset and logits.size:
-        logits[np.arange(logits.shape[0]), logits.argmax(axis=1)] += offset
+def _with_top_label_offset(logits: np.ndarray, offset: float, slope: float = 0.0) -> np.ndarray:
+    """``logits`` (n, L) with each row's largest entry z replaced by z + offset + slope z (in place)."""
+    if (offset or slope) and logits.size:
+        rows, leading = np.arange(logits.shape[0]), logits.argmax(axis=1)
+        logits[rows, leading] += offset + slope * logits[rows, leading]
     return logits
 
 
 def fit_calibration(s_clf: np.ndarray, s_pat: np.ndarray, Y: np.ndarray, observed: np.ndarray):
-    """Maximum-likelihood ((a, b, d), r) of p(y_il = 1) = sigmoid(a s_clf + b s_pattern + d + r [l leads
-    row i]) over the ``observed`` entries (boolean (n, L)) of the validation rows ``Y`` (n, L).
+    """Maximum-likelihood ((a, b, d), r, c) of p(y_il = 1) = sigmoid(z_il + [l leads row i] (r + c z_il)),
+    z = a s_clf + b s_pattern + d, over the ``observed`` entries (boolean (n, L)) of the validation rows
+    ``Y`` (n, L).
 
-    The leading label of a row is its largest a s_clf + b s_pattern under the (a, b, d) fitted without
-    the offset; r is then fitted with (a, b, d) by Newton's method and kept at 0 when negative, so that
-    the offset never changes a row's ranking (predictions take the leading label under the final
-    (a, b, d)). It models what independent per-label evidence misses: a row's labels compete, and the
-    one that leads is right more often than its evidence alone says (on scene ECE@1 0.081 -> 0.029
-    with the default settings; docs/experiments.md, "Calibration: the leading label"). Returns
-    (theta (3,), r float).
+    The leading label of a row is its largest z under the (a, b, d) fitted without the leading-label
+    terms; (a, b, d, r, c) are then fitted together by Newton's method, with the leading label's z
+    taken from that first fit (predictions take the leading label and its z under the final (a, b, d)).
+    It models what independent per-label evidence misses: a row's labels compete, and how often the
+    leading one is right is not what its evidence alone says (docs/experiments.md, "Calibration: the
+    leading label"). r < 0 is refitted as r = 0 (with c), so that the ranking score z + r keeps every
+    row's ranking. Returns (theta (3,), r float, c float).
     """
     ones = np.ones(int(observed.sum()))
     theta = _logistic_newton(np.stack([s_clf[observed], s_pat[observed], ones], axis=1), Y[observed],
                              np.array([1.0, 1.0, 0.0]))
-    leads = np.zeros(s_clf.shape)
-    if s_clf.size:
-        leads[np.arange(s_clf.shape[0]), (theta[0] * s_clf + theta[1] * s_pat).argmax(axis=1)] = 1.0
-    feats = np.stack([s_clf[observed], s_pat[observed], ones, leads[observed]], axis=1)
-    joint = _logistic_newton(feats, Y[observed], np.r_[theta, 0.0])
-    if joint[3] <= 0.0:
-        return theta, 0.0
-    return joint[:3], float(joint[3])
+    z = theta[0] * s_clf + theta[1] * s_pat + theta[2]
+    leads = np.zeros(z.shape)
+    if z.size:
+        leads[np.arange(z.shape[0]), z.argmax(axis=1)] = 1.0
+    base = [s_clf[observed], s_pat[observed], ones]
+    joint = _logistic_newton(np.stack(base + [leads[observed], (leads * z)[observed]], axis=1), Y[observed],
+                             np.r_[theta, 0.0, 0.0])
+    if joint[3] >= 0.0:
+        return joint[:3], float(joint[3]), float(joint[4])
+    slope_only = _logistic_newton(np.stack(base + [(leads * z)[observed]], axis=1), Y[observed], np.r_[theta, 0.0])
+    return slope_only[:3], 0.0, float(slope_only[3])
 
 
 def _logistic_newton(feats: np.ndarray, target: np.ndarray, theta: np.ndarray, ridge: float = 1e-4) -> np.ndarray:
