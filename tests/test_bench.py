@@ -245,25 +245,12 @@ def test_report_spliced_into_a_document_keeps_hand_text_and_replaces_only_its_ow
     assert again.count("the `tiny` suite") == 1
 
 
-def test_doc_option_copies_the_plots_beside_the_document(tmp_path, tiny_records):
-    from bayesmlc.bench.cli import _write_into_document
-
-    out, records = tiny_records
-    (out / "plots").mkdir()
-    (out / "plots" / "alpha-objective.png").write_bytes(b"png")
-    (out / "report.md").write_text(render_report(records, suite="tiny"))
-    document = tmp_path / "docs" / "benchmarks.md"
-    document.parent.mkdir()
-    (document.parent / "benchmarks-tiny").mkdir()
-    (document.parent / "benchmarks-tiny" / "stale.png").write_bytes(b"old")
-    _write_into_document(document, "tiny", out / "report.md", out / "plots")
-    assert sorted(p.name for p in (document.parent / "benchmarks-tiny").iterdir()) == ["alpha-objective.png"]
-    assert "### alpha" in document.read_text()
-
-
-def test_doc_option_without_plots_leaves_the_plot_folder_alone(tmp_path, tiny_records):
-    # --no-plots: the report links no plots, so the folder beside the document (which another
-    # document of the same suite may use) keeps its files, and OUT's old plots are not copied
+@pytest.mark.parametrize("with_plots, kept", [(True, ["alpha-objective.png"]), (False, ["old.png"])])
+def test_doc_option_replaces_the_plot_folder_beside_the_document_unless_without_plots(tmp_path, tiny_records,
+                                                                                      with_plots, kept):
+    # with plots, the folder beside the document becomes OUT's plots; with --no-plots (None) the report
+    # links no plots, so the folder (which another document of the same suite may use) keeps its
+    # files and OUT's old plots are not copied
     from bayesmlc.bench.cli import _write_into_document
 
     out, records = tiny_records
@@ -272,9 +259,9 @@ def test_doc_option_without_plots_leaves_the_plot_folder_alone(tmp_path, tiny_re
     (out / "report.md").write_text(render_report(records, suite="tiny"))
     document = tmp_path / "docs" / "benchmarks.md"
     (document.parent / "benchmarks-tiny").mkdir(parents=True)
-    (document.parent / "benchmarks-tiny" / "kept.png").write_bytes(b"old")
-    _write_into_document(document, "tiny", out / "report.md", None)
-    assert sorted(p.name for p in (document.parent / "benchmarks-tiny").iterdir()) == ["kept.png"]
+    (document.parent / "benchmarks-tiny" / "old.png").write_bytes(b"old")
+    _write_into_document(document, "tiny", out / "report.md", out / "plots" if with_plots else None)
+    assert sorted(p.name for p in (document.parent / "benchmarks-tiny").iterdir()) == kept
     assert "### alpha" in document.read_text() and ".png" not in document.read_text()
 
 

@@ -44,7 +44,6 @@ def _last_json(capsys):
     return json.loads(out[-1])
 
 
-
 def test_a_test_set_above_the_score_limit_is_scored_on_a_named_random_subset(tiny_files, capsys, monkeypatch):
     import bayesmlc.cli as cli
     from bayesmlc import metrics
@@ -69,6 +68,7 @@ def test_a_test_set_above_the_score_limit_is_scored_on_a_named_random_subset(tin
         assert record["metrics"][key] == pytest.approx(value, abs=1e-12), key
     assert main(["evaluate", "--model-dir", str(out), "--test", str(tiny_files / "test.txt"), "--json"]) == 0
     assert _last_json(capsys)["metrics"] == record["metrics"]
+
 
 def test_train_json_line_evaluate_and_predict(tiny_files, capsys):
     out = tiny_files / "run"

@@ -19,9 +19,9 @@ import torch
 from ..base import label_counts
 from ..distributed import ParallelContext
 from ..exceptions import ModelFormatError
+from ..linalg import top_singular_vectors
 from ..safe_io import physical_memory_bytes
 from ..utils import logit
-from ..linalg import top_singular_vectors
 from .inducing import FeatureBatch, InputSpaceInducing, SubspaceInducing, kmeans_centres, sample_rows, truncated_svd
 from .kernels import make_kernel
 from .likelihoods import BernoulliLogit
