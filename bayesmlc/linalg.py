@@ -12,7 +12,7 @@ import torch
 
 from .distributed import ParallelContext
 
-__all__ = ["SUBSPACE_ITERATIONS", "subspace_iteration", "top_singular_vectors"]
+__all__ = ["SUBSPACE_ITERATIONS", "sparse_dense_product", "top_singular_vectors"]
 
 #: Subspace iterations of :func:`top_singular_vectors` (scikit-learn's count for a large rank).
 SUBSPACE_ITERATIONS = 4
@@ -96,6 +96,12 @@ def _orthonormal_complement(Vt: np.ndarray, n_rows: int, seed: int) -> np.ndarra
     return np.linalg.qr(extra.T)[0].T.astype(Vt.dtype)
 
 
+def sparse_dense_product(X, W: np.ndarray) -> np.ndarray:
+    """X W for a sparse (or dense) X (n, D) and a C-contiguous W (D, w), over row blocks of X on
+    ``torch.get_num_threads()`` threads (:class:`_ThreadedProducts`)."""
+    return _ThreadedProducts(X).times(W)
+
+
 def top_singular_vectors(X, k: int, seed: int, context: ParallelContext | None = None,
                          n_iter: int = SUBSPACE_ITERATIONS, n_oversamples: int = 10, dtype=np.float64):
     """Top-``k`` right singular vectors and singular values of a row-sharded ``X`` (dense or sparse).
@@ -103,7 +109,7 @@ def top_singular_vectors(X, k: int, seed: int, context: ParallelContext | None =
     Subspace iteration on X^T X (Halko et al. 2011, alg. 4.4) with a Rayleigh-Ritz step: from a
     seeded Gaussian (D, w) start (w = k + ``n_oversamples``), ``n_iter`` times W <- X^T (X W),
     renormalised between steps by the P L factor of a pivoted LU (the same columns, well conditioned:
-    :func:`_lu_basis`). The last step keeps Y = X W' (n, w) as well as W = X^T Y, and the
+    :func:`_lu_basis`). The last step keeps Y = X W' as well as W = X^T Y, and the
     Rayleigh-Ritz step takes the SVD of Q^T X for an orthonormal basis Q = Y C of Y's columns
     (C from the eigendecomposition of Y^T Y): Q^T X = C^T W^T, whose Gram matrix
     C^T (W^T W) C (w, w) gives its singular values S and left vectors U, and its right singular vectors
@@ -125,15 +131,6 @@ def top_singular_vectors(X, k: int, seed: int, context: ParallelContext | None =
         magnitude is positive (a convention independent of the summation order)
     s : ndarray (k,) float64, the singular values, decreasing (from float64 Gram matrices)
     """
-    Vt, s, _ = subspace_iteration(X, k, seed, context, n_iter, n_oversamples, dtype, with_projection=False)
-    return Vt, s
-
-
-def subspace_iteration(X, k: int, seed: int, context: ParallelContext | None = None,
-                       n_iter: int = SUBSPACE_ITERATIONS, n_oversamples: int = 10, dtype=np.float64,
-                       with_projection: bool = True):
-    """:func:`top_singular_vectors` (Vt, s), and also this process's X Vt^T (n_local, k) of ``dtype``
-    (None without ``with_projection``: it costs one more product with X)."""
     reduce = (context or ParallelContext.whole(X.shape[0])).reduce_sum
     n_features = X.shape[1]
     width = min(k + n_oversamples, n_features)
@@ -146,6 +143,7 @@ def subspace_iteration(X, k: int, seed: int, context: ParallelContext | None = N
     tolerance = _tolerance(dtype)
     # Q = Y C with C = V diag(lambda)^-1/2 over Y^T Y's eigenpairs above rounding (all-reduced Gram)
     eigenvalues, eigenvectors = np.linalg.eigh(reduce(_gram(Y)))
+    del Y
     kept = eigenvalues > eigenvalues[-1] * tolerance
     C = eigenvectors[:, kept] / np.sqrt(eigenvalues[kept])
     # (Q^T X)(Q^T X)^T = C^T (W^T W) C: its eigenvectors U and eigenvalues S^2
@@ -156,13 +154,9 @@ def subspace_iteration(X, k: int, seed: int, context: ParallelContext | None = N
     s = np.sqrt(squares[top])
     rotation = ((C @ U[:, top]) / s).astype(dtype)  # (w, k'): Vt^T = W rotation
     Vt = rotation.T @ W.T  # (k', D), formed row-major
-    projection = np.asarray(products.times(W), dtype=dtype) @ rotation if with_projection else None  # X Vt^T
     if len(top) < k:  # X has rank below k
         Vt = np.vstack([Vt, _orthonormal_complement(Vt, k - len(top), seed)])
-        if projection is not None:
-            projection = np.hstack([projection, np.zeros((projection.shape[0], k - len(top)), dtype=dtype)])
         s = np.concatenate([s, np.zeros(k - len(top))])
     largest = np.abs(Vt).argmax(axis=1)
-    signs = np.sign(Vt[np.arange(Vt.shape[0]), largest]).astype(dtype)
-    Vt *= signs[:, None]
-    return Vt, s, None if projection is None else projection * signs
+    Vt *= np.sign(Vt[np.arange(Vt.shape[0]), largest]).astype(dtype)[:, None]
+    return Vt, s

@@ -43,6 +43,26 @@ def inverse_document_frequency(document_counts: np.ndarray, n_rows: int) -> np.n
     return np.log((1.0 + n_rows) / (1.0 + counts)) + 1.0
 
 
+def row_square_sums(data: np.ndarray, indptr: np.ndarray, block: int = 1 << 22) -> np.ndarray:
+    """Sum of squares of every CSR row's stored entries, float64 (n,) (0 for an empty row), squared in
+    float64 over blocks of about ``block`` entries: a float64 ``reduceat`` of a float32 array casts
+    element by element (2.7 s against 0.16 s for 84M entries), and a whole float64 copy would double
+    the data's memory."""
+    n_rows = len(indptr) - 1
+    sums = np.zeros(n_rows)
+    first = 0
+    while first < n_rows:
+        last = max(int(np.searchsorted(indptr, indptr[first] + block, side="right")) - 1, first + 1)
+        last = min(last, n_rows)  # rows first..last-1: entries indptr[first]..indptr[last]
+        starts = indptr[first:last]
+        filled = starts < indptr[first + 1 : last + 1]
+        if filled.any():
+            squares = np.square(data[indptr[first] : indptr[last]], dtype=np.float64)
+            sums[first:last][filled] = np.add.reduceat(squares, (starts - indptr[first])[filled])
+        first = last
+    return sums
+
+
 def normalize_rows(X: sp.csr_matrix, dtype=np.float32, copy: bool = True) -> sp.csr_matrix:
     """``X`` with every non-zero row scaled to unit L2 norm (all-zero rows kept), as CSR of ``dtype``:
     a new matrix, or ``X`` itself scaled in place when ``copy`` is False and it is CSR of ``dtype``.
@@ -51,10 +71,7 @@ def normalize_rows(X: sp.csr_matrix, dtype=np.float32, copy: bool = True) -> sp.
     X = sp.csr_matrix(X, dtype=dtype, copy=copy)
     X.sum_duplicates()
     lengths = np.diff(X.indptr)
-    filled = lengths > 0
-    squares = np.zeros(X.shape[0])
-    squares[filled] = np.add.reduceat(np.square(X.data), X.indptr[:-1][filled], dtype=np.float64)
-    norms = np.sqrt(squares)
+    norms = np.sqrt(row_square_sums(X.data, X.indptr))
     norms[norms == 0] = 1.0
     X.data *= np.repeat((1.0 / norms).astype(dtype), lengths)
     return X

@@ -34,7 +34,7 @@ from bayesmlc.data.shard import RowShard, read_shard, shard_bounds
 from bayesmlc.distributed import DataParallel, ParallelContext, RankFailedError, SingleProcess
 from bayesmlc.exceptions import DataFormatError, ValidationError
 from bayesmlc.gp import MLGPF
-from bayesmlc.gp.inducing import kmeans_centres, truncated_svd
+from bayesmlc.gp.inducing import kmeans_centres, subspace_kmeans_centres, truncated_svd
 from bayesmlc.linalg import top_singular_vectors
 
 WORLD_SIZE = 2
@@ -239,18 +239,33 @@ def test_top_singular_vectors_over_row_shards_equal_one_process_and_the_dense_sv
 
 def test_truncated_svd_of_a_row_sample_over_shards_equals_one_process():
     X = sp.random(120, 15, density=0.3, random_state=4, format="csr", dtype=np.float32)
-    basis, US, used = truncated_svd(X, 5, seed=2, max_rows=70)
+    basis = truncated_svd(X, 5, seed=2, max_rows=70)
+    # the basis of the sampled rows: the same rows by the documented draw, then the iteration on them
+    sample = np.sort(np.random.default_rng(2).choice(120, 70, replace=False))
+    np.testing.assert_allclose(basis, top_singular_vectors(X[sample], 5, seed=2)[0], atol=1e-6)
     shards = _uneven_shards(120)
     results = _run_as_ranks(
         3, lambda r, reduce: truncated_svd(X[shards[r].start : shards[r].stop], 5, 2, 70, _context(shards[r], reduce))
     )
-    assert used.n_total == 70 and [res[2].n_total for res in results] == [70] * 3
-    used_shards = [res[2].shard for res in results]
-    assert [(s.start, s.stop) for s in used_shards] == [(0, used_shards[0].stop), (used_shards[0].stop,
-            used_shards[1].stop), (used_shards[1].stop, 70)]
-    for basis_r, _, _ in results:
+    for basis_r in results:
         np.testing.assert_allclose(basis_r, basis, atol=1e-6)
-    np.testing.assert_allclose(np.vstack([res[1] for res in results]), US, atol=1e-5)
+
+
+def test_subspace_kmeans_over_shards_equals_one_process_and_kmeans_of_the_sampled_projections():
+    X = sp.random(150, 20, density=0.3, random_state=5, format="csr", dtype=np.float32)
+    basis = truncated_svd(X, 6, seed=0)
+    found = subspace_kmeans_centres(X, basis, 4, seed=3, max_rows=90)
+    # independently: the 90 rows of the documented draw, projected densely, then kmeans_centres
+    sample = np.sort(np.random.default_rng(3).choice(150, 90, replace=False))
+    projected = X[sample].toarray() @ basis.T.astype(np.float64)
+    np.testing.assert_allclose(found, kmeans_centres(projected, 4, seed=3, max_rows=90), atol=1e-5)
+    shards = _uneven_shards(150)
+    results = _run_as_ranks(
+        3, lambda r, reduce: subspace_kmeans_centres(X[shards[r].start : shards[r].stop], basis, 4, 3, 90,
+                                                     _context(shards[r], reduce))
+    )
+    for result in results:
+        np.testing.assert_allclose(result, found, atol=1e-5)
 
 
 def test_kmeans_over_shards_equals_one_process_and_lloyds_algorithm():

@@ -15,7 +15,9 @@ from bayesmlc.bmls import BMLS
 from bayesmlc.exceptions import ModelFormatError, NotFittedError, ValidationError
 from bayesmlc.linear import LogisticRegression
 from bayesmlc.persistence import load_model, read_npz
-from bayesmlc.preprocessing import FeaturePreprocessor, column_mean_and_scale, normalize_rows, resolve_standardize
+from bayesmlc.preprocessing import (
+    FeaturePreprocessor, column_mean_and_scale, normalize_rows, resolve_standardize, row_square_sums,
+)
 
 LEGACY_DIR = os.path.join(os.path.dirname(__file__), "data", "legacy_models")
 
@@ -62,6 +64,20 @@ def test_normalize_rows_matches_scikit_learn_and_keeps_zero_rows():
     X = sp.csr_matrix(np.array([[3.0, 4.0, 0.0], [0.0, 0.0, 0.0], [1.0, -1.0, 1.0]]))
     np.testing.assert_allclose(normalize_rows(X).toarray(), normalize(X).toarray(), rtol=1e-6)
     assert normalize_rows(X).dtype == np.float32
+
+
+@pytest.mark.parametrize("block", [1, 3, 7, 1 << 22])
+def test_row_square_sums_match_float64_numpy_over_any_block_size(block):
+    """Blocks of 1 or 3 entries split every row of up to 9 entries over block boundaries, start inside
+    runs of empty rows and end on the last (empty) row; the sums must not depend on the blocking."""
+    rng = np.random.default_rng(0)
+    lengths = rng.integers(0, 10, 60)
+    lengths[[0, 1, 30, 31, 58, 59]] = 0  # empty rows first, in the middle and last
+    indptr = np.concatenate([[0], np.cumsum(lengths)])
+    data = (rng.standard_normal(indptr[-1]) * 1e3).astype(np.float32)
+    expected = [np.sum(data[a:b].astype(np.float64) ** 2) for a, b in zip(indptr[:-1], indptr[1:])]
+    np.testing.assert_allclose(row_square_sums(data, indptr, block=block), expected, rtol=1e-14, atol=0)
+    assert row_square_sums(np.zeros(0, np.float32), np.zeros(1, np.int64)).shape == (0,)
 
 
 @pytest.mark.parametrize("setting, n_nonzero, n_entries, expected", [

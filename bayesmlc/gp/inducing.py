@@ -10,7 +10,8 @@ Two representations, four choices of the ``inducing`` parameter:
     Z = A X~ (subspace paper eq. (4)) with X~ (R, D) the top-R right singular vectors of the sparse
     X (a randomized subspace iteration that multiplies X by thin dense matrices and never densifies
     it; it also runs on rows split over processes, :func:`bayesmlc.linalg.top_singular_vectors`) and A (M, R)
-    initialised by k-means on U S and optimised (or kept fixed). Then
+    initialised by k-means on the projections X X~^T (U S) of a row sample and optimised (or kept
+    fixed). Then
     Z Z^T = A K_X~ A^T (eq. (5)) and X_b Z^T = (X_b X~^T) A^T (eq. (6)), with K_X~ = X~ X~^T and the
     projections X_b X~^T either precomputed (they are the rows of U S) or formed per batch by a
     sparse product. The SE kernel reuses the same products through appendix A.6.
@@ -33,7 +34,7 @@ import torch
 from torch import nn
 
 from ..distributed import ParallelContext
-from ..linalg import subspace_iteration
+from ..linalg import sparse_dense_product, top_singular_vectors
 from ..utils import csr_to_torch
 from .kernels import InnerProducts
 
@@ -44,10 +45,13 @@ __all__ = [
     "SubspaceInducing",
     "truncated_svd",
     "kmeans_centres",
+    "subspace_kmeans_centres",
     "INDUCING_NAMES",
 ]
 
 INDUCING_NAMES = ("fixed", "free", "subspace", "subspace-fixed")
+#: Rows k-means sees (Lloyd's algorithm on a random sample; see :func:`kmeans_centres`).
+KMEANS_MAX_ROWS = 20_000
 #: a subspace basis whose Gram matrix is within this of I_R (entry-wise) is treated as orthonormal
 ORTHONORMAL_TOLERANCE = 1e-4
 
@@ -203,31 +207,37 @@ def sample_rows(X, context: ParallelContext, max_rows: int | None, seed: int):
 
 
 def truncated_svd(X: sp.csr_matrix, rank: int, seed: int, max_rows: int | None = None,
-                  context: ParallelContext | None = None, dtype=np.float64):
-    """Top-``rank`` right singular vectors of sparse ``X`` without densifying it.
-
-    :func:`top_singular_vectors`, which only multiplies X (and X^T) by thin dense matrices. When
-    ``max_rows`` is smaller than N the basis is computed from that many random rows (the row space
-    of a large sample), which bounds the work. With ``X`` split by rows over processes, ``context``
-    (a :class:`~bayesmlc.distributed.ParallelContext`; None = one process) places the local rows in
-    the global order and sums over processes; the result equals the one-process result. ``dtype``:
-    of the work arrays (see :func:`top_singular_vectors`).
-
-    Returns
-    -------
-    basis : ndarray (rank, D), orthonormal rows
-    US : ndarray (n_used, rank), X_used X~^T (this process's used rows), which is U S for an exact
-        SVD (from the Rayleigh-Ritz step's X W, so it equals the sparse product up to rounding)
-    used : None when every row was used; otherwise the ParallelContext of the used rows (this
-        process's share of the ``max_rows`` sampled ones, in the order of their global ids)
-    """
+                  context: ParallelContext | None = None, dtype=np.float64) -> np.ndarray:
+    """Top-``rank`` right singular vectors X~ (rank, D) of sparse ``X``, float32 with orthonormal rows,
+    without densifying it (:func:`~bayesmlc.linalg.top_singular_vectors`, which only multiplies X and
+    X^T by thin dense matrices). When ``max_rows`` is smaller than N the basis is that of that many
+    random rows (the row space of a large sample), which bounds the work. With ``X`` split by rows
+    over processes, ``context`` (a :class:`~bayesmlc.distributed.ParallelContext`; None = one
+    process) places the local rows in the global order and sums over processes; the result equals
+    the one-process result. ``dtype``: of the work arrays (see
+    :func:`~bayesmlc.linalg.top_singular_vectors`)."""
     context = ParallelContext.whole(X.shape[0]) if context is None else context
     X, used = sample_rows(X, context, max_rows, seed)
-    Vt, _, projection = subspace_iteration(X, rank, seed, context if used is None else used, dtype=dtype)
-    return Vt.astype(np.float32, copy=False), projection.astype(np.float32, copy=False), used
+    Vt, _ = top_singular_vectors(X, rank, seed, context if used is None else used, dtype=dtype)
+    return Vt.astype(np.float32, copy=False)
 
 
-def kmeans_centres(points, n_clusters: int, seed: int, max_rows: int = 20000, context: ParallelContext | None = None,
+def subspace_kmeans_centres(X: sp.csr_matrix, basis: np.ndarray, n_clusters: int, seed: int,
+                            max_rows: int = KMEANS_MAX_ROWS, context: ParallelContext | None = None) -> np.ndarray:
+    """A (n_clusters, R): k-means centres (:func:`kmeans_centres`) of the projections X X~^T (the rows
+    of U S, subspace paper sec. 2.2) of at most ``max_rows`` random rows of ``X``, so Z = A X~ starts
+    at cluster centres of the data within the subspace. Only the sampled rows are projected (at the
+    AmazonCat-13K shape 20,000 rows take 1.1 s, against 3.4 s for the SVD's 100,000). The rows are
+    drawn as :func:`kmeans_centres` draws its own, so with at most ``max_rows`` rows every row is used
+    and the centres are those of :func:`kmeans_centres` on all projections. ``context`` as in
+    :func:`truncated_svd`."""
+    context = ParallelContext.whole(X.shape[0]) if context is None else context
+    rows, used = sample_rows(X, context, max_rows, seed)
+    projected = sparse_dense_product(rows, np.ascontiguousarray(basis.T))  # (n_rows, R)
+    return kmeans_centres(projected, n_clusters, seed, max_rows, context if used is None else used)
+
+
+def kmeans_centres(points, n_clusters: int, seed: int, max_rows: int = KMEANS_MAX_ROWS, context: ParallelContext | None = None,
                    n_iter: int = 5) -> np.ndarray:
     """``n_clusters`` k-means centres of the rows of ``points`` (dense or sparse).
 

@@ -22,7 +22,9 @@ from ..exceptions import ModelFormatError
 from ..linalg import top_singular_vectors
 from ..safe_io import physical_memory_bytes
 from ..utils import logit
-from .inducing import FeatureBatch, InputSpaceInducing, SubspaceInducing, kmeans_centres, sample_rows, truncated_svd
+from .inducing import (
+    FeatureBatch, InputSpaceInducing, SubspaceInducing, kmeans_centres, sample_rows, subspace_kmeans_centres, truncated_svd,
+)
 from .kernels import make_kernel
 from .likelihoods import BernoulliLogit
 from .objective import MLGPFModule, data_term_full, latent_marginals
@@ -46,7 +48,7 @@ def initial_arrays(settings, X, Y, rng: np.random.Generator, context: ParallelCo
 
     ``X``, ``Y`` are this process's (prepared) training rows and ``context`` their place among all
     training rows. Subspace inducing inputs: the top-R right singular vectors of X and k-means on
-    the rows' projections U S (subspace paper sec. 2.2); free ones: k-means in input space; fixed
+    the projections U S of a row sample (subspace paper sec. 2.2); free ones: k-means in input space; fixed
     ones: a random subset of rows. The bias is the logit of the smoothed label frequency.
     """
     context = ParallelContext.whole(X.shape[0]) if context is None else context
@@ -64,9 +66,8 @@ def initial_arrays(settings, X, Y, rng: np.random.Generator, context: ParallelCo
                 stacklevel=6,
             )
         work_dtype = np.float32 if settings.dtype == "float32" else np.float64  # of the (D, R) work arrays
-        basis, US, used = truncated_svd(X, rank, seed, settings.svd_max_rows, context, work_dtype)
-        arrays["basis"] = basis
-        arrays["A"] = kmeans_centres(US, M, seed, context=context if used is None else used)
+        arrays["basis"] = truncated_svd(X, rank, seed, settings.svd_max_rows, context, work_dtype)
+        arrays["A"] = subspace_kmeans_centres(X, arrays["basis"], M, seed, context=context)
     elif settings.inducing == "free":
         arrays["Z"] = kmeans_centres(X, M, seed, context=context)
     else:  # fixed: a random subset of training rows
