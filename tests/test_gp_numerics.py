@@ -14,7 +14,7 @@ from bayesmlc.gp.inducing import InputSpaceInducing, SubspaceInducing, truncated
 from bayesmlc.gp.kernels import make_kernel
 from bayesmlc.gp.likelihoods import TAIL_RELATIVE_ERROR, BernoulliLogit, tail_entries
 from bayesmlc.gp.variational import CholeskyError, make_variational, robust_cholesky
-from bayesmlc.linalg import top_singular_vectors
+from bayesmlc.linalg import _gram, basis_gram, top_singular_vectors
 
 DT = torch.float64
 
@@ -309,6 +309,22 @@ def test_truncated_svd_matches_dense_svd_and_never_needs_dense_input():
     assert np.allclose(basis @ basis.T, np.eye(5), atol=1e-5)
     captured = float((np.asarray(X @ basis.T) ** 2).sum())
     assert 0.0 <= 1.0 - captured / float((s[:5] ** 2).sum()) < 2e-4
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_gram_matrices_by_syrk_equal_float64_products(dtype):
+    # row chunks of 7 over 50 rows: the accumulation crosses chunk boundaries and ends on a short one
+    M = (np.random.default_rng(0).standard_normal((50, 9)) * np.logspace(0, 3, 9)).astype(dtype)
+    exact = M.astype(np.float64).T @ M.astype(np.float64)
+    G = _gram(M, rows=7)
+    np.testing.assert_allclose(G, exact, rtol=1e-13, atol=1e-13 * np.abs(exact).max())
+    np.testing.assert_array_equal(G, G.T)
+    basis = M.T.astype(np.float32)  # (9, 50)
+    K = basis_gram(basis)
+    assert K.dtype == np.float32
+    np.testing.assert_array_equal(K, K.T)
+    np.testing.assert_allclose(K, basis.astype(np.float64) @ basis.T.astype(np.float64), rtol=1e-5,
+                               atol=1e-6 * np.abs(exact).max())
 
 
 @pytest.mark.parametrize("dtype, atol", [(np.float64, 1e-12), (np.float32, 2e-6)])

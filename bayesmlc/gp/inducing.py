@@ -34,7 +34,7 @@ import torch
 from torch import nn
 
 from ..distributed import ParallelContext
-from ..linalg import sparse_dense_product, top_singular_vectors
+from ..linalg import basis_gram, sparse_dense_product, top_singular_vectors
 from ..utils import csr_to_torch
 from .kernels import InnerProducts
 
@@ -148,7 +148,7 @@ class SubspaceInducing(InducingInputs):
         # K_X~ = X~ X~^T, precomputed once (eq. (5)); I_R up to rounding for an SVD basis, and then
         # dropped from Z Z^T = A K_X~ A^T, which saves an (M, R) x (R, R) product (M R^2, twice that
         # backward) per step: at M = 200, R = 1000, B = 500 about 400k multiply-adds per row.
-        gram = basis @ basis.T
+        gram = torch.from_numpy(basis_gram(basis.numpy()))
         self.register_buffer("basis_gram", gram)
         eye = torch.eye(gram.shape[0], dtype=gram.dtype)
         self.orthonormal_basis = bool(torch.allclose(gram, eye, rtol=0.0, atol=ORTHONORMAL_TOLERANCE))
