@@ -327,6 +327,35 @@ def test_gram_matrices_by_syrk_equal_float64_products(dtype):
                                atol=1e-6 * np.abs(exact).max())
 
 
+def test_the_svds_blas_calls_run_on_torchs_thread_count(monkeypatch):
+    """SciPy's and NumPy's BLAS (OpenBLAS, its own pool) inside the iteration use torch's thread count,
+    as its sparse products do: a one-thread fit stays on one thread."""
+    from threadpoolctl import threadpool_info
+
+    import bayesmlc.linalg as linalg
+
+    seen = []
+
+    def recording(name):
+        original = getattr(linalg.blas, name)
+
+        def call(*args, **kwargs):
+            seen.extend(pool["num_threads"] for pool in threadpool_info() if pool["user_api"] == "blas")
+            return original(*args, **kwargs)
+        return call
+
+    monkeypatch.setattr(linalg.blas, "dsyrk", recording("dsyrk"))
+    monkeypatch.setattr(linalg.blas, "ssyrk", recording("ssyrk"))
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        X = _sparse_rows(np.random.default_rng(2), 40, 12)
+        basis_gram(truncated_svd(X, 4, seed=0))
+    finally:
+        torch.set_num_threads(previous)
+    assert seen and set(seen) == {1}
+
+
 @pytest.mark.parametrize("dtype, atol", [(np.float64, 1e-12), (np.float32, 2e-6)])
 def test_top_singular_vectors_of_a_matrix_of_lower_rank_than_asked(dtype, atol):
     # rank 3, 12 rows (fewer than the 15 columns of the iteration), 5 vectors asked: the top 3 are the
