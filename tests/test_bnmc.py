@@ -395,6 +395,6 @@ def test_cross_validation_shrinks_the_leading_label_terms_on_small_validation_sp
         z = 1.2 * s_clf + 0.3 * s_pat - 0.5
         Y = (rng.random(z.shape) < 1.0 / (1.0 + np.exp(-z))).astype(float)
         observed = np.ones(Y.shape, dtype=bool)
-        free.append(np.hypot(*_fit_leading_label(s_clf, s_pat, Y, observed, 0.0)[1:]))
+        free.append(np.hypot(*_fit_leading_label(s_clf, s_pat, Y, observed, [0.0])[0][1:]))
         shrunk.append(np.hypot(*fit_calibration(s_clf, s_pat, Y, observed)[1:]))
     assert np.mean(shrunk) < 0.6 * np.mean(free)

@@ -939,20 +939,22 @@ def fit_calibration(s_clf: np.ndarray, s_pat: np.ndarray, Y: np.ndarray, observe
     z + r keeps every row's ranking. Returns (theta (3,), r float, c float).
     """
     folds = np.random.default_rng(seed).permutation(s_clf.shape[0]) % 5
-    scores = []
-    for precision in LEADING_LABEL_PRECISIONS:
-        score = 0.0
-        for fold in range(5):
-            fit, held = folds != fold, folds == fold
-            theta, r, c = _fit_leading_label(s_clf[fit], s_pat[fit], Y[fit], observed[fit], precision)
+    scores = np.zeros(len(LEADING_LABEL_PRECISIONS))
+    for fold in range(5):
+        fit, held = folds != fold, folds == fold
+        fits = _fit_leading_label(s_clf[fit], s_pat[fit], Y[fit], observed[fit], LEADING_LABEL_PRECISIONS)
+        for index, (theta, r, c) in enumerate(fits):
             logits = _with_top_label_offset(theta[0] * s_clf[held] + theta[1] * s_pat[held] + theta[2], r, c)
-            score += float(np.sum((Y[held] * logits - softplus(logits))[observed[held]]))
-        scores.append(score)
-    return _fit_leading_label(s_clf, s_pat, Y, observed, LEADING_LABEL_PRECISIONS[int(np.argmax(scores))])
+            scores[index] += float(np.sum((Y[held] * logits - softplus(logits))[observed[held]]))
+    return _fit_leading_label(s_clf, s_pat, Y, observed, [LEADING_LABEL_PRECISIONS[int(np.argmax(scores))]])[0]
 
 
-def _fit_leading_label(s_clf, s_pat, Y, observed, precision: float):
-    """:func:`fit_calibration` for one prior precision of (r, c)."""
+def _fit_leading_label(s_clf, s_pat, Y, observed, precisions) -> list:
+    """:func:`fit_calibration`'s (theta, r, c) for each prior precision of (r, c) in ``precisions``:
+    one fit of (a, b, d) without the leading-label terms (it does not depend on the precision), then
+    the joint fit per precision, each started from the one before (the objective is strictly concave,
+    so the start changes only the number of Newton steps: at the EURLex-4K shape the cross-validation
+    took 47 s of BNMC's 133 s fit with a fresh start and a base fit per precision)."""
     ones = np.ones(int(observed.sum()))
     theta = _logistic_newton(np.stack([s_clf[observed], s_pat[observed], ones], axis=1), Y[observed],
                              np.array([1.0, 1.0, 0.0]))
@@ -961,14 +963,21 @@ def _fit_leading_label(s_clf, s_pat, Y, observed, precision: float):
     if z.size:
         leads[np.arange(z.shape[0]), z.argmax(axis=1)] = 1.0
     base = [s_clf[observed], s_pat[observed], ones]
-    ridge = np.array([1e-4, 1e-4, 1e-4, 1e-4 + precision, 1e-4 + precision])
-    joint = _logistic_newton(np.stack(base + [leads[observed], (leads * z)[observed]], axis=1), Y[observed],
-                             np.r_[theta, 0.0, 0.0], ridge)
-    if joint[3] >= 0.0:
-        return joint[:3], float(joint[3]), float(joint[4])
-    slope_only = _logistic_newton(np.stack(base + [(leads * z)[observed]], axis=1), Y[observed], np.r_[theta, 0.0],
-                                  ridge[[0, 1, 2, 4]])
-    return slope_only[:3], 0.0, float(slope_only[3])
+    joint_features = np.stack(base + [leads[observed], (leads * z)[observed]], axis=1)
+    slope_features = None
+    start, fits = np.r_[theta, 0.0, 0.0], []
+    for precision in precisions:
+        ridge = np.array([1e-4, 1e-4, 1e-4, 1e-4 + precision, 1e-4 + precision])
+        joint = _logistic_newton(joint_features, Y[observed], start, ridge)
+        start = joint
+        if joint[3] >= 0.0:
+            fits.append((joint[:3], float(joint[3]), float(joint[4])))
+            continue
+        if slope_features is None:
+            slope_features = joint_features[:, [0, 1, 2, 4]]
+        slope_only = _logistic_newton(slope_features, Y[observed], np.r_[theta, 0.0], ridge[[0, 1, 2, 4]])
+        fits.append((slope_only[:3], 0.0, float(slope_only[3])))
+    return fits
 
 
 def _logistic_newton(feats: np.ndarray, target: np.ndarray, theta: np.ndarray, ridge=1e-4) -> np.ndarray:
