@@ -225,8 +225,10 @@ def test_top_singular_vectors_over_row_shards_equal_one_process_and_the_dense_sv
     X = sp.csr_matrix(np.where(rng.random((90, 20)) < 0.6, low_rank + 0.01 * rng.standard_normal((90, 20)), 0.0))
     Vt, s = top_singular_vectors(X, 4, seed=0)
     _, s_dense, Vt_dense = np.linalg.svd(X.toarray(), full_matrices=False)
-    # 4 iterations at a gap of s4 / s5 = 1.5, then Rayleigh-Ritz on Q^T X: s4 is 1.2e-7 low
-    np.testing.assert_allclose(s, s_dense[:4], rtol=3e-7)
+    # 4 iterations at a gap of s4 / s5 = 1.5, then Rayleigh-Ritz on Q^T X: s4 is 3.1e-7 low from this
+    # seed's start (1.2e-7 from another); the first three to 2.3e-9
+    np.testing.assert_allclose(s, s_dense[:4], rtol=1e-6)
+    np.testing.assert_allclose(s[:3], s_dense[:3], rtol=1e-8)
     np.testing.assert_allclose(np.abs(Vt @ Vt_dense[:4].T), np.eye(4), atol=1e-6)  # same vectors up to sign
     shards = _uneven_shards(90)
     results = _run_as_ranks(

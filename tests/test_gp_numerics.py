@@ -106,23 +106,54 @@ def test_expected_log_lik_gradients_match_finite_differences(tail_series):
     assert torch.autograd.gradcheck(lambda m, v: lik.expected_log_lik(m, v, minus), (m2, v2))
 
 
-def test_threaded_sparse_products_equal_the_serial_ones():
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_threaded_sparse_products_equal_scipy_and_do_not_depend_on_the_thread_count(dtype):
     from bayesmlc.linalg import _ThreadedProducts
 
     rng = np.random.default_rng(5)
     X = _sparse_rows(rng, 3000, 40, density=0.1).astype(np.float64)
+    X[7] = 0.0  # an empty row, and an empty feature column below
+    X = sp.csr_matrix(X)
+    X.eliminate_zeros()
+    X[:, 3] = 0.0
+    X.eliminate_zeros()
     W = rng.standard_normal((40, 7))
+    Y = rng.standard_normal((3000, 7))
+    tolerance = dict(rtol=1e-12, atol=1e-12) if dtype == np.float64 else dict(rtol=1e-5, atol=1e-5)
     before = torch.get_num_threads()
+    results = []
     try:
-        torch.set_num_threads(2)
-        products = _ThreadedProducts(X)
-        assert len(products.blocks) == 2 and sum(b.shape[0] for b in products.blocks) == 3000
-        np.testing.assert_allclose(products.times(W), X @ W, rtol=1e-12, atol=1e-12)
-        np.testing.assert_allclose(products.gram_times(W), X.T @ (X @ W), rtol=1e-12, atol=1e-10)
-        torch.set_num_threads(1)
-        assert len(_ThreadedProducts(X).blocks) == 1
+        for threads in (1, 2, 3):
+            torch.set_num_threads(threads)
+            products = _ThreadedProducts(X, dtype)
+            times, transpose_times = products.times(W), products.transpose_times(Y)
+            assert times.dtype == dtype and transpose_times.dtype == dtype
+            np.testing.assert_allclose(times, X @ W, **tolerance)
+            np.testing.assert_allclose(transpose_times, X.T @ Y, **tolerance)
+            out = np.full((40, 7), np.nan, dtype=dtype)  # written whole, in place
+            assert products.transpose_times(Y, out=out) is out
+            np.testing.assert_array_equal(out, transpose_times)
+            results.append((times, transpose_times))
     finally:
         torch.set_num_threads(before)
+    for times, transpose_times in results[1:]:  # the same bits at every thread count
+        np.testing.assert_array_equal(times, results[0][0])
+        np.testing.assert_array_equal(transpose_times, results[0][1])
+
+
+def test_sign_of_largest_entry_matches_argmax_of_the_absolute_values():
+    from bayesmlc.linalg import _sign_of_largest
+
+    rng = np.random.default_rng(3)
+    Vt = rng.integers(-3, 4, size=(400, 9)).astype(np.float32)  # many ties between +a and -a
+    Vt[0] = 0.0
+    Vt[0, 2], Vt[0, 5] = -2.0, 2.0  # tie: the first one (negative) decides
+    Vt[1] = 0.0
+    Vt[1, 1], Vt[1, 4] = 2.0, -2.0
+    expected = np.sign(Vt[np.arange(400), np.abs(Vt).argmax(axis=1)])
+    expected[expected == 0] = 1.0  # an all-zero row keeps its sign
+    np.testing.assert_array_equal(_sign_of_largest(Vt), expected)
+    assert _sign_of_largest(Vt)[0] == -1.0 and _sign_of_largest(Vt)[1] == 1.0
 
 
 # ---- variational families ----------------------------------------------------------------------
