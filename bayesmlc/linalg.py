@@ -57,7 +57,7 @@ class _ThreadedProducts:
     def __init__(self, X, dtype=np.float64):
         self.dtype = np.dtype(dtype)
         self.sparse = sp.issparse(X)
-        self.workers = max(1, min(torch.get_num_threads(), X.shape[0] // 1024))
+        self.workers = max(1, min(torch.get_num_threads(), (X.nnz if self.sparse else X.size) // 16384))
         if self.sparse:
             X = sp.csr_matrix(X)
             X = sp.csr_matrix((X.data.astype(self.dtype, copy=False), X.indices, X.indptr), shape=X.shape)

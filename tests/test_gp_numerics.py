@@ -111,25 +111,32 @@ def test_threaded_sparse_products_equal_scipy_and_do_not_depend_on_the_thread_co
     from bayesmlc.linalg import _ThreadedProducts
 
     rng = np.random.default_rng(5)
-    X = _sparse_rows(rng, 3000, 40, density=0.1).astype(np.float64)
+    X = _sparse_rows(rng, 6000, 40, density=0.25).astype(np.float64)  # 60,000 entries: 3 threads' worth
     X[7] = 0.0  # an empty row, and an empty feature column below
     X = sp.csr_matrix(X)
     X.eliminate_zeros()
     X[:, 3] = 0.0
     X.eliminate_zeros()
     W = rng.standard_normal((40, 7))
-    Y = rng.standard_normal((3000, 7))
-    tolerance = dict(rtol=1e-12, atol=1e-12) if dtype == np.float64 else dict(rtol=1e-5, atol=1e-5)
+    Y = rng.standard_normal((6000, 7))
+    eps = np.finfo(dtype).eps
+
+    def assert_within_summation_bound(result, exact, magnitudes, terms):
+        # |computed - exact| <= terms * eps * sum |x_k y_k|: the error bound of a recursive sum
+        assert np.all(np.abs(result - exact) <= terms * eps * magnitudes + 1e-300)
+
     before = torch.get_num_threads()
     results = []
     try:
         for threads in (1, 2, 3):
             torch.set_num_threads(threads)
             products = _ThreadedProducts(X, dtype)
+            assert products.workers == threads
             times, transpose_times = products.times(W), products.transpose_times(Y)
             assert times.dtype == dtype and transpose_times.dtype == dtype
-            np.testing.assert_allclose(times, X @ W, **tolerance)
-            np.testing.assert_allclose(transpose_times, X.T @ Y, **tolerance)
+            row_terms, column_terms = np.diff(X.indptr).max(), np.bincount(X.indices).max()
+            assert_within_summation_bound(times, X @ W, abs(X) @ np.abs(W), row_terms + 2)
+            assert_within_summation_bound(transpose_times, X.T @ Y, abs(X).T @ np.abs(Y), column_terms + 2)
             out = np.full((40, 7), np.nan, dtype=dtype)  # written whole, in place
             assert products.transpose_times(Y, out=out) is out
             np.testing.assert_array_equal(out, transpose_times)
