@@ -297,6 +297,19 @@ def test_subspace_gram_is_dropped_only_for_an_orthonormal_basis():
                               rtol=1e-4, atol=1e-4)
 
 
+def test_row_gram_gradient_is_that_of_the_dense_product():
+    from bayesmlc.gp.inducing import _RowGram
+
+    rng = np.random.default_rng(4)
+    A = torch.tensor(rng.standard_normal((6, 9)), dtype=DT, requires_grad=True)
+    assert torch.autograd.gradcheck(_RowGram.apply, (A,))
+    G = torch.as_tensor(rng.standard_normal((6, 6)), dtype=DT)  # not symmetric
+    (grad_custom,) = torch.autograd.grad((_RowGram.apply(A) * G).sum(), A)
+    (grad_dense,) = torch.autograd.grad(((A @ A.T) * G).sum(), A)
+    torch.testing.assert_close(grad_custom, grad_dense, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(_RowGram.apply(A), A @ A.T, rtol=0.0, atol=0.0)
+
+
 def test_subspace_ard_is_the_inner_product_of_the_stated_metric():
     # <x, x'>_w = (x X~^T) diag(w) (X~ x'^T) + w0 (<x, x'> - (x X~^T)(X~ x'^T))
     rng = np.random.default_rng(5)

@@ -182,7 +182,7 @@ class SubspaceInducing(InducingInputs):
     def inner_products(self, batch: FeatureBatch, weights: torch.Tensor | None) -> InnerProducts:
         A, proj = self.A, batch.projected
         if weights is None:
-            zz = A @ A.T if self.orthonormal_basis else A @ self.basis_gram @ A.T  # eq. (5)
+            zz = _RowGram.apply(A) if self.orthonormal_basis else A @ self.basis_gram @ A.T  # eq. (5)
             xz = proj @ A.T  # eq. (6)
             xx = batch.sq_norm
         else:
@@ -193,6 +193,22 @@ class SubspaceInducing(InducingInputs):
             proj_sq = proj.pow(2).sum(1)
             xx = (proj.pow(2) * w_sub).sum(1) + w_rest * (batch.sq_norm - proj_sq).clamp_min(0.0)
         return InnerProducts(zz=zz, xz=xz, xx=xx)
+
+
+class _RowGram(torch.autograd.Function):
+    """A A^T (M, M) of A (M, R), whose backward is the one product (G + G^T) A: autograd's ``A @ A.T``
+    takes two (G A and G^T A, an (M, M) x (M, R) product each: 0.86 ms apiece at M = 200, R = 1000 on
+    one thread, 3% of a default step at the EURLex-4K shape)."""
+
+    @staticmethod
+    def forward(ctx, A):
+        ctx.save_for_backward(A)
+        return A @ A.T
+
+    @staticmethod
+    def backward(ctx, grad):
+        (A,) = ctx.saved_tensors
+        return (grad + grad.T) @ A
 
 
 def sample_rows(X, context: ParallelContext, max_rows: int | None, seed: int):
