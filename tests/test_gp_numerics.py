@@ -310,6 +310,26 @@ def test_row_gram_gradient_is_that_of_the_dense_product():
     torch.testing.assert_close(_RowGram.apply(A), A @ A.T, rtol=0.0, atol=0.0)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_subspace_projection_equals_the_dense_product_and_each_row_its_own(dtype):
+    rng = np.random.default_rng(12)
+    X = sp.random(3000, 60, density=0.2, format="csr", random_state=7, dtype=np.float64)  # 36,000 entries
+    basis = np.linalg.qr(rng.standard_normal((60, 9)))[0].T
+    inducing = SubspaceInducing(basis, rng.standard_normal((4, 9)), trainable=False).to(dtype)
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        projected = inducing.project(X)
+        assert projected.dtype == dtype and projected.shape == (3000, 9)
+        exact = X @ inducing.basis_t.double().numpy()  # float64 SciPy product of the stored basis
+        tolerance = 1e-5 if dtype == torch.float32 else 1e-12
+        np.testing.assert_allclose(projected.double().numpy(), exact, rtol=tolerance, atol=tolerance)
+        rows = np.array([5, 2999, 17, 1200])  # a row's projection: the same bits in any batch
+        np.testing.assert_array_equal(inducing.project(X[rows]).numpy(), projected.numpy()[rows])
+    finally:
+        torch.set_num_threads(before)
+
+
 def test_subspace_ard_is_the_inner_product_of_the_stated_metric():
     # <x, x'>_w = (x X~^T) diag(w) (X~ x'^T) + w0 (<x, x'> - (x X~^T)(X~ x'^T))
     rng = np.random.default_rng(5)
