@@ -82,13 +82,16 @@ class _ThreadedProducts:
         cuts = np.searchsorted(matrix.indptr, np.linspace(0, matrix.nnz, self.workers + 1)[1:-1])
         bounds = [0, *cuts.tolist(), matrix.shape[0]]
         tasks = [(start, stop) for start, stop in zip(bounds[:-1], bounds[1:]) if stop > start]
-        run = lambda task: _csr_rows_times_dense(matrix.indptr, matrix.indices, matrix.data, dense, out, *task)  # noqa: E731
-        if len(tasks) <= 1:
-            for task in tasks:
-                run(task)
-        else:
+
+        def run(task):
+            _csr_rows_times_dense(matrix.indptr, matrix.indices, matrix.data, dense, out, *task)
+
+        if len(tasks) > 1:
             with ThreadPoolExecutor(len(tasks)) as pool:
                 list(pool.map(run, tasks))
+        else:  # one block of rows, or none
+            for task in tasks:
+                run(task)
         return out
 
     def times(self, W, out=None):

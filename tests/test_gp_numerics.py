@@ -158,7 +158,7 @@ def test_sign_of_largest_entry_matches_argmax_of_the_absolute_values():
     Vt[1] = 0.0
     Vt[1, 1], Vt[1, 4] = 2.0, -2.0
     expected = np.sign(Vt[np.arange(400), np.abs(Vt).argmax(axis=1)])
-    expected[expected == 0] = 1.0  # an all-zero row keeps its sign
+    expected[expected == 0] = 1.0  # an all-zero row gets +1
     np.testing.assert_array_equal(_sign_of_largest(Vt), expected)
     assert _sign_of_largest(Vt)[0] == -1.0 and _sign_of_largest(Vt)[1] == 1.0
 

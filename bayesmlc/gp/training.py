@@ -109,7 +109,7 @@ def make_optimizer(module: torch.nn.Module, learning_rate: float, variational_le
     rate = learning_rate if variational_learning_rate is None else variational_learning_rate
     fused = all(param.device.type in ("cpu", "cuda") for param in others + variational)
     return torch.optim.Adam(
-        [{"params": others, "lr": learning_rate}, {"params": variational, "lr": rate}], fused=fused or None
+        [{"params": others, "lr": learning_rate}, {"params": variational, "lr": rate}], fused=fused
     )
 
 
