@@ -40,6 +40,7 @@ from bayesmlc.gp.training import TrainingRows, epoch_batches, resolve_batch_size
 from bayesmlc.metrics import evaluate, inverse_propensity
 from bayesmlc.presets import MLGPF_AUTHORS_CODE, MLGPF_BEST_SINGLE, MLGPF_PAIR, MLGPF_PAPER
 from bayesmlc.preprocessing import normalize_rows
+from bayesmlc.utils import resolve_device
 
 DATA = default_data_root()
 
@@ -68,15 +69,53 @@ def bibtex():
 STAGES = ["batching", "kernels", "factorisations", "marginals", "quadrature", "kl", "backward", "adam"]
 
 
-def setup(params: dict, X, Y, rng):
+def setup(params: dict, X, Y, rng, device="cpu"):
     """A :class:`~bayesmlc.gp.Trainer` of ``MLGPF(**params)``'s settings set up on the rows ``X``, ``Y`` as
     fit sets it up (subspace SVD, k-means, Phi, bias, ridge warm start, Adam) with the random stream
-    ``rng``; returns (trainer, training rows, seconds)."""
+    ``rng``, its module on ``device`` ("cpu", "cuda", "auto" or a torch.device); returns (trainer,
+    training rows, seconds)."""
     settings = MLGPF(**params).get_params()
-    trainer = Trainer(settings, rng, "cpu", getattr(torch, settings["dtype"]))
+    device = resolve_device(device)
+    trainer = Trainer(settings, rng, device, getattr(torch, settings["dtype"]))
     t0 = time.perf_counter()
     projection = trainer.initialise(X, Y)
+    synchronize(device)
     return trainer, TrainingRows(X, Y, None, projection), time.perf_counter() - t0
+
+
+def synchronize(device) -> None:
+    """Wait for the work queued on ``device`` (a CUDA device; nothing to wait for on the CPU), so that a
+    clock read next counts it."""
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def reset_peak_memory(device) -> None:
+    """Start counting the peak of ``device``'s allocated memory anew (CUDA only)."""
+    if torch.device(device).type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+
+
+def device_label(device) -> str:
+    """``device`` in words for a benchmark's header: "cpu", or the CUDA device's index, name and memory."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return device.type
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    properties = torch.cuda.get_device_properties(index)
+    return f"cuda:{index} ({properties.name}, {properties.total_memory / 2**30:.1f} GiB)"
+
+
+def peak_memory_rows(device) -> list[str]:
+    """Table rows of ``device``'s peak allocated and reserved memory since the last
+    :func:`reset_peak_memory` (``torch.cuda.max_memory_allocated`` / ``max_memory_reserved``); none on
+    the CPU."""
+    if torch.device(device).type != "cuda":
+        return []
+    return [f"| peak GPU memory allocated GB (torch.cuda.max_memory_allocated) | "
+            f"{torch.cuda.max_memory_allocated(device) / 2**30:.2f} |",
+            f"| peak GPU memory reserved GB (torch.cuda.max_memory_reserved) | "
+            f"{torch.cuda.max_memory_reserved(device) / 2**30:.2f} |"]
 
 
 def timed_steps(trainer: Trainer, rows: TrainingRows, batches) -> dict:

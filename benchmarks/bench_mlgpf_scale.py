@@ -5,13 +5,14 @@ Usage (from the repository root)::
 
     python benchmarks/bench_mlgpf_scale.py [--shapes eurlex-4k:1.0 amazoncat-13k:0.01]
         [--families shared whitened cholesky preconditioned] [--steps 8] [--threads 1]
-        [--cache-dir /tmp/bayesmlc-scale] [--full-fit] [--set key=value ...]
+        [--cache-dir /tmp/bayesmlc-scale] [--full-fit [--device cpu|cuda|auto]] [--set key=value ...]
 
 For each shape (``make_preset(name, scale, random_state=0)``, written once to an ``.npz`` under
 ``--cache-dir`` and read back from there on later runs) it
 
-* trains omikuji Parabel (``n_threads=1``) on the training rows (80% of the rows; the other 20% are the
-  test rows of ``--full-fit``), timed in wall and CPU seconds;
+* trains omikuji Parabel (``n_threads=--threads``) on the training rows (80% of the rows; the other 20%
+  are the test rows of ``--full-fit``), timed in wall and CPU seconds (left out, with a line that says
+  so, where omikuji is not installed);
 * for every family builds the default ``MLGPF``'s module (``variational=family``, everything else at
   its default, or ``--set``) from one set-up shared by the families (SVD, k-means, Phi:
   :func:`bayesmlc.gp.initialisation.initial_arrays`, as ``fit`` does, timed once) and its own ridge warm
@@ -20,7 +21,10 @@ For each shape (``make_preset(name, scale, random_state=0)``, written once to an
   per 1,000 rows, and the epoch of this shape and of the full AmazonCat-13K shape (1,186,239 rows) that
   rate projects. The steps see unit-normalised rows without idf weighting (a step's cost depends on
   the sparsity pattern, which idf keeps);
-* with ``--full-fit``, a complete default ``MLGPF`` fit and its test P@1 beside omikuji's.
+* with ``--full-fit``, a complete default ``MLGPF`` fit on ``--device`` (``MLGPF(device=...)``; default
+  the CPU) and its test P@1 beside omikuji's. On a CUDA device the fit's clock is read after
+  ``torch.cuda.synchronize``, and the peak GPU memory allocated and reserved by PyTorch's allocator
+  is printed. The per-family steps above always run on the CPU.
 
 Every figure is measured with ``torch.set_num_threads(--threads)`` and printed with the load average,
 because the machine may be shared: compare ratios taken in the same run.
@@ -39,9 +43,11 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_mlgpf import STAGES, batch_size, load_avg, parse_sets, timed_steps  # noqa: E402
+from bench_mlgpf import (  # noqa: E402
+    STAGES, batch_size, device_label, load_avg, parse_sets, peak_memory_rows, reset_peak_memory, synchronize, timed_steps,
+)
 
-from bayesmlc.baselines import OmikujiParabel  # noqa: E402
+from bayesmlc.baselines import OmikujiParabel, missing_dependency  # noqa: E402
 from bayesmlc.data.io import read_dataset, write_dataset  # noqa: E402
 from bayesmlc.data.synthetic import make_preset, split  # noqa: E402
 from bayesmlc.gp import MLGPF, Trainer  # noqa: E402
@@ -49,6 +55,7 @@ from bayesmlc.gp.initialisation import build_module, initial_arrays, training_pr
 from bayesmlc.gp.training import TrainingRows, epoch_batches  # noqa: E402
 from bayesmlc.metrics import precision_at_k  # noqa: E402
 from bayesmlc.preprocessing import normalize_rows  # noqa: E402
+from bayesmlc.utils import resolve_device  # noqa: E402
 
 FULL_AMAZONCAT_ROWS = 1_186_239
 FAMILIES = ("shared", "whitened", "cholesky", "preconditioned")
@@ -109,20 +116,29 @@ def main(argv=None):
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--cache-dir", default=os.environ.get("BAYESMLC_SCALE_CACHE", "/tmp/bayesmlc-scale"))
     parser.add_argument("--full-fit", action="store_true", help="also a complete default fit and test P@1")
+    parser.add_argument("--device", default="cpu",
+                        help="where the --full-fit model trains: cpu, cuda, cuda:N or auto (default: %(default)s)")
     parser.add_argument("--set", action="append", help="MLGPF parameter override key=value (every family)")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     overrides = parse_sets(args.set)
-    print(f"MLGPF scale benchmark, threads={args.threads}, {load_avg()}, overrides {overrides or 'none'}")
+    device = resolve_device(args.device)
+    parabel_missing = missing_dependency("omikuji_parabel")
+    print(f"MLGPF scale benchmark, threads={args.threads}, full fit on {device_label(device)}, "
+          f"torch {torch.__version__}, {load_avg()}, overrides {overrides or 'none'}")
     for shape in args.shapes:
         name, scale = shape.split(":")
         train, test, data_s = cached_preset(name, float(scale), Path(args.cache_dir))
         n, d = train.X.shape
         print(f"\n### {name} at scale {scale}: {n} training rows, {d} features, {train.Y.shape[1]} labels, "
               f"nnz(x) {train.X.nnz / n:.1f} per row, {train.Y.nnz / n:.2f} labels per row (data {data_s:.1f} s)")
-        parabel = OmikujiParabel(n_threads=args.threads, predict_top_k=5, random_state=0)
-        _, parabel_s, parabel_cpu = timed(lambda: parabel.fit(train.X, train.Y))
-        print(f"omikuji Parabel fit: {parabel_s:.1f} s wall, {parabel_cpu:.1f} s CPU ({load_avg()})")
+        parabel = None
+        if parabel_missing is None:
+            parabel = OmikujiParabel(n_threads=args.threads, predict_top_k=5, random_state=0)
+            _, parabel_s, parabel_cpu = timed(lambda: parabel.fit(train.X, train.Y))
+            print(f"omikuji Parabel fit: {parabel_s:.1f} s wall, {parabel_cpu:.1f} s CPU ({load_avg()})")
+        else:
+            print(f"no Parabel baseline: {parabel_missing}")
         base = dict(random_state=0, n_threads=args.threads, **overrides)
         (X, arrays), init_s, init_cpu = timed(lambda: shared_setup(MLGPF(**base), train))
         print(f"set-up shared by the families (row normalisation, subspace SVD, k-means, bias, Phi): "
@@ -140,14 +156,25 @@ def main(argv=None):
         print(f"(stage shares of the timed steps' wall time; batch {r['batch']}, {args.steps} steps per family after "
               f"one untimed; peak RSS {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024**2:.2f} GB; {load_avg()})")
         if args.full_fit:
-            model = MLGPF(**base)
-            _, fit_s, fit_cpu = timed(lambda: model.fit(train.X, train.Y))
+            model = MLGPF(**dict(base, device=args.device))
+            reset_peak_memory(device)
+
+            def fit():
+                model.fit(train.X, train.Y)
+                synchronize(device)
+
+            _, fit_s, fit_cpu = timed(fit)
             mlgpf_p1 = precision_at_k(test.Y, model.decision_function(test.X), 1)
-            parabel_p1 = precision_at_k(test.Y, parabel.decision_function(test.X), 1)
             print(f"\n| model | fit s | fit CPU s | fit s / Parabel's | test P@1 |\n|---|---|---|---|---|")
-            print(f"| omikuji Parabel | {parabel_s:.1f} | {parabel_cpu:.1f} | 1.00 | {100 * parabel_p1:.2f} |")
-            print(f"| MLGPF default ({model.variational}, {model.epochs} epochs) | {fit_s:.1f} | {fit_cpu:.1f} | "
-                  f"{fit_s / parabel_s:.2f} | {100 * mlgpf_p1:.2f} |")
+            if parabel is not None:
+                parabel_p1 = precision_at_k(test.Y, parabel.decision_function(test.X), 1)
+                print(f"| omikuji Parabel | {parabel_s:.1f} | {parabel_cpu:.1f} | 1.00 | {100 * parabel_p1:.2f} |")
+            ratio = f"{fit_s / parabel_s:.2f}" if parabel is not None else "-"
+            print(f"| MLGPF default ({model.variational}, {model.epochs} epochs, {device.type}) | {fit_s:.1f} | "
+                  f"{fit_cpu:.1f} | {ratio} | {100 * mlgpf_p1:.2f} |")
+            memory = peak_memory_rows(device)
+            if memory:
+                print("\n| quantity (the full fit and its test predictions) | value |\n|---|---|\n" + "\n".join(memory))
             print(f"({load_avg()})", flush=True)
 
 
