@@ -336,57 +336,92 @@ def test_scene_reaches_the_papers_best_bnmc_row():
     assert exact_match(test.Y, pred) >= 0.662  # paper Table 3, BNMC-S 66.2
 
 
-def test_fit_calibration_recovers_the_offset_and_slope_of_each_rows_leading_label():
-    # validation entries drawn from the model itself: p = sigmoid(z + [leads] (r + c z)), z = a s_clf +
-    # b s_pat + d, the leading label the row's largest z; maximum likelihood on 6,000 rows x 12 labels
-    # recovers (a, b, d, r, c) to within about 3 standard errors
-    from bayesmlc.bnmc.model import fit_calibration
+def _rank_term_data(rng, n, L, terms, theta=(1.3, 0.4, -0.8)):
+    """Validation entries drawn from BNMC's calibrated model itself: z = a s_clf + b s_pat + d ranks the
+    labels, p = sigmoid(z + the rank terms of ``terms``), written out by hand (independent of
+    ``_rank_adjusted_logits``): the leader z + r + c z + e z_2, the runner-up z + g2 + h2 z, ranks 3-5
+    z + g + h z."""
+    s_clf, s_pat = rng.normal(-1.0, 1.5, (n, L)), rng.normal(0.0, 1.0, (n, L))
+    z = theta[0] * s_clf + theta[1] * s_pat + theta[2]
+    r, c, e, g2, h2, g, h = terms
+    order = np.argsort(-z, axis=1)
+    logits = z.copy()
+    for i in range(n):
+        first, second, rest = order[i, 0], order[i, 1], order[i, 2:5]
+        logits[i, first] += r + c * z[i, first] + e * z[i, second]
+        logits[i, second] += g2 + h2 * z[i, second]
+        logits[i, rest] += g + h * z[i, rest]
+    Y = (rng.random(z.shape) < 1.0 / (1.0 + np.exp(-logits))).astype(float)
+    return s_clf, s_pat, z, logits, Y
+
+
+def test_fit_calibration_recovers_the_rank_terms_of_its_own_model():
+    # maximum a posteriori on 8,000 rows x 12 labels drawn from the model recovers the calibrated
+    # probability of each of the top five ranks, and of the leader over the runner-up's range. (The
+    # terms themselves are not compared: they multiply the fitted ranking logit, an affine map of the
+    # generating z, so the offsets absorb part of the slopes.)
+    from bayesmlc.bnmc.model import _calibrated_probability_logits, fit_calibration
 
     rng = np.random.default_rng(0)
-    s_clf, s_pat = rng.normal(-1.0, 1.5, (6000, 12)), rng.normal(0.0, 1.0, (6000, 12))
-    a, b, d, r, c = 1.3, 0.4, -0.8, 0.9, -0.4
-    z = a * s_clf + b * s_pat + d
-    rows, leading = np.arange(6000), z.argmax(axis=1)
-    logits = z.copy()
-    logits[rows, leading] += r + c * z[rows, leading]
-    Y = (rng.random(z.shape) < 1.0 / (1.0 + np.exp(-logits))).astype(float)
+    truth = (0.9, -0.4, -0.5, 0.4, -0.2, 0.3, 0.1)
+    s_clf, s_pat, z, logits, Y = _rank_term_data(rng, 8000, 12, truth)
     observed = rng.random(Y.shape) < 0.9
-    theta, offset, slope = fit_calibration(s_clf, s_pat, Y, observed)
-    np.testing.assert_allclose(theta, [a, b, d], atol=0.1)
-    assert abs(offset - r) < 0.2 and abs(slope - c) < 0.1
-    # with no lead effect in the data both are near zero, and the offset is never negative
+    theta, probability_theta, terms = fit_calibration(s_clf, s_pat, Y, observed)
+    # the ranking logit is the plain fit: it ranks as z does
+    assert np.mean(np.argmax(theta[0] * s_clf + theta[1] * s_pat, axis=1) == np.argmax(z, axis=1)) > 0.99
+    fitted_p = 1.0 / (1.0 + np.exp(-_calibrated_probability_logits(s_clf, s_pat, theta, probability_theta, terms)))
+    true_p = 1.0 / (1.0 + np.exp(-logits))
+    top = np.argsort(-z, axis=1)[:, :5]
+    error = np.abs(np.take_along_axis(fitted_p - true_p, top, axis=1))
+    assert np.all(error.mean(axis=0) < 0.015)
+    # the leader's probability where the runner-up is weak and where it is strong (e < 0 in the data)
+    runner_up = np.take_along_axis(z, top[:, 1:2], axis=1)[:, 0]
+    for rows in (runner_up < np.quantile(runner_up, 0.2), runner_up > np.quantile(runner_up, 0.8)):
+        assert abs(np.mean(fitted_p[rows, top[rows, 0]] - true_p[rows, top[rows, 0]])) < 0.02
+    # and the model's terms differ from no terms at all: the plain probabilities are off by more
+    plain_p = 1.0 / (1.0 + np.exp(-(theta[0] * s_clf + theta[1] * s_pat + theta[2])))
+    assert np.abs(np.take_along_axis(plain_p - true_p, top, axis=1)).mean(axis=0)[0] > 0.05
+    # with no rank effect in the data the terms are near zero, and the offset is never negative
     Y0 = (rng.random(z.shape) < 1.0 / (1.0 + np.exp(-z))).astype(float)
-    _, offset0, slope0 = fit_calibration(s_clf, s_pat, Y0, observed)
-    assert 0.0 <= offset0 < 0.15 and abs(slope0) < 0.1
+    _, _, terms0 = fit_calibration(s_clf, s_pat, Y0, observed)
+    assert terms0.offset >= 0.0 and np.abs(terms0).max() < 0.15
 
 
-def test_the_leading_label_offset_and_slope_touch_only_each_rows_first_label(pattern_data, fitted):
+def test_the_rank_terms_keep_the_ranking_and_order_the_probabilities_with_it(pattern_data, fitted):
+    from bayesmlc.bnmc.model import RankTerms
+
     X = pattern_data[0]
     model = copy.deepcopy(fitted)
-    model.top_label_offset_ = 0.0
+    model._set_rank_terms(RankTerms())
+    model.probability_calibration_ = model.calibration_
     plain = model.decision_function(X[:50])
-    model.top_label_offset_ = 0.7
+    np.testing.assert_allclose(model.predict_proba(X[:50]), 1.0 / (1.0 + np.exp(-plain)), rtol=1e-5)
+    # the offset moves only each row's first label in the ranking score
+    terms = RankTerms(0.7, -0.3, -0.5, 0.6, 0.2, 0.4, -0.1)
+    model._set_rank_terms(terms)
     shifted = model.decision_function(X[:50])
-    first = plain.argmax(axis=1)
+    rows, first = np.arange(50), plain.argmax(axis=1)
     expected = plain.copy()
-    expected[np.arange(50), first] += 0.7
+    expected[rows, first] += 0.7
     np.testing.assert_allclose(shifted, expected, rtol=1e-6, atol=1e-6)
-    np.testing.assert_array_equal(shifted.argmax(axis=1), first)
-    # the probability of the leading label also carries the slope: sigmoid(z + r + c z)
-    model.top_label_slope_ = -0.3
-    proba = model.predict_proba(X[:50])
-    np.testing.assert_allclose(model.decision_function(X[:50]), shifted, rtol=1e-6, atol=1e-6)
-    z = plain[np.arange(50), first]
-    np.testing.assert_allclose(proba[np.arange(50), first], 1.0 / (1.0 + np.exp(-(z + 0.7 - 0.3 * z))), rtol=1e-5)
-    others = np.ones(plain.shape, dtype=bool)
-    others[np.arange(50), first] = False
-    np.testing.assert_allclose(proba[others], 1.0 / (1.0 + np.exp(-plain[others])), rtol=1e-5)
+    # the probabilities: the rank terms by hand on ranks 1-5, then capped along the ranking
+    proba = model.predict_proba(X[:50]).astype(np.float64)
+    order = np.argsort(-plain, axis=1, kind="stable")
+    ranked = np.take_along_axis(plain.astype(np.float64), order, axis=1)
+    by_hand = ranked.copy()
+    by_hand[:, 0] += 0.7 - 0.3 * ranked[:, 0] - 0.5 * ranked[:, 1]
+    by_hand[:, 1] += 0.6 + 0.2 * ranked[:, 1]
+    by_hand[:, 2:5] += 0.4 - 0.1 * ranked[:, 2:5]
+    by_hand = np.minimum.accumulate(by_hand, axis=1)
+    np.testing.assert_allclose(np.take_along_axis(proba, order, axis=1), 1.0 / (1.0 + np.exp(-by_hand)), rtol=1e-4,
+                               atol=1e-6)
+    assert np.all(np.diff(np.take_along_axis(proba, order, axis=1), axis=1) <= 1e-7)
 
 
-def test_cross_validation_shrinks_the_leading_label_terms_on_small_validation_splits():
-    # 30 small validation splits (40 rows x 6 labels) with no lead effect in the data: the unshrunk fit
-    # (precision 0) finds spurious offsets and slopes, the cross-validated prior pulls them towards 0
-    from bayesmlc.bnmc.model import _fit_leading_label, fit_calibration
+def test_cross_validation_shrinks_the_rank_terms_on_small_validation_splits():
+    # 30 small validation splits (40 rows x 6 labels) with no rank effect in the data: the fit at the
+    # weakest prior finds spurious terms, the cross-validated prior pulls them towards 0
+    from bayesmlc.bnmc.model import RANK_TERM_PRECISIONS, _fit_rank_terms, fit_calibration
 
     rng = np.random.default_rng(1)
     free, shrunk = [], []
@@ -395,6 +430,6 @@ def test_cross_validation_shrinks_the_leading_label_terms_on_small_validation_sp
         z = 1.2 * s_clf + 0.3 * s_pat - 0.5
         Y = (rng.random(z.shape) < 1.0 / (1.0 + np.exp(-z))).astype(float)
         observed = np.ones(Y.shape, dtype=bool)
-        free.append(np.hypot(*_fit_leading_label(s_clf, s_pat, Y, observed, [0.0])[0][1:]))
-        shrunk.append(np.hypot(*fit_calibration(s_clf, s_pat, Y, observed)[1:]))
+        free.append(np.linalg.norm(_fit_rank_terms(s_clf, s_pat, Y, observed, [RANK_TERM_PRECISIONS[0]])[0][2]))
+        shrunk.append(np.linalg.norm(fit_calibration(s_clf, s_pat, Y, observed)[2]))
     assert np.mean(shrunk) < 0.6 * np.mean(free)

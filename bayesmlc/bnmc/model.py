@@ -6,6 +6,7 @@ Multi-label Classification", ACML 2016). See docs/bnmc.md for every choice the p
 from __future__ import annotations
 
 import time
+from typing import NamedTuple
 
 import numpy as np
 import scipy.sparse as sp
@@ -35,6 +36,9 @@ VALIDATION_ENTRIES = 2**22
 #: works on the shared low-rank representation instead.
 SGD_DENSE_WEIGHTS = 2e7
 _RULE_CHOICES = ("auto",) + _COUNT_RULES
+#: The fitted attributes holding :class:`RankTerms`, in its order.
+_RANK_TERM_ATTRIBUTES = ("top_label_offset_", "top_label_slope_", "top_label_runner_up_", "second_label_offset_",
+                         "second_label_slope_", "next_labels_offset_", "next_labels_slope_")
 
 
 class BNMC(MultiLabelEstimator):
@@ -149,12 +153,20 @@ class BNMC(MultiLabelEstimator):
     pattern_weights_ : ndarray (K,), E[pi_k]
     label_count_mean_, label_count_std_ : label-count distribution of the labelled training rows
     threshold_ : float, the tuned probability threshold
-    calibration_ : ndarray (3,), (a, b, d) of the calibrated logit a * s_clf + b * s_pattern + d
-    top_label_offset_ : float >= 0, added to that logit for the label that leads its row (the labels
-        of a row compete: the leading one is right more often than its evidence alone says; fitted
-        with (a, b, d), :func:`fit_calibration`); ``decision_function`` ranks by this logit
-    top_label_slope_ : float, c: the leading label's probability is sigmoid(z + r + c z), z its logit
-        without the offset (the ranking stays that of ``decision_function``)
+    calibration_ : ndarray (3,), (a, b, d) of the ranking logit z = a * s_clf + b * s_pattern + d
+    probability_calibration_ : ndarray (3,), (a', b', d') of the probability's logit z' = a' s_clf +
+        b' s_pattern + d', to which the rank terms below are added (:func:`fit_calibration`)
+    top_label_offset_ : float >= 0, r: added to z for the label that leads its row in the ranking score
+        (``decision_function``), and to its probability's logit (the labels of a row compete: the
+        leading one is right more often than its evidence alone says)
+    top_label_slope_, top_label_runner_up_ : float, c and e: the leading label's probability is
+        sigmoid(z' + r + c z + e z_2), z_2 the ranking logit of the row's runner-up
+    second_label_offset_, second_label_slope_ : float, g_2 and h_2: the runner-up's probability is
+        sigmoid(z' + g_2 + h_2 z)
+    next_labels_offset_, next_labels_slope_ : float, g and h: the probability of the labels ranked 3
+        to 5 is sigmoid(z' + g + h z); the others' is sigmoid(z'). Probabilities are capped so that they
+        never rise along the ranking of ``decision_function`` (:class:`RankTerms`, fitted with (a', b',
+        d') by :func:`fit_calibration`)
     history_ : per pass (pass 0: right after initialisation): ``wall_time``, ``objective`` (the
         mixture ELBO over the training data), ``pass``, ``n_patterns``; ``partial_fit`` appends one
         entry per call (ELBO estimated from the batch)
@@ -484,8 +496,8 @@ class BNMC(MultiLabelEstimator):
             val_rows, train_rows = np.sort(shuffled[:n_val]), np.sort(shuffled[n_val:])
         else:
             val_rows, train_rows = np.array([], dtype=np.int64), rows
-        self.calibration_ = np.array([1.0, 1.0, 0.0])
-        self.top_label_offset_ = self.top_label_slope_ = 0.0
+        self.calibration_ = self.probability_calibration_ = np.array([1.0, 1.0, 0.0])
+        self._set_rank_terms(RankTerms())
         self.threshold_ = 0.5
         self.count_rule_ = "expected" if self.count_rule == "auto" else self.count_rule
         self.classifier_basis_ = None
@@ -589,8 +601,8 @@ class BNMC(MultiLabelEstimator):
         s_clf, s_pat = self._evidence(Z_val, X_val)
         if gather is not None:
             s_clf, s_pat, Y_val, mask_val = (gather(part) for part in (s_clf, s_pat, Y_val, mask_val))
-        self.calibration_, self.top_label_offset_, self.top_label_slope_ = fit_calibration(
-            s_clf, s_pat, Y_val, mask_val > 0)
+        self.calibration_, self.probability_calibration_, terms = fit_calibration(s_clf, s_pat, Y_val, mask_val > 0)
+        self._set_rank_terms(terms)
         proba = sigmoid(self._calibrated_logits(s_clf, s_pat, probability=True))
 
         def quality(pred):  # the selection criterion: example-F1 + exact match
@@ -654,13 +666,22 @@ class BNMC(MultiLabelEstimator):
         return sigmoid(self._calibrated_logits(s_clf, s_pat, probability=True))
 
     def _calibrated_logits(self, s_clf, s_pat, probability: bool = False) -> np.ndarray:
-        """z = a s_clf + b s_pattern + d, and for each row's leading label z + r (the ranking score:
-        the offset r >= 0 keeps it in the lead) or, with ``probability``, z + r + c z (the logit of its
-        probability). Files written before the offset and slope have neither."""
+        """The ranking score z = a s_clf + b s_pattern + d, + r for each row's leading label (r >= 0 keeps
+        it in the lead), or, with ``probability``, the logits of the calibrated probabilities
+        (:func:`_calibrated_probability_logits`)."""
+        if probability:  # files written before probability_calibration_ existed used calibration_ for both
+            theta = getattr(self, "probability_calibration_", self.calibration_)
+            return _calibrated_probability_logits(s_clf, s_pat, self.calibration_, theta, self._rank_terms())
         a, b, d = self.calibration_
-        offset = getattr(self, "top_label_offset_", 0.0)
-        slope = getattr(self, "top_label_slope_", 0.0) if probability else 0.0
-        return _with_top_label_offset(a * s_clf + b * s_pat + d, offset, slope)
+        return _rank_adjusted_logits(a * s_clf + b * s_pat + d, self._rank_terms())
+
+    def _rank_terms(self) -> RankTerms:
+        """The fitted :class:`RankTerms` (files written before a term existed load it as 0)."""
+        return RankTerms(*(float(getattr(self, name, 0.0)) for name in _RANK_TERM_ATTRIBUTES))
+
+    def _set_rank_terms(self, terms: RankTerms) -> None:
+        for name, value in zip(_RANK_TERM_ATTRIBUTES, terms):
+            setattr(self, name, float(value))
 
     def predict(self, X, threshold: float | None = None, top_k: int | None = None, rule: str | None = None,
                 random_state=None) -> sp.csr_matrix:
@@ -747,8 +768,8 @@ class BNMC(MultiLabelEstimator):
             self.observed_counts_ = np.zeros(self.n_labels_, dtype=np.int64)
             self.n_seen_ = 0
             self.svi_steps_ = 0
-            self.calibration_ = np.array([1.0, 1.0, 0.0])
-            self.top_label_offset_ = self.top_label_slope_ = 0.0
+            self.calibration_ = self.probability_calibration_ = np.array([1.0, 1.0, 0.0])
+            self._set_rank_terms(RankTerms())
             self.threshold_ = 0.5
             self.count_rule_ = "expected" if self.count_rule == "auto" else self.count_rule
             self.classifier_samples_ = self.classifier_variances_ = self.classifier_basis_ = None
@@ -910,88 +931,157 @@ def _example_f1(Y: np.ndarray, mask: np.ndarray, pred: np.ndarray) -> float:
     return float(np.mean(np.where(denom > 0, 2 * inter / np.maximum(denom, 1e-12), 1.0)))
 
 
-def _with_top_label_offset(logits: np.ndarray, offset: float, slope: float = 0.0) -> np.ndarray:
-    """``logits`` (n, L) with each row's largest entry z replaced by z + offset + slope z (in place)."""
-    if (offset or slope) and logits.size:
-        rows, leading = np.arange(logits.shape[0]), logits.argmax(axis=1)
-        logits[rows, leading] += offset + slope * logits[rows, leading]
-    return logits
+#: The labels ranked 2 to 1 + NEXT_RANKS in a row (with the leading label, the top five that ECE@5
+#: and most readers look at) get an offset and a slope of their own in the probability.
+NEXT_RANKS = 4
 
 
-#: Precisions lambda of the N(0, 1/lambda) prior on the leading label's offset and slope, chosen among
-#: by 5-fold cross-validation over the validation rows (:func:`fit_calibration`).
-LEADING_LABEL_PRECISIONS = (0.0, 1.0, 10.0, 100.0)
+class RankTerms(NamedTuple):
+    """The terms of BNMC's calibrated probability that depend on a label's rank in its row
+    (:func:`fit_calibration`). With z a label's logit a s_clf + b s_pattern + d and z_2 the row's
+    runner-up logit, the leading label's probability is sigmoid(z + r + c z + e z_2), the runner-up's
+    sigmoid(z + g_2 + h_2 z), that of the labels ranked 3 to 1 + :data:`NEXT_RANKS`
+    sigmoid(z + g + h z), the others' sigmoid(z)."""
+
+    offset: float = 0.0  # r >= 0, also added to the leading label's ranking score
+    slope: float = 0.0  # c
+    runner_up: float = 0.0  # e: how the runner-up's strength moves the leading label's probability
+    second_offset: float = 0.0  # g_2
+    second_slope: float = 0.0  # h_2
+    next_offset: float = 0.0  # g
+    next_slope: float = 0.0  # h
 
 
-def fit_calibration(s_clf: np.ndarray, s_pat: np.ndarray, Y: np.ndarray, observed: np.ndarray, seed: int = 0):
-    """Maximum a posteriori ((a, b, d), r, c) of p(y_il = 1) = sigmoid(z_il + [l leads row i] (r + c z_il)),
-    z = a s_clf + b s_pattern + d, over the ``observed`` entries (boolean (n, L)) of the validation rows
-    ``Y`` (n, L), with a N(0, 1/lambda) prior on r and c.
+def _top_positions(z: np.ndarray, m: int) -> np.ndarray:
+    """Column indices (n, m) of each row's ``m`` largest entries of ``z`` (n, L), largest first (ties:
+    the lower index first, as ``argmax`` and the ranking metrics break them)."""
+    n, L = z.shape
+    if m >= L:
+        candidates = np.broadcast_to(np.arange(L), (n, L))
+    else:
+        candidates = np.sort(np.argpartition(-z, m - 1, axis=1)[:, :m], axis=1)
+    order = np.argsort(-np.take_along_axis(z, candidates, axis=1), axis=1, kind="stable")
+    return np.take_along_axis(candidates, order, axis=1)
 
-    The leading label of a row is its largest z under the (a, b, d) fitted without the leading-label
-    terms; (a, b, d, r, c) are then fitted together by Newton's method, with the leading label's z
-    taken from that first fit (predictions take the leading label and its z under the final (a, b, d)).
-    lambda is the one of :data:`LEADING_LABEL_PRECISIONS` with the best held-out log-likelihood in a
-    5-fold cross-validation over the rows (folds drawn with ``seed``): the two terms shrink on small
-    validation splits. They model what independent per-label evidence misses: a row's labels compete,
-    and how often the leading one is right is not what its evidence alone says (docs/experiments.md,
-    "Calibration: the leading label"). r < 0 is refitted as r = 0 (with c), so that the ranking score
-    z + r keeps every row's ranking. Returns (theta (3,), r float, c float).
+
+def _rank_adjusted_logits(z: np.ndarray, terms: RankTerms, probability: bool = False, ranking=None) -> np.ndarray:
+    """``z`` (n, L) turned in place into the ranking score (each row's leading label + r) or, with
+    ``probability``, the calibrated logits of :class:`RankTerms`, the ranks (and the runner-up) taken
+    from ``ranking`` (n, L; default ``z``). The probabilities are then capped so that they never rise
+    along the row's ranking (a label's is at most that of the label ranked just above it), so that
+    ``predict_proba`` orders a row's labels as ``decision_function`` does (up to ties)."""
+    ranking = z if ranking is None else ranking
+    if not z.size or (ranking is z and not (any(terms) if probability else terms.offset)):
+        return z
+    m = min(1 + NEXT_RANKS, z.shape[1]) if probability else 1
+    top = _top_positions(ranking, m)
+    values = np.take_along_axis(z, top, axis=1)
+    if not probability:
+        np.put_along_axis(z, top, values + terms.offset, axis=1)
+        return z
+    ranked = values if ranking is z else np.take_along_axis(ranking, top, axis=1)
+    runner_up = ranked[:, 1] if m > 1 else np.zeros(z.shape[0])
+    adjusted = values.copy()
+    adjusted[:, 0] += terms.offset + terms.slope * ranked[:, 0] + terms.runner_up * runner_up
+    adjusted[:, 1:2] += terms.second_offset + terms.second_slope * ranked[:, 1:2]
+    adjusted[:, 2:] += terms.next_offset + terms.next_slope * ranked[:, 2:]
+    adjusted = np.minimum.accumulate(adjusted, axis=1)
+    np.minimum(z, adjusted[:, -1:], out=z)
+    np.put_along_axis(z, top, adjusted, axis=1)
+    return z
+
+
+#: Precisions lambda of the N(0, 1/lambda) prior on the rank terms, chosen among by 5-fold
+#: cross-validation over the validation rows (:func:`fit_calibration`).
+RANK_TERM_PRECISIONS = (1.0, 10.0, 100.0, 1000.0)
+
+
+def fit_calibration(s_clf: np.ndarray, s_pat: np.ndarray, Y: np.ndarray, observed: np.ndarray,
+                    seed: int = 0) -> tuple[np.ndarray, np.ndarray, RankTerms]:
+    """BNMC's calibration, fitted on the ``observed`` entries (boolean (n, L)) of the validation rows
+    ``Y`` (n, L): the ranking logit z = a s_clf + b s_pattern + d, and the calibrated probability
+    p(y_il = 1) = sigmoid(z'_il + rank terms), z' = a' s_clf + b' s_pattern + d', with the rank terms
+    of :class:`RankTerms` and a N(0, 1/lambda) prior on them.
+
+    (a, b, d) are the maximum-likelihood fit without rank terms over every observed entry; the ranks
+    (and each row's runner-up) are those of z, in the fit as in predictions. (a', b', d') and the rank
+    terms are then fitted together (maximum a posteriori, Newton's method) over the same entries. lambda
+    is the one of :data:`RANK_TERM_PRECISIONS` with the best held-out log-likelihood, of the
+    probabilities as :func:`_rank_adjusted_logits` gives them, in a 5-fold cross-validation over the
+    rows (folds drawn with ``seed``): the terms shrink on small validation splits. They model what
+    independent per-label evidence misses: a row's labels compete, so how often a label is right
+    depends on its rank in the row and, for the leading label, on how strong the runner-up is, not on
+    its own evidence alone (docs/experiments.md, "Calibration: the leading label" and "Calibration: the
+    runner-up and the next ranks"). r < 0 is refitted as r = 0, so that the ranking score z + r keeps
+    every row's ranking. Returns (ranking theta (3,), probability theta (3,), :class:`RankTerms`).
     """
     folds = np.random.default_rng(seed).permutation(s_clf.shape[0]) % 5
-    scores = np.zeros(len(LEADING_LABEL_PRECISIONS))
+    scores = np.zeros(len(RANK_TERM_PRECISIONS))
     for fold in range(5):
         fit, held = folds != fold, folds == fold
-        fits = _fit_leading_label(s_clf[fit], s_pat[fit], Y[fit], observed[fit], LEADING_LABEL_PRECISIONS)
-        for index, (theta, r, c) in enumerate(fits):
-            logits = _with_top_label_offset(theta[0] * s_clf[held] + theta[1] * s_pat[held] + theta[2], r, c)
+        fits = _fit_rank_terms(s_clf[fit], s_pat[fit], Y[fit], observed[fit], RANK_TERM_PRECISIONS)
+        for index, (theta, probability_theta, terms) in enumerate(fits):
+            logits = _calibrated_probability_logits(s_clf[held], s_pat[held], theta, probability_theta, terms)
             scores[index] += float(np.sum((Y[held] * logits - softplus(logits))[observed[held]]))
-    return _fit_leading_label(s_clf, s_pat, Y, observed, [LEADING_LABEL_PRECISIONS[int(np.argmax(scores))]])[0]
+    return _fit_rank_terms(s_clf, s_pat, Y, observed, [RANK_TERM_PRECISIONS[int(np.argmax(scores))]])[0]
 
 
-def _fit_leading_label(s_clf, s_pat, Y, observed, precisions) -> list:
-    """:func:`fit_calibration`'s (theta, r, c) for each prior precision of (r, c) in ``precisions``:
-    one fit of (a, b, d) without the leading-label terms (it does not depend on the precision), then
-    the joint fit per precision, each started from the one before (the objective is strictly concave,
-    so the start changes only the number of Newton steps: at the EURLex-4K shape the cross-validation
-    took 47 s of BNMC's 133 s fit with a fresh start and a base fit per precision)."""
+def _calibrated_probability_logits(s_clf, s_pat, theta, probability_theta, terms: RankTerms) -> np.ndarray:
+    """The logits of the calibrated probabilities (n, L): ranks taken from z = theta . (s_clf, s_pat,
+    1), values from z' = probability_theta . (s_clf, s_pat, 1) plus the rank terms, capped so that they
+    never rise along the ranking (:func:`_rank_adjusted_logits`)."""
+    z = theta[0] * s_clf + theta[1] * s_pat + theta[2]
+    z_prob = probability_theta[0] * s_clf + probability_theta[1] * s_pat + probability_theta[2]
+    return _rank_adjusted_logits(z_prob, terms, True, ranking=z)
+
+
+def _fit_rank_terms(s_clf, s_pat, Y, observed, precisions) -> list:
+    """:func:`fit_calibration`'s (ranking theta, probability theta, :class:`RankTerms`) for each prior
+    precision of the rank terms in ``precisions``: one fit of the ranking (a, b, d) without them (it does
+    not depend on the precision), then the joint fit of the probability's (a, b, d) and the rank terms
+    per precision, each started from the one before (the objective is strictly concave, so the start
+    changes only the number of Newton steps)."""
     ones = np.ones(int(observed.sum()))
     theta = _logistic_newton(np.stack([s_clf[observed], s_pat[observed], ones], axis=1), Y[observed],
                              np.array([1.0, 1.0, 0.0]))
     z = theta[0] * s_clf + theta[1] * s_pat + theta[2]
-    leads = np.zeros(z.shape)
+    n, L = z.shape
+    leads, runner_up, second, following = (np.zeros(z.shape) for _ in range(4))
     if z.size:
-        leads[np.arange(z.shape[0]), z.argmax(axis=1)] = 1.0
-    base = [s_clf[observed], s_pat[observed], ones]
-    joint_features = np.stack(base + [leads[observed], (leads * z)[observed]], axis=1)
-    slope_features = None
-    start, fits = np.r_[theta, 0.0, 0.0], []
+        top = _top_positions(z, min(1 + NEXT_RANKS, L))
+        rows = np.arange(n)
+        leads[rows, top[:, 0]] = 1.0
+        if L > 1:
+            runner_up[rows, top[:, 0]] = z[rows, top[:, 1]]
+            second[rows, top[:, 1]] = 1.0
+            following[rows[:, None], top[:, 2:]] = 1.0
+    columns = [s_clf, s_pat, None, leads, leads * z, runner_up, second, second * z, following, following * z]
+    features = np.stack([ones if c is None else c[observed] for c in columns], axis=1)
+    without_offset = [j for j in range(features.shape[1]) if j != 3]
+    start, fits = np.r_[theta, np.zeros(len(RankTerms._fields))], []
     for precision in precisions:
-        ridge = np.array([1e-4, 1e-4, 1e-4, 1e-4 + precision, 1e-4 + precision])
-        joint = _logistic_newton(joint_features, Y[observed], start, ridge)
+        ridge = np.r_[np.full(3, 1e-4), np.full(len(RankTerms._fields), 1e-4 + precision)]
+        joint = _logistic_newton(features, Y[observed], start, ridge)
         start = joint
-        if joint[3] >= 0.0:
-            fits.append((joint[:3], float(joint[3]), float(joint[4])))
-            continue
-        if slope_features is None:
-            slope_features = joint_features[:, [0, 1, 2, 4]]
-        slope_only = _logistic_newton(slope_features, Y[observed], np.r_[theta, 0.0], ridge[[0, 1, 2, 4]])
-        fits.append((slope_only[:3], 0.0, float(slope_only[3])))
+        if joint[3] < 0.0:  # refit with r = 0: the ranking score keeps each row's ranking
+            joint = np.insert(_logistic_newton(features[:, without_offset], Y[observed], np.delete(joint, 3),
+                                               ridge[without_offset]), 3, 0.0)
+        fits.append((theta, joint[:3], RankTerms(*(float(v) for v in joint[3:]))))
     return fits
 
 
-def _logistic_newton(feats: np.ndarray, target: np.ndarray, theta: np.ndarray, ridge=1e-4) -> np.ndarray:
-    """Maximise sum log Bernoulli(target | sigma(feats @ theta)) - 1/2 sum_j ridge_j theta_j^2 by
-    Newton's method with step halving (so the objective never decreases); ``ridge`` a number or one
-    per coefficient."""
+def _logistic_newton(feats: np.ndarray, target: np.ndarray, theta: np.ndarray, ridge=1e-4, offset=0.0) -> np.ndarray:
+    """Maximise sum log Bernoulli(target | sigma(offset + feats @ theta)) - 1/2 sum_j ridge_j theta_j^2
+    by Newton's method with step halving (so the objective never decreases); ``ridge`` a number or one
+    per coefficient, ``offset`` a number or one per row."""
 
     def objective(t):
-        logits = feats @ t
+        logits = offset + feats @ t
         return float(np.sum(target * logits - softplus(logits)) - 0.5 * ridge * t @ t)
 
     current = objective(theta)
     for _ in range(50):
-        p = sigmoid(feats @ theta)
+        p = sigmoid(offset + feats @ theta)
         grad = feats.T @ (target - p) - ridge * theta
         hess = (feats * (p * (1 - p))[:, None]).T @ feats + ridge * np.eye(theta.size)
         step = np.linalg.solve(hess, grad)
