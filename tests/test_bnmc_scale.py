@@ -185,3 +185,31 @@ def test_the_float32_low_rank_basis_spans_the_top_singular_vectors():
     assert np.linalg.norm(V @ V.T - top @ top.T, 2) < 1e-3
     # the largest entry of each column is positive (a convention independent of the seed)
     assert np.all(V[np.abs(V).argmax(axis=0), np.arange(8)] > 0)
+
+
+def test_the_automatic_basis_rank_is_the_largest_whose_sweep_fits_the_budget():
+    from bayesmlc.bnmc.classifiers import EXACT_BUDGET_FLOPS, choose_low_rank
+
+    # 15 n (r + 1) L <= budget, worked out by hand at L = 28: n <= budget / (15 * 1025 * 28) = 69,686
+    # for r = 1024, <= 139,236 for r = 512, and 256 below that whatever the cost
+    assert choose_low_rank(69_686, 50_000, 28) == 1024
+    assert choose_low_rank(69_687, 50_000, 28) == 512
+    assert choose_low_rank(139_236, 50_000, 28) == 512
+    assert choose_low_rank(139_237, 50_000, 28) == 256
+    assert choose_low_rank(10**7, 50_000, 28) == 256
+    assert choose_low_rank(1_000, 300, 28) == 300  # never above D
+    assert choose_low_rank(1_000, 50_000, 28, budget=EXACT_BUDGET_FLOPS / 1e6) == 256
+    # the EURLex-4K and goemotions shapes (training rows, features, labels)
+    assert choose_low_rank(15_539, 5_000, 3_993) == 256
+    assert choose_low_rank(43_410, 13_077, 28) == 1024
+
+
+def test_low_rank_shared_precision_matches_a_float64_computation():
+    rng = np.random.default_rng(3)
+    projected = rng.normal(size=(400, 30)).astype(np.float32)
+    weights, prior = rng.gamma(2.0, 0.1, size=400), np.full(31, 0.5)
+    design = LowRankDesign(projected, torch.device("cpu"))
+    Z = np.hstack([projected.astype(np.float64), np.ones((400, 1))])
+    expected = Z.T @ (weights[:, None] * Z) + np.diag(prior)
+    got = design.shared_precision(weights, prior).double().numpy()
+    np.testing.assert_allclose(got, expected, rtol=2e-5, atol=2e-5 * np.abs(expected).max())

@@ -38,7 +38,7 @@ import torch
 from ..utils import sigmoid, softplus
 from .polya_gamma import sample_inverse_gaussian, sample_pg
 
-__all__ = ["Design", "LowRankDesign", "choose_solver", "solver_costs", "gibbs_classifier", "SGDClassifier"]
+__all__ = ["Design", "LowRankDesign", "choose_low_rank", "choose_solver", "solver_costs", "gibbs_classifier", "SGDClassifier"]
 
 #: Estimated floating-point operations per sweep above which ``solver="auto"`` leaves the exact
 #: samplers for the shared low-rank representation (``lowrank``).
@@ -139,11 +139,13 @@ class LowRankDesign(Design):
         self.Z_sq_T = self.Z_sq.T
 
     def shared_precision(self, row_weights: np.ndarray, prior_prec: np.ndarray) -> torch.Tensor:
-        Z = self.dense_z().double()
-        weights = torch.as_tensor(row_weights, dtype=torch.float64, device=self.device)
-        gram = self.reduce_tensor((Z * weights[:, None]).T @ Z)
-        gram.diagonal().add_(torch.as_tensor(prior_prec, dtype=torch.float64, device=self.device))
-        return gram.float()
+        """diag(prior) + A^T A, A = diag(sqrt(row_weights)) Z, in float32 (it preconditions the CG
+        solves, which run to their own tolerance; float64 took twice as long at r = 1024)."""
+        weights = torch.as_tensor(row_weights, dtype=torch.float32, device=self.device)
+        scaled = self.dense_z() * weights.clamp_min(0.0).sqrt()[:, None]
+        gram = self.reduce_tensor(scaled.T @ scaled)
+        gram.diagonal().add_(torch.as_tensor(prior_prec, dtype=torch.float32, device=self.device))
+        return gram
 
     def dense_z(self) -> torch.Tensor:
         return torch.cat([self.X, torch.ones(self.n, 1, dtype=self.X.dtype, device=self.device)], dim=1)
@@ -180,6 +182,22 @@ def choose_solver(n: int, n_features: int, n_labels: int, nnz: int, budget: floa
         return small
     cheapest = min(costs, key=costs.get)
     return cheapest if costs[cheapest] <= budget else "lowrank"
+
+
+#: The ranks ``BNMC(low_rank="auto")`` chooses among for the shared basis of the ``lowrank`` solver.
+LOW_RANKS = (1024, 512, 256)
+
+
+def choose_low_rank(n: int, n_features: int, n_labels: int, budget: float = EXACT_BUDGET_FLOPS) -> int:
+    """The rank r of the ``lowrank`` solver's shared basis: the largest of :data:`LOW_RANKS` whose sweep,
+    about 15 n (r + 1) L floating-point operations for the batched CG products (as :func:`solver_costs`
+    counts ``cg``'s), is within ``budget``; the smallest when none is; never above D. A rank-256 basis
+    underfits text with a flat spectrum (goemotions: test P@1 52.4 against 57.4 at r = 1024, where the
+    exact ``cg`` solver also gives 57.4; docs/experiments.md, "BNMC: the rank of the shared basis")."""
+    for rank in LOW_RANKS:
+        if 15.0 * n * (rank + 1) * n_labels <= budget:
+            return int(min(rank, n_features))
+    return int(min(LOW_RANKS[-1], n_features))
 
 
 def _sample_dense(Z: torch.Tensor, omega, beta, prior_prec, gen, noise: float = 1.0) -> torch.Tensor:
