@@ -414,3 +414,22 @@ def test_batch_negative_sampling_fits_reproducibly_and_checks_its_setting():
     assert not np.allclose(first, row)  # the setting changes the draws, so the fit
     with pytest.raises(ValidationError, match="negative_sampling"):
         MLGPF(**dict(params, negative_sampling="rows")).fit(X, Y)
+
+
+def test_kernel_auto_is_the_squared_exponential_for_dense_features_and_linear_for_sparse(tmp_path):
+    """"auto" gives the same model as ``kernel="se"`` on dense features and as ``kernel="linear"`` on
+    sparse ones; the choice (``kernel_``) is kept by save/load."""
+    from bayesmlc.gp.kernels import Linear, SquaredExponential
+
+    X, Y, _ = _planted(seed=5, n=120)
+    dense = sp.csr_matrix(X.toarray() + 1.0, dtype=np.float32)
+    for features, same_as, kind in ((X, "linear", Linear), (dense, "se", SquaredExponential)):
+        auto = MLGPF(epochs=2, **SMALL).fit(features, Y)
+        explicit = MLGPF(epochs=2, kernel=same_as, **SMALL).fit(features, Y)
+        assert auto.kernel_ == same_as and isinstance(auto._ensure_module().kernel, kind)
+        np.testing.assert_array_equal(auto.decision_function(features), explicit.decision_function(features))
+        path = tmp_path / f"{same_as}.npz"
+        auto.save(path)
+        loaded = MLGPF.load(path)
+        assert loaded.kernel_ == same_as and loaded.kernel == "auto"
+        np.testing.assert_allclose(loaded.predict_proba(features), auto.predict_proba(features), rtol=1e-6)

@@ -57,7 +57,7 @@ BAD_SETTINGS = [
     (MLGPF(n_latent=0), "n_latent must be an integer >= 1, got 0"),
     (MLGPF(subspace_rank="full"), "subspace_rank must be an integer >= 1 or 'auto', got 'full'"),
     (MLGPF(negative_samples=0), "negative_samples must be an integer >= 1, None or 'auto', got 0"),
-    (MLGPF(kernel="rbf"), "kernel must be one of 'linear', 'se', 'linear+se', got 'rbf'"),
+    (MLGPF(kernel="rbf"), "kernel must be one of 'auto', 'linear', 'se', 'linear+se', got 'rbf'"),
     (MLGPF(lr_decay=1.5), "lr_decay must be a number in [0, 1], got 1.5"),
     (MLGPF(learning_rate=float("nan")), "learning_rate must be a positive number, got nan"),
     (MLGPF(variational_learning_rate=0), "variational_learning_rate must be None or a positive number, got 0"),

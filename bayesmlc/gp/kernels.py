@@ -18,11 +18,14 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from torch import nn
 from torch.nn.functional import softplus
 
-__all__ = ["InnerProducts", "KernelBlocks", "Kernel", "Linear", "SquaredExponential", "Sum", "make_kernel"]
+from ..preprocessing import resolve_standardize
+
+__all__ = ["InnerProducts", "KernelBlocks", "Kernel", "Linear", "SquaredExponential", "Sum", "make_kernel", "resolve_kernel"]
 
 
 def inverse_softplus(value: float) -> float:
@@ -142,6 +145,18 @@ class Sum(Kernel):
 
 
 KERNEL_NAMES = ("linear", "se", "linear+se")
+
+
+def resolve_kernel(kernel: str, X, n_rows: int | None = None, reduce=None) -> str:
+    """The kernel name for ``MLGPF(kernel=...)``: ``kernel`` itself, or for "auto" "se" when the training
+    features ``X`` are dense (more than half their entries non-zero, as ``standardize="auto"`` decides)
+    and "linear" when they are sparse. ``X`` may be one process's rows: ``reduce`` sums the count of
+    stored entries over processes and ``n_rows`` counts all rows (default: X's)."""
+    if kernel != "auto":
+        return kernel
+    n_nonzero = float(X.nnz) if reduce is None else float(reduce(np.array([X.nnz], dtype=np.float64))[0])
+    n_rows = X.shape[0] if n_rows is None else n_rows
+    return "se" if resolve_standardize("auto", n_nonzero, n_rows * X.shape[1]) else "linear"
 
 
 def make_kernel(name: str, n_weights: int | None) -> Kernel:
