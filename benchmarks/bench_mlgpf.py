@@ -34,7 +34,7 @@ from bayesmlc.bench.runner import default_data_root
 from bayesmlc.cli import parse_set_values
 from bayesmlc.data.io import read_dataset
 from bayesmlc.gp import MLGPF, Trainer
-from bayesmlc.gp.kernels import resolve_kernel
+from bayesmlc.gp.initialisation import resolved_structure
 from bayesmlc.gp.likelihoods import BernoulliLogit
 from bayesmlc.gp.objective import VariationalELBO
 from bayesmlc.gp.training import TrainingRows, epoch_batches, resolve_batch_size
@@ -76,7 +76,7 @@ def setup(params: dict, X, Y, rng, device="cpu"):
     ``rng``, its module on ``device`` ("cpu", "cuda", "auto" or a torch.device); returns (trainer,
     training rows, seconds)."""
     settings = MLGPF(**params).get_params()
-    settings["kernel"] = resolve_kernel(settings["kernel"], X)
+    settings["kernel"], settings["n_latent"] = resolved_structure(settings, X, Y.shape[1])
     device = resolve_device(device)
     trainer = Trainer(settings, rng, device, getattr(torch, settings["dtype"]))
     t0 = time.perf_counter()

@@ -139,8 +139,9 @@ def main(argv=None):
             print(f"omikuji Parabel fit: {parabel_s:.1f} s wall, {parabel_cpu:.1f} s CPU ({load_avg()})")
         else:
             print(f"no Parabel baseline: {parabel_missing}")
-        # the kernel "auto" gives on these sparse shapes, named: build_module reads the settings as given
-        base = dict(random_state=0, n_threads=args.threads, **{"kernel": "linear", **overrides})
+        # what "auto" gives on these sparse shapes of thousands of labels, named: build_module reads the
+        # settings as given
+        base = dict(random_state=0, n_threads=args.threads, **{"kernel": "linear", "n_latent": 100, **overrides})
         (X, arrays), init_s, init_cpu = timed(lambda: shared_setup(MLGPF(**base), train))
         print(f"set-up shared by the families (row normalisation, subspace SVD, k-means, bias, Phi): "
               f"{init_s:.1f} s wall, {init_cpu:.1f} s CPU")

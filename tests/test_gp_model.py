@@ -433,3 +433,19 @@ def test_kernel_auto_is_the_squared_exponential_for_dense_features_and_linear_fo
         loaded = MLGPF.load(path)
         assert loaded.kernel_ == same_as and loaded.kernel == "auto"
         np.testing.assert_allclose(loaded.predict_proba(features), auto.predict_proba(features), rtol=1e-6)
+
+
+def test_n_latent_auto_is_at_most_the_number_of_labels(tmp_path):
+    """"auto" gives min(100, L) latent GPs, the same model as that number given explicitly, and the
+    choice (``n_latent_``) is kept by save/load."""
+    X, Y, _ = _planted(seed=5, n=120)
+    assert Y.shape[1] < 100
+    auto = MLGPF(epochs=2, **{**SMALL, "n_latent": "auto"}).fit(X, Y)
+    explicit = MLGPF(epochs=2, **{**SMALL, "n_latent": Y.shape[1]}).fit(X, Y)
+    assert auto.n_latent_ == Y.shape[1] and auto.parameters_["Phi"].shape == (Y.shape[1], Y.shape[1])
+    np.testing.assert_array_equal(auto.decision_function(X), explicit.decision_function(X))
+    path = tmp_path / "auto.npz"
+    auto.save(path)
+    loaded = MLGPF.load(path)
+    assert loaded.n_latent_ == Y.shape[1] and loaded.n_latent == "auto"
+    np.testing.assert_allclose(loaded.predict_proba(X), auto.predict_proba(X), rtol=1e-6)

@@ -54,7 +54,7 @@ BAD_SETTINGS = [
     (BMLS(sample_dtype="float64"), "sample_dtype must be 'float32' or 'float16', got 'float64'"),
     (BMLS(sample_beta0="yes"), "sample_beta0 must be True or False, got 'yes'"),
     (BMLS(binarize_threshold="half"), "binarize_threshold must be 'auto', None or a number, got 'half'"),
-    (MLGPF(n_latent=0), "n_latent must be an integer >= 1, got 0"),
+    (MLGPF(n_latent=0), "n_latent must be 'auto' or an integer >= 1, got 0"),
     (MLGPF(subspace_rank="full"), "subspace_rank must be an integer >= 1 or 'auto', got 'full'"),
     (MLGPF(negative_samples=0), "negative_samples must be an integer >= 1, None or 'auto', got 0"),
     (MLGPF(kernel="rbf"), "kernel must be one of 'auto', 'linear', 'se', 'linear+se', got 'rbf'"),

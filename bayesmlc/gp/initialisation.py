@@ -25,14 +25,14 @@ from ..utils import logit
 from .inducing import (
     FeatureBatch, InputSpaceInducing, SubspaceInducing, kmeans_centres, sample_rows, subspace_kmeans_centres, truncated_svd,
 )
-from .kernels import make_kernel
+from .kernels import make_kernel, resolve_kernel
 from .likelihoods import BernoulliLogit
 from .objective import MLGPFModule, data_term_full, latent_marginals
 from .variational import make_variational, robust_cholesky
 
 __all__ = [
     "AUTO_SUBSPACE_RANK", "PROJECTION_CACHE_MEMORY_SHARE", "ProjectionCache", "initial_arrays", "initial_factors", "warm_start_mean",
-    "build_module", "module_from_parameters", "training_projection", "feature_batch", "initial_module",
+    "build_module", "module_from_parameters", "resolved_structure", "training_projection", "feature_batch", "initial_module",
 ]
 
 #: ``subspace_rank="auto"``: this rank, or min(training rows, features) when smaller.
@@ -150,6 +150,19 @@ def warm_start_mean(settings, module: MLGPFModule, X, Y, rng: np.random.Generato
         ])
         best = max(zip(values, scales))
         module.variational.set_mean((best[1] * (L_K @ V)).T, L_K)
+
+
+#: ``MLGPF(n_latent="auto")``: min(MAX_AUTO_LATENT, L) latent GPs.
+MAX_AUTO_LATENT = 100
+
+
+def resolved_structure(params: dict, X, n_labels: int, n_rows: int | None = None, reduce=None) -> tuple[str, int]:
+    """The kernel and the number of latent GPs of ``MLGPF(**params)`` on training features ``X`` with
+    ``n_labels`` labels, "auto" resolved: the kernel by :func:`~bayesmlc.gp.kernels.resolve_kernel`
+    (``n_rows``, ``reduce``: all processes' rows, as there), ``n_latent`` as min(100, L)."""
+    kernel = resolve_kernel(params["kernel"], X, n_rows, reduce)
+    n_latent = params["n_latent"]
+    return kernel, int(min(MAX_AUTO_LATENT, n_labels) if n_latent == "auto" else n_latent)
 
 
 def build_module(settings, arrays: dict) -> MLGPFModule:

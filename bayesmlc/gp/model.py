@@ -21,8 +21,8 @@ from ..preprocessing import STANDARDIZE_CONSTRAINT, FeaturePreprocessor, legacy_
 from ..utils import numpy_rng, resolve_device, torch_threads
 from ..validation import check_fit_inputs
 from .inducing import INDUCING_NAMES
-from .initialisation import module_from_parameters
-from .kernels import KERNEL_NAMES, resolve_kernel
+from .initialisation import module_from_parameters, resolved_structure
+from .kernels import KERNEL_NAMES
 from .objective import NEGATIVE_SAMPLING
 from .prediction import mean_utilities, predictive_probabilities
 from .training import Trainer, TrainingDivergedError
@@ -42,7 +42,11 @@ class MLGPF(MultiLabelEstimator):
 
     Parameters
     ----------
-    n_latent : int, P, number of latent GPs.
+    n_latent : int or "auto", default "auto"
+        P, the number of latent GPs. "auto" (``n_latent_`` holds the choice): min(100, L). f = Phi h
+        has rank at most L, so latent GPs beyond L add parameters and prior variance but nothing f can
+        express; with 100 on sets of 6-53 labels MLGPF overfitted and was over-confident at the top
+        (docs/experiments.md, "MLGPF: the number of latent GPs").
     n_inducing : int, M, number of inducing inputs.
     kernel : {"auto", "linear", "se", "linear+se"}, default "auto"
         "auto" (``kernel_`` holds the choice): the squared exponential for dense features (more than
@@ -140,7 +144,7 @@ class MLGPF(MultiLabelEstimator):
 
     def __init__(
         self,
-        n_latent=100, n_inducing=200, kernel="auto", ard=False, inducing="subspace", subspace_rank="auto",
+        n_latent="auto", n_inducing=200, kernel="auto", ard=False, inducing="subspace", subspace_rank="auto",
         variational="shared",
         batch_size="auto", batch_size_growth=0, batch_size_every=10, max_batch_size=None, epochs=100,
         learning_rate=0.03, variational_learning_rate=None, lr_decay=0.5,
@@ -204,7 +208,8 @@ class MLGPF(MultiLabelEstimator):
         "standardize": STANDARDIZE_CONSTRAINT,
         "idf_weighting": [Boolean()],
         "normalize_features": [Boolean()],
-        **{name: [Integer(1)] for name in ("n_latent", "n_inducing", "batch_size_every", "quadrature_points",
+        "n_latent": ["auto", Integer(1)],
+        **{name: [Integer(1)] for name in ("n_inducing", "batch_size_every", "quadrature_points",
                                            "validation_every")},
         **{name: [Integer(0)] for name in ("batch_size_growth", "epochs")},
         **{name: [None, Integer(1)] for name in ("max_batch_size", "early_stopping_patience", "checkpoint_every",
@@ -251,7 +256,8 @@ class MLGPF(MultiLabelEstimator):
                     totals = parallel.reduce_sum(np.concatenate(label_counts(Y, label_mask)))
                     self._set_label_statistics(totals[: Y.shape[1]], totals[Y.shape[1] :])
                 self.preprocessor_ = self._preprocessor().fit(X, n_rows=shard.n_total, reduce=parallel.reduce_sum)
-                self.kernel_ = resolve_kernel(self.kernel, X, shard.n_total, parallel.reduce_sum)
+                self.kernel_, self.n_latent_ = resolved_structure(self.get_params(), X, Y.shape[1], shard.n_total,
+                                                                  parallel.reduce_sum)
                 trainer = self._trainer()
                 try:
                     trainer.fit(self.preprocessor_.transform(X), Y, label_mask, ParallelContext(shard, parallel), resume)
@@ -328,7 +334,7 @@ class MLGPF(MultiLabelEstimator):
                 check_parameters(self)
                 self._check_against_data(X.shape[0])
                 self.preprocessor_ = self._preprocessor().fit(X)
-                self.kernel_ = resolve_kernel(self.kernel, X)
+                self.kernel_, self.n_latent_ = resolved_structure(self.get_params(), X, Y.shape[1])
             if first or getattr(self, "_stream", None) is None:  # kept between calls, with its optimizer
                 self._stream = self._trainer(None if first else self._ensure_module())
             stream = self._stream
@@ -353,9 +359,10 @@ class MLGPF(MultiLabelEstimator):
                        _DTYPES[self.dtype], module=module, jitter=None if module is None else self.jitter_)
 
     def _settings(self) -> dict:
-        """The parameters with the fitted kernel in place of "auto" (files written before ``kernel_``
-        existed named the kernel itself)."""
-        return {**self.get_params(), "kernel": getattr(self, "kernel_", self.kernel)}
+        """The parameters with the fitted kernel and number of latent GPs in place of "auto" (files
+        written before ``kernel_`` and ``n_latent_`` existed named both themselves)."""
+        return {**self.get_params(), "kernel": getattr(self, "kernel_", self.kernel),
+                "n_latent": getattr(self, "n_latent_", self.n_latent)}
 
     def _keep_parameters(self, module, jitter):
         self._module = module
