@@ -1065,33 +1065,42 @@ def _fit_rank_terms(s_clf, s_pat, Y, observed, precisions) -> list:
             following[rows[:, None], top[:, 2:]] = 1.0
     columns = [s_clf, s_pat, None, leads, leads * z, runner_up, second, second * z, following, following * z]
     features = np.stack([ones if c is None else c[observed] for c in columns], axis=1)
-    without_offset = [j for j in range(features.shape[1]) if j != 3]
     start, fits = np.r_[theta, np.zeros(len(RankTerms._fields))], []
     for precision in precisions:
         ridge = np.r_[np.full(3, 1e-4), np.full(len(RankTerms._fields), 1e-4 + precision)]
         joint = _logistic_newton(features, Y[observed], start, ridge)
         start = joint
-        if joint[3] < 0.0:  # refit with r = 0: the ranking score keeps each row's ranking
-            joint = np.insert(_logistic_newton(features[:, without_offset], Y[observed], np.delete(joint, 3),
-                                               ridge[without_offset]), 3, 0.0)
+        if joint[3] < 0.0:  # refit with r = 0 (a prior of precision 1e12 on it), so the ranking score keeps
+            pinned = ridge.copy()  # each row's ranking
+            pinned[3] = 1e12
+            joint = _logistic_newton(features, Y[observed], np.r_[joint[:3], 0.0, joint[4:]], pinned)
+            joint[3] = 0.0
         fits.append((theta, joint[:3], RankTerms(*(float(v) for v in joint[3:]))))
     return fits
 
 
-def _logistic_newton(feats: np.ndarray, target: np.ndarray, theta: np.ndarray, ridge=1e-4, offset=0.0) -> np.ndarray:
-    """Maximise sum log Bernoulli(target | sigma(offset + feats @ theta)) - 1/2 sum_j ridge_j theta_j^2
-    by Newton's method with step halving (so the objective never decreases); ``ridge`` a number or one
-    per coefficient, ``offset`` a number or one per row."""
+#: Rows per block of the Hessian in :func:`_logistic_newton` (bounds its temporary array).
+NEWTON_BLOCK_ROWS = 1 << 18
+
+
+def _logistic_newton(feats: np.ndarray, target: np.ndarray, theta: np.ndarray, ridge=1e-4) -> np.ndarray:
+    """Maximise sum log Bernoulli(target | sigma(feats @ theta)) - 1/2 sum_j ridge_j theta_j^2 by
+    Newton's method with step halving (so the objective never decreases); ``ridge`` a number or one
+    per coefficient."""
 
     def objective(t):
-        logits = offset + feats @ t
+        logits = feats @ t
         return float(np.sum(target * logits - softplus(logits)) - 0.5 * ridge * t @ t)
 
     current = objective(theta)
     for _ in range(50):
-        p = sigmoid(offset + feats @ theta)
+        p = sigmoid(feats @ theta)
         grad = feats.T @ (target - p) - ridge * theta
-        hess = (feats * (p * (1 - p))[:, None]).T @ feats + ridge * np.eye(theta.size)
+        weights = p * (1 - p)
+        hess = ridge * np.eye(theta.size)
+        for start in range(0, feats.shape[0], NEWTON_BLOCK_ROWS):
+            block = feats[start:start + NEWTON_BLOCK_ROWS]
+            hess += (block * weights[start:start + NEWTON_BLOCK_ROWS, None]).T @ block
         step = np.linalg.solve(hess, grad)
         scale = 1.0
         while scale > 1e-6:
