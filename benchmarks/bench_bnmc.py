@@ -9,6 +9,7 @@ Usage (from the repository root; datasets from ../shared/datasets)::
     python benchmarks/bench_bnmc.py scale --sets eurlex-4k,amazoncat-13k-0.01,hmc_cellcycle_go,goemotions
     python benchmarks/bench_bnmc.py distributed --dataset bibtex --procs 2   # 2 gloo ranks vs one process
     ... --set key=value ...                                      # any BNMC parameter
+    ... --device cuda                                            # BNMC(device=...); default cpu
 
 Each run: fit on the train split with ``random_state=seed``, predict the test split with the model's
 own count rule (eqs. 8-9), and report example-based F1 and exact match (the paper's Tables 2-3),
@@ -24,6 +25,12 @@ preset's rows are generated and a random quarter held out, so the model trains o
 count, 15,539 and 11,862) and on real sets (their train/test files). Each fit runs in its own
 forked process, which reports its fit wall and CPU seconds and its peak resident memory (data
 included); the table gives BNMC's time as a multiple of Parabel's from the same run.
+
+``--device`` is where BNMC's classifier linear algebra runs (``BNMC(device=...)``: cpu, cuda, cuda:N
+or auto; default the CPU, as before; ``--set device=...`` overrides it); Parabel stays on the CPU. With
+a CUDA device the ``scale`` child reads its clocks after ``torch.cuda.synchronize`` and reports the
+peak GPU memory allocated and reserved by PyTorch's allocator (an extra table column); the parent
+process never touches CUDA, so the forked child can initialise it.
 """
 
 from __future__ import annotations
@@ -155,20 +162,45 @@ def _scale_data(name: str):
     return split(make_preset(preset, scale=scale * 4.0 / 3.0, random_state=0), 0.25, random_state=0)
 
 
+def _model_device(model) -> torch.device:
+    """The torch device a model computes on (its ``device`` parameter resolved; the CPU if it has none)."""
+    from bayesmlc.utils import resolve_device
+
+    device = getattr(model, "device", None)
+    return torch.device("cpu") if device is None else resolve_device(device)
+
+
+def _synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 def _timed_fit(queue, make_model, train, test) -> None:
-    """In a forked process: fit, predict, score; put the numbers on ``queue``."""
+    """In a forked process: fit, predict, score; put the numbers on ``queue`` (and on a CUDA device the
+    device's name and the peak GPU memory of the fit and prediction)."""
     torch.set_num_threads(1)
+    model = make_model()
+    device = _model_device(model)
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
     start, cpu_start = time.perf_counter(), time.process_time()
-    model = make_model().fit(train.X, train.Y)
+    model.fit(train.X, train.Y)
+    _synchronize(device)
     fit_s, fit_cpu = time.perf_counter() - start, time.process_time() - cpu_start
     start = time.perf_counter()
     proba = model.predict_proba(test.X)
     pred = model.predict(test.X)
+    _synchronize(device)
     predict_s = time.perf_counter() - start
     metrics = evaluate(test.Y, proba=proba, Y_pred=pred, ks=(1, 5))
-    queue.put({"fit_s": fit_s, "fit_cpu_s": fit_cpu, "predict_s": predict_s,
-               "peak_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6,
-               "solver": getattr(model, "solver_", ""), **{k: metrics[k] for k in ("P@1", "P@5", "F1_example")}})
+    result = {"fit_s": fit_s, "fit_cpu_s": fit_cpu, "predict_s": predict_s,
+              "peak_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6, "device": str(device),
+              "solver": getattr(model, "solver_", ""), **{k: metrics[k] for k in ("P@1", "P@5", "F1_example")}}
+    if device.type == "cuda":
+        result.update(device=f"{device} ({torch.cuda.get_device_name(device)})",
+                      peak_gpu_allocated_gb=torch.cuda.max_memory_allocated(device) / 2**30,
+                      peak_gpu_reserved_gb=torch.cuda.max_memory_reserved(device) / 2**30)
+    queue.put(result)
 
 
 def _in_child(make_model, train, test) -> dict:
@@ -208,13 +240,19 @@ def cmd_scale(args, params):
             ratio = result["fit_s"] / results["parabel"]["fit_s"] if "parabel" in results else float("nan")
             cpu_ratio = result["fit_cpu_s"] / results["parabel"]["fit_cpu_s"] if "parabel" in results else float("nan")
             rows.append((name, shape, model_name, result, ratio, cpu_ratio))
-    print(f"\nBNMC at scale (load average {', '.join(f'{v:.1f}' for v in os.getloadavg())})")
+    gpu = any("peak_gpu_allocated_gb" in row[3] for row in rows)  # the GPU column only where one was used
+    print(f"\nBNMC at scale, BNMC device {params['device']} (load average "
+          f"{', '.join(f'{v:.1f}' for v in os.getloadavg())})")
     print("| set | train shape | model | solver | fit s | fit CPU s | fit / Parabel (wall, CPU) | predict s | peak GB "
-          "| P@1 | P@5 | F1 example |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+          + ("| peak GPU GB (allocated, reserved) " if gpu else "") + "| P@1 | P@5 | F1 example |")
+    print("|---|---|---|---|---|---|---|---|---|" + ("---|" if gpu else "") + "---|---|---|")
     for name, shape, model_name, r, ratio, cpu_ratio in rows:
+        gpu_cell = ""
+        if gpu:
+            gpu_cell = (f"{r['peak_gpu_allocated_gb']:.2f}, {r['peak_gpu_reserved_gb']:.2f} | "
+                        if "peak_gpu_allocated_gb" in r else "- | ")
         print(f"| {name} | {shape} | {model_name} | {r['solver'] or '-'} | {r['fit_s']:.1f} | {r['fit_cpu_s']:.1f} | "
-              f"{ratio:.2f}, {cpu_ratio:.2f} | {r['predict_s']:.1f} | {r['peak_gb']:.2f} | {r['P@1']:.4f} | "
+              f"{ratio:.2f}, {cpu_ratio:.2f} | {r['predict_s']:.1f} | {r['peak_gb']:.2f} | {gpu_cell}{r['P@1']:.4f} | "
               f"{r['P@5']:.4f} | {r['F1_example']:.4f} |")
 
 
@@ -298,9 +336,13 @@ def main(argv=None):
     parser.add_argument("--set", action="append", metavar="KEY=VALUE", help="a BNMC parameter")
     parser.add_argument("--out", help="append one JSON line per run to this file")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--device", default="cpu",
+                        help="where BNMC's classifier linear algebra runs: cpu, cuda, cuda:N or auto "
+                             "(default: %(default)s)")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
-    params = {"device": "cpu", **parse_set_values(args.set, BNMC().get_params())}
+    # the device is resolved in the forked child of ``scale`` (CUDA must not be initialised before a fork)
+    params = {"device": args.device, **parse_set_values(args.set, BNMC().get_params())}
     commands = {"accuracy": cmd_accuracy, "speed": cmd_speed, "missing": cmd_missing, "scale": cmd_scale,
                 "distributed": cmd_distributed}
     commands[args.command](args, params)
