@@ -39,3 +39,12 @@ def linear_multilabel_problem(n=240, d=30, n_labels=6, seed=0, density=0.25):
     W = rng.normal(size=(d, n_labels)) * 2
     Y = (np.asarray(X @ W) + rng.normal(size=(n, n_labels)) > 0.5).astype(np.float32)
     return X, Y
+
+
+@pytest.fixture(autouse=True)
+def keep_torch_threads():
+    """Every test ends with torch's thread count as it began: the benchmark scripts under test set it for
+    the process, and the CLI's busy-machine message compares against the count a command starts with."""
+    before = torch.get_num_threads()
+    yield
+    torch.set_num_threads(before)
