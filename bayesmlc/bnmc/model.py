@@ -1049,9 +1049,9 @@ def _fit_rank_terms(s_clf, s_pat, Y, observed, precisions) -> list:
     not depend on the precision), then the joint fit of the probability's (a, b, d) and the rank terms
     per precision, each started from the one before (the objective is strictly concave, so the start
     changes only the number of Newton steps)."""
-    ones = np.ones(int(observed.sum()))
-    theta = _logistic_newton(np.stack([s_clf[observed], s_pat[observed], ones], axis=1), Y[observed],
-                             np.array([1.0, 1.0, 0.0]))
+    base = np.stack([s_clf[observed], s_pat[observed], np.ones(int(observed.sum()))], axis=1)  # (n_obs, 3)
+    target = Y[observed]
+    theta = _logistic_newton([(base, target, _BASE_COLUMNS)], np.array([1.0, 1.0, 0.0]))
     z = theta[0] * s_clf + theta[1] * s_pat + theta[2]
     n, L = z.shape
     leads, runner_up, second, following = (np.zeros(z.shape) for _ in range(4))
@@ -1063,17 +1063,23 @@ def _fit_rank_terms(s_clf, s_pat, Y, observed, precisions) -> list:
             runner_up[rows, top[:, 0]] = z[rows, top[:, 1]]
             second[rows, top[:, 1]] = 1.0
             following[rows[:, None], top[:, 2:]] = 1.0
-    columns = [s_clf, s_pat, None, leads, leads * z, runner_up, second, second * z, following, following * z]
-    features = np.stack([ones if c is None else c[observed] for c in columns], axis=1)
+    # the rank terms touch only each row's top 1 + NEXT_RANKS entries: the other entries form a block
+    # with the three base columns alone (the Newton steps then cost 3 columns per entry, not 10)
+    ranked = (leads + second + following) > 0
+    in_top = ranked[observed]
+    rank_columns = np.stack([c[observed & ranked] for c in
+                             (leads, leads * z, runner_up, second, second * z, following, following * z)], axis=1)
+    blocks = [(base[~in_top], target[~in_top], _BASE_COLUMNS),
+              (np.concatenate([base[in_top], rank_columns], axis=1), target[in_top], np.arange(3 + len(RankTerms._fields)))]
     start, fits = np.r_[theta, np.zeros(len(RankTerms._fields))], []
     for precision in precisions:
         ridge = np.r_[np.full(3, 1e-4), np.full(len(RankTerms._fields), 1e-4 + precision)]
-        joint = _logistic_newton(features, Y[observed], start, ridge)
+        joint = _logistic_newton(blocks, start, ridge)
         start = joint
         if joint[3] < 0.0:  # refit with r = 0 (a prior of precision 1e12 on it), so the ranking score keeps
             pinned = ridge.copy()  # each row's ranking
             pinned[3] = 1e12
-            joint = _logistic_newton(features, Y[observed], np.r_[joint[:3], 0.0, joint[4:]], pinned)
+            joint = _logistic_newton(blocks, np.r_[joint[:3], 0.0, joint[4:]], pinned)
             joint[3] = 0.0
         fits.append((theta, joint[:3], RankTerms(*(float(v) for v in joint[3:]))))
     return fits
@@ -1081,26 +1087,36 @@ def _fit_rank_terms(s_clf, s_pat, Y, observed, precisions) -> list:
 
 #: Rows per block of the Hessian in :func:`_logistic_newton` (bounds its temporary array).
 NEWTON_BLOCK_ROWS = 1 << 18
+#: The (a, b, d) coefficients' positions in the calibration's parameter vector.
+_BASE_COLUMNS = np.arange(3)
 
 
-def _logistic_newton(feats: np.ndarray, target: np.ndarray, theta: np.ndarray, ridge=1e-4) -> np.ndarray:
-    """Maximise sum log Bernoulli(target | sigma(feats @ theta)) - 1/2 sum_j ridge_j theta_j^2 by
-    Newton's method with step halving (so the objective never decreases); ``ridge`` a number or one
-    per coefficient."""
+def _logistic_newton(blocks, theta: np.ndarray, ridge=1e-4) -> np.ndarray:
+    """Maximise sum log Bernoulli(y | sigma(x @ theta)) - 1/2 sum_j ridge_j theta_j^2 by Newton's method
+    with step halving (so the objective never decreases); ``ridge`` a number or one per coefficient.
+    The entries come in ``blocks`` of (feats (n_b, k_b), target (n_b,), columns (k_b,)): an entry of a
+    block has x = feats row on ``theta[columns]`` and zero elsewhere."""
 
     def objective(t):
-        logits = feats @ t
-        return float(np.sum(target * logits - softplus(logits)) - 0.5 * ridge * t @ t)
+        total = 0.0
+        for feats, target, columns in blocks:
+            logits = feats @ t[columns]
+            total += float(np.sum(target * logits - softplus(logits)))
+        return total - 0.5 * float(ridge * t @ t)
 
     current = objective(theta)
     for _ in range(50):
-        p = sigmoid(feats @ theta)
-        grad = feats.T @ (target - p) - ridge * theta
-        weights = p * (1 - p)
+        grad = -ridge * theta
         hess = ridge * np.eye(theta.size)
-        for start in range(0, feats.shape[0], NEWTON_BLOCK_ROWS):
-            block = feats[start:start + NEWTON_BLOCK_ROWS]
-            hess += (block * weights[start:start + NEWTON_BLOCK_ROWS, None]).T @ block
+        for feats, target, columns in blocks:
+            p = sigmoid(feats @ theta[columns])
+            grad[columns] += feats.T @ (target - p)
+            weights = p * (1 - p)
+            part = np.zeros((columns.size, columns.size))
+            for start in range(0, feats.shape[0], NEWTON_BLOCK_ROWS):
+                rows = feats[start:start + NEWTON_BLOCK_ROWS]
+                part += (rows * weights[start:start + NEWTON_BLOCK_ROWS, None]).T @ rows
+            hess[np.ix_(columns, columns)] += part
         step = np.linalg.solve(hess, grad)
         scale = 1.0
         while scale > 1e-6:
