@@ -167,9 +167,9 @@ class BNMC(MultiLabelEstimator):
     second_label_offset_, second_label_slope_ : float, g_2 and h_2: the runner-up's probability is
         sigmoid(z' + g_2 + h_2 z)
     next_labels_offset_, next_labels_slope_ : float, g and h: the probability of the labels ranked 3
-        to 5 is sigmoid(z' + g + h z); the others' is sigmoid(z'). Probabilities are capped so that they
-        never rise along the ranking of ``decision_function`` (:class:`RankTerms`, fitted with (a', b',
-        d') by :func:`fit_calibration`)
+        to 5 is sigmoid(z' + g + h z); the others' is sigmoid(z'). Probabilities are capped so that the
+        top five keep the order of ``decision_function`` (:class:`RankTerms`, fitted with (a', b', d')
+        by :func:`fit_calibration`)
     history_ : per pass (pass 0: right after initialisation): ``wall_time``, ``objective`` (the
         mixture ELBO over the training data), ``pass``, ``n_patterns``; ``partial_fit`` appends one
         entry per call (ELBO estimated from the batch)
@@ -946,10 +946,10 @@ NEXT_RANKS = 4
 
 class RankTerms(NamedTuple):
     """The terms of BNMC's calibrated probability that depend on a label's rank in its row
-    (:func:`fit_calibration`). With z a label's logit a s_clf + b s_pattern + d and z_2 the row's
-    runner-up logit, the leading label's probability is sigmoid(z + r + c z + e z_2), the runner-up's
-    sigmoid(z + g_2 + h_2 z), that of the labels ranked 3 to 1 + :data:`NEXT_RANKS`
-    sigmoid(z + g + h z), the others' sigmoid(z)."""
+    (:func:`fit_calibration`). With z a label's ranking logit a s_clf + b s_pattern + d, z' its
+    probability logit a' s_clf + b' s_pattern + d' and z_2 the row's runner-up's z, the leading label's
+    probability is sigmoid(z' + r + c z + e z_2), the runner-up's sigmoid(z' + g_2 + h_2 z), that of the
+    labels ranked 3 to 1 + :data:`NEXT_RANKS` sigmoid(z' + g + h z), the others' sigmoid(z')."""
 
     offset: float = 0.0  # r >= 0, also added to the leading label's ranking score
     slope: float = 0.0  # c
@@ -975,9 +975,10 @@ def _top_positions(z: np.ndarray, m: int) -> np.ndarray:
 def _rank_adjusted_logits(z: np.ndarray, terms: RankTerms, probability: bool = False, ranking=None) -> np.ndarray:
     """``z`` (n, L) turned in place into the ranking score (each row's leading label + r) or, with
     ``probability``, the calibrated logits of :class:`RankTerms`, the ranks (and the runner-up) taken
-    from ``ranking`` (n, L; default ``z``). The probabilities are then capped so that they never rise
-    along the row's ranking (a label's is at most that of the label ranked just above it), so that
-    ``predict_proba`` orders a row's labels as ``decision_function`` does (up to ties)."""
+    from ``ranking`` (n, L; default ``z``). The probabilities are then capped: within a row's top 1 +
+    :data:`NEXT_RANKS` each is at most that of the label ranked just above it, and every other label's
+    at most the last of them. So ``predict_proba``'s top five are ``decision_function``'s, in its
+    order (up to ties); below them, labels keep the order of their probability logits."""
     ranking = z if ranking is None else ranking
     if not z.size or (ranking is z and not (any(terms) if probability else terms.offset)):
         return z
@@ -1036,8 +1037,8 @@ def fit_calibration(s_clf: np.ndarray, s_pat: np.ndarray, Y: np.ndarray, observe
 
 def _calibrated_probability_logits(s_clf, s_pat, theta, probability_theta, terms: RankTerms) -> np.ndarray:
     """The logits of the calibrated probabilities (n, L): ranks taken from z = theta . (s_clf, s_pat,
-    1), values from z' = probability_theta . (s_clf, s_pat, 1) plus the rank terms, capped so that they
-    never rise along the ranking (:func:`_rank_adjusted_logits`)."""
+    1), values from z' = probability_theta . (s_clf, s_pat, 1) plus the rank terms, capped along the
+    ranking of the top five (:func:`_rank_adjusted_logits`)."""
     z = theta[0] * s_clf + theta[1] * s_pat + theta[2]
     z_prob = probability_theta[0] * s_clf + probability_theta[1] * s_pat + probability_theta[2]
     return _rank_adjusted_logits(z_prob, terms, True, ranking=z)
