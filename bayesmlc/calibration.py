@@ -27,7 +27,8 @@ entries hold at least ``min_label_positives`` positives and as many negatives; e
 the global map. ``min_label_positives=None`` turns per-label maps off. Per-label maps are monotone in
 each label, but they can reorder labels within a row: ranking always uses the wrapped estimator's
 scores (``decision_function`` is the estimator's own), so P@k, nDCG@k and PSP@k are those of the
-estimator trained on the ``1 - calibration_fraction`` share of the rows.
+estimator trained on the ``1 - calibration_fraction`` share of the rows, or with ``cv`` (cross-fitting)
+on all of them.
 
 Example
 -------
@@ -119,7 +120,15 @@ class CalibratedClassifier(MultiLabelEstimator):
     method : "isotonic", "temperature" or "platt"
         The calibration map (module docstring).
     calibration_fraction : float in (0, 1)
-        Share of the training rows held out to fit the maps (at least one row each way).
+        Share of the training rows held out to fit the maps (at least one row each way), when ``cv``
+        is None.
+    cv : int >= 2 or None, default None
+        Cross-fitting: the rows are split into ``cv`` folds, a clone fitted on all but each fold
+        predicts that fold, the maps are fitted on every row's held-out predictions, and
+        ``estimator_`` is then fitted on all rows (``cv + 1`` fits). The ranking (P@k) is then the raw
+        model's, and the maps see every row instead of a ``calibration_fraction`` of them; the maps
+        are fitted to clones trained on ``(cv - 1) / cv`` of the rows, which are applied to the
+        model trained on all of them. None: one held-out split.
     top_k : int
         The global map is fitted on each held-out row's ``top_k`` best labels.
     min_label_positives : int or None
@@ -130,12 +139,13 @@ class CalibratedClassifier(MultiLabelEstimator):
 
     Fitted attributes
     -----------------
-    estimator_ : the estimator fitted on the rows not held out
-    calibration_rows_ : ndarray of int (n_held_out,), the held-out training rows
+    estimator_ : the estimator fitted on the rows not held out (with ``cv``: on all rows)
+    calibration_rows_ : ndarray of int (n_held_out,), the training rows whose held-out predictions
+        fitted the maps (with ``cv``: every row)
     global_map_ : ndarray; isotonic: (2, m) thresholds; temperature: [1 / T, 0]; platt: [a, b]
     label_maps_ : list of ndarrays, one per label in ``calibrated_labels_``, same forms
     calibrated_labels_ : ndarray of int, the labels with a map of their own
-    fit_seconds_ : float, wall time of the estimator's fit
+    fit_seconds_ : float, wall time of the estimator's fits (with ``cv``: all ``cv + 1``)
     calibration_seconds_ : float, wall time of predicting the held-out rows and fitting the maps
     history_ : the estimator's ``history_``
 
@@ -146,16 +156,18 @@ class CalibratedClassifier(MultiLabelEstimator):
         "estimator": [InstanceOf(MultiLabelEstimator, "a bayesmlc estimator")],
         "method": [Options(*CALIBRATION_METHODS)],
         "calibration_fraction": [Real(0, 1, low_open=True, high_open=True)],
+        "cv": [None, Integer(2)],
         "top_k": [Integer(1)],
         "min_label_positives": [None, Integer(1)],
         "random_state": [None, Integer()],
     }
 
-    def __init__(self, estimator=None, method="isotonic", calibration_fraction=0.2, top_k=5,
+    def __init__(self, estimator=None, method="isotonic", calibration_fraction=0.2, cv=None, top_k=5,
                  min_label_positives=50, random_state=None):
         self.estimator = estimator
         self.method = method
         self.calibration_fraction = calibration_fraction
+        self.cv = cv
         self.top_k = top_k
         self.min_label_positives = min_label_positives
         self.random_state = random_state
@@ -174,37 +186,27 @@ class CalibratedClassifier(MultiLabelEstimator):
         slope, offset = calibration_map
         return sigmoid(slope * logit(p, _PROBA_FLOOR) + offset)
 
-    def _fit(self, X, Y, label_mask, **fit_params):
-        n = X.shape[0]
+    def _folds(self, n: int) -> list:
+        """The held-out rows of each fit: one split of ``calibration_fraction``, or ``cv`` folds."""
+        order = np.random.RandomState(self.random_state).permutation(n)
+        if self.cv is not None:
+            if int(self.cv) > n:
+                raise ValidationError(f"cv={self.cv} folds need at least {self.cv} rows, got n_samples={n}")
+            return [np.sort(order[fold::int(self.cv)]) for fold in range(int(self.cv))]
         n_held_out = int(round(self.calibration_fraction * n))
         if n_held_out < 1 or n_held_out >= n:
             raise ValidationError(
                 f"calibration_fraction={self.calibration_fraction} of n_samples={n} rows leaves no rows to "
                 f"{'calibrate on' if n_held_out < 1 else 'train on'}"
             )
-        order = np.random.RandomState(self.random_state).permutation(n)
-        held_out, kept = np.sort(order[:n_held_out]), np.sort(order[n_held_out:])
-        mask_kept = None if label_mask is None else label_mask[kept]
-        model = clone(self.estimator)
-        start = time.perf_counter()
-        model.fit(X[kept], Y[kept], mask_kept, **fit_params)
-        self.fit_seconds_ = time.perf_counter() - start
-        start = time.perf_counter()
-        X_held, Y_held = X[held_out], Y[held_out]
-        mask_held = None if label_mask is None else label_mask[held_out]
-        # labels that may get a map of their own: enough positives and negatives among observed entries
-        candidates = np.zeros(0, dtype=np.int64)
-        if self.min_label_positives is not None:
-            positives = np.bincount(Y_held.indices, minlength=Y.shape[1])
-            observed = (np.full(Y.shape[1], n_held_out) if mask_held is None
-                        else np.bincount(mask_held.indices, minlength=Y.shape[1]))
-            candidates = np.flatnonzero((positives >= self.min_label_positives)
-                                        & (observed - positives >= self.min_label_positives))
-        # held-out predictions batch by batch: the top-k pairs of the estimator's own ranking, and the
-        # candidate labels' columns
-        k = min(int(self.top_k), Y.shape[1])
+        return [np.sort(order[:n_held_out])]
+
+    def _held_out_predictions(self, model, X_held, Y_held, mask_held, candidates: np.ndarray):
+        """The held-out rows' top-k (probability, is-relevant) pairs of the estimator's own ranking (the
+        observed ones) and the candidate labels' probability columns, predicted batch by batch."""
+        k = min(int(self.top_k), Y_held.shape[1])
         top_p, top_y, columns = [], [], []
-        for rows in iter_batches(n_held_out, PREDICT_BATCH_ROWS):
+        for rows in iter_batches(X_held.shape[0], PREDICT_BATCH_ROWS):
             proba = model.predict_proba(X_held[rows]).astype(np.float64)
             indices, _ = topk(model.decision_function(X_held[rows]), k)
             labels = indices.ravel()
@@ -217,24 +219,60 @@ class CalibratedClassifier(MultiLabelEstimator):
             top_p.append(p)
             top_y.append(y)
             columns.append(proba[:, candidates])
-        p, y = np.concatenate(top_p), np.concatenate(top_y)
+        return np.concatenate(top_p), np.concatenate(top_y), np.vstack(columns)
+
+    def _fit(self, X, Y, label_mask, **fit_params):
+        n = X.shape[0]
+        folds = self._folds(n)
+        held_out = np.concatenate(folds)
+        Y_held = Y[held_out]
+        mask_held = None if label_mask is None else label_mask[held_out]
+        # labels that may get a map of their own: enough positives and negatives among observed entries
+        candidates = np.zeros(0, dtype=np.int64)
+        if self.min_label_positives is not None:
+            positives = np.bincount(Y_held.indices, minlength=Y.shape[1])
+            observed = (np.full(Y.shape[1], held_out.size) if mask_held is None
+                        else np.bincount(mask_held.indices, minlength=Y.shape[1]))
+            candidates = np.flatnonzero((positives >= self.min_label_positives)
+                                        & (observed - positives >= self.min_label_positives))
+        self.fit_seconds_ = self.calibration_seconds_ = 0.0
+        pairs_p, pairs_y, columns = [], [], []
+        for fold in folds:
+            kept = np.setdiff1d(np.arange(n), fold, assume_unique=True)
+            model = clone(self.estimator)
+            start = time.perf_counter()
+            model.fit(X[kept], Y[kept], None if label_mask is None else label_mask[kept], **fit_params)
+            self.fit_seconds_ += time.perf_counter() - start
+            start = time.perf_counter()
+            p, y, column = self._held_out_predictions(model, X[fold], Y[fold],
+                                                      None if label_mask is None else label_mask[fold], candidates)
+            pairs_p.append(p)
+            pairs_y.append(y)
+            columns.append(column)
+            self.calibration_seconds_ += time.perf_counter() - start
+        start = time.perf_counter()
+        p, y = np.concatenate(pairs_p), np.concatenate(pairs_y)
         if p.size == 0:
             raise ValidationError("no held-out top-k prediction is observed under label_mask: nothing to calibrate on")
         self.global_map_ = self._fit_map(p, y)
         label_maps = []
         if candidates.size:
-            column_proba = np.vstack(columns)
+            column_proba = np.vstack(columns)  # rows in the order of held_out
             column_truth = Y_held[:, candidates].toarray()
             seen = None if mask_held is None else mask_held[:, candidates].toarray() > 0
             for j in range(candidates.size):
                 keep = slice(None) if seen is None else seen[:, j]
                 label_maps.append(self._fit_map(column_proba[keep, j], column_truth[keep, j]))
-        calibrated = candidates
         self.label_maps_ = label_maps
-        self.calibrated_labels_ = np.asarray(calibrated, dtype=np.int64)
-        self.calibration_seconds_ = time.perf_counter() - start
+        self.calibrated_labels_ = np.asarray(candidates, dtype=np.int64)
+        self.calibration_seconds_ += time.perf_counter() - start
+        if self.cv is not None:  # cross-fitting: the estimator itself is fitted on every row
+            model = clone(self.estimator)
+            start = time.perf_counter()
+            model.fit(X, Y, label_mask, **fit_params)
+            self.fit_seconds_ += time.perf_counter() - start
         self.estimator_ = model
-        self.calibration_rows_ = held_out
+        self.calibration_rows_ = np.sort(held_out)
         self.history_ = {key: list(values) for key, values in getattr(model, "history_", {}).items()}
 
     # ---- prediction -------------------------------------------------------------------------

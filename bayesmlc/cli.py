@@ -381,6 +381,11 @@ def cmd_train(args) -> int:
         parallel = DataParallel.from_env()  # under torchrun: RANK, WORLD_SIZE, MASTER_ADDR, ...
     if args.resume and args.model != "mlgpf":
         raise CLIError(f"--resume: only --model mlgpf writes checkpoints, not {args.model}")
+    if args.calibration_folds is not None:
+        if not args.calibrate:
+            raise CLIError("--calibration-folds: only with --calibrate (it sets how the calibration maps are fitted)")
+        if args.calibration_folds < 2:
+            raise CLIError(f"--calibration-folds: needs at least 2 folds, got {args.calibration_folds}")
     if args.preset is not None:  # before any work: an unknown name, or an ensemble where one model is needed
         from .presets import check_cli_preset
 
@@ -428,7 +433,7 @@ def _train(args, parallel) -> int:
         if args.calibrate:
             from .calibration import CalibratedClassifier
 
-            model = CalibratedClassifier(model, method=args.calibrate, random_state=args.seed)
+            model = CalibratedClassifier(model, method=args.calibrate, cv=args.calibration_folds, random_state=args.seed)
         name = dataset_name(args.train)
         a, b = propensity_constants(name)
         _progress(f"training {args.model} on {name}: {n_rows} rows, {train.n_features} features, "
@@ -773,6 +778,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--calibrate", choices=("isotonic", "temperature", "platt"),
                    help="fit on 80%% of the training rows and recalibrate the probabilities on the other 20%% "
                         "(bayesmlc.calibration.CalibratedClassifier; default: not recalibrated)")
+    p.add_argument("--calibration-folds", type=int, metavar="K",
+                   help="with --calibrate: fit the maps on K-fold held-out predictions (every row held out once) "
+                        "and train the model on all rows, K + 1 fits (default: one 80/20 split)")
     common(p)
     p.set_defaults(func=cmd_train)
 

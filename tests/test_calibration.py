@@ -219,3 +219,45 @@ def test_same_seed_same_result_and_errors():
         params = {"estimator": LogisticRegression(device="cpu"), **kwargs}
         with pytest.raises(ValidationError, match=message):
             CalibratedClassifier(**params).fit(X, Y)
+
+
+def test_cross_fitting_pools_every_rows_held_out_pairs_and_keeps_the_full_model():
+    # cv=3 by hand: three clones, each fitted without one fold (the folds: a seeded permutation dealt
+    # round-robin), predict that fold; the global map is the pool-adjacent-violators fit of all the
+    # pooled top-5 pairs, and estimator_ is the estimator fitted on every row
+    X, Y = problem(n=900, n_labels=10, seed=9)
+    noise = np.random.default_rng(9).random(Y.shape) < 0.15
+    Y = sp.csr_matrix(np.logical_xor(Y.toarray() > 0, noise).astype(np.float32))
+    model = CalibratedClassifier(Overconfident(device="cpu"), cv=3, min_label_positives=None, random_state=2).fit(X, Y)
+    order = np.random.RandomState(2).permutation(900)
+    p_all, y_all = [], []
+    for fold in range(3):
+        held = np.sort(order[fold::3])
+        kept = np.setdiff1d(np.arange(900), held)
+        clone_fit = Overconfident(device="cpu").fit(X[kept], Y[kept])
+        top = np.argsort(-clone_fit.decision_function(X[held]), axis=1, kind="stable")[:, :5]
+        p_all.append(np.take_along_axis(clone_fit.predict_proba(X[held]), top, axis=1).ravel().astype(np.float64))
+        y_all.append(np.take_along_axis(Y[held].toarray(), top, axis=1).ravel())
+    xs, fitted = pool_adjacent_violators(np.concatenate(p_all), np.concatenate(y_all))
+    np.testing.assert_allclose(apply_isotonic(model.global_map_, xs), fitted, atol=1e-6)
+    full = Overconfident(device="cpu").fit(X, Y)
+    np.testing.assert_allclose(model.decision_function(X), full.decision_function(X), rtol=1e-5, atol=1e-6)
+    np.testing.assert_array_equal(model.calibration_rows_, np.arange(900))
+    # the map is monotone: each row's ranking is kept (up to ties)
+    proba, scores = model.predict_proba(X), model.decision_function(X)
+    ranked = np.take_along_axis(proba, np.argsort(-scores, axis=1, kind="stable"), axis=1)
+    assert np.all(np.diff(ranked, axis=1) <= 1e-7)
+    with pytest.raises(ValidationError, match="cv=1000 folds need at least 1000 rows, got n_samples=900"):
+        CalibratedClassifier(Overconfident(device="cpu"), cv=1000).fit(X, Y)
+    with pytest.raises(ValidationError, match="cv"):
+        CalibratedClassifier(Overconfident(device="cpu"), cv=1).fit(X, Y)
+
+
+def test_cross_fitted_model_round_trips(tmp_path):
+    X, Y = problem(n=400, seed=10)
+    model = CalibratedClassifier(LogisticRegression(device="cpu"), cv=4, min_label_positives=30, random_state=0).fit(X, Y)
+    path = tmp_path / "cv.npz"
+    model.save(path)
+    loaded = CalibratedClassifier.load(path)
+    assert loaded.cv == 4
+    np.testing.assert_array_equal(loaded.predict_proba(X), model.predict_proba(X))

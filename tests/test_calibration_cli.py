@@ -39,3 +39,21 @@ def test_train_with_calibrate_saves_and_scores_the_calibrated_model(tmp_path, ca
     assert sum(curves["top1"]["counts"]) == test_data.n_samples
     assert sum(curves["top5"]["counts"]) == 5 * test_data.n_samples
     assert curves["risk_coverage"]["coverage"][-1] == 1.0
+
+
+def test_calibration_folds_cross_fit_the_maps_and_train_on_every_row(tmp_path, capsys):
+    data = make_multilabel(300, 40, 6, random_state=0)
+    write_dataset(data, tmp_path / "train.txt")
+    out = tmp_path / "run"
+    train = ["train", "--model", "logistic", "--train", str(tmp_path / "train.txt"), "--set", "device='cpu'",
+             "--quiet", "--seed", "1"]
+    assert main(train + ["--calibrate", "isotonic", "--calibration-folds", "3", "--out", str(out)]) == 0
+    model = MultiLabelEstimator.load(out / "model.npz")
+    assert isinstance(model, CalibratedClassifier) and model.cv == 3
+    np.testing.assert_array_equal(model.calibration_rows_, np.arange(300))
+    capsys.readouterr()
+    for extra, message in ((["--calibration-folds", "3"], "--calibration-folds: only with --calibrate"),
+                           (["--calibrate", "platt", "--calibration-folds", "1"], "needs at least 2 folds, got 1")):
+        assert main(train + extra) == 2
+        err = capsys.readouterr().err
+        assert message in err and len(err.strip().splitlines()) == 1
