@@ -134,6 +134,8 @@ class MLGPF(MultiLabelEstimator):
     preprocessor_ : :class:`~bayesmlc.preprocessing.FeaturePreprocessor`, the feature standardisation,
         idf weighting and row normalisation fitted on the training rows (the rows the kernel sees are
         ``preprocessor_.transform(X)``).
+    kernel_ : str, the kernel used ("auto" resolved from the training features' density).
+    n_latent_ : int, the number of latent GPs used ("auto" resolved: min(100, L)).
     parameters_ : dict of name -> tensor, the fitted parameters.
     jitter_ : float, relative jitter the last factorisation needed.
     history_ : per-epoch lists: ``epoch``, ``wall_time``, ``objective`` (mean minibatch ELBO estimate),
