@@ -40,6 +40,7 @@ import json
 import multiprocessing
 import os
 import resource
+import sys
 import time
 from pathlib import Path
 
@@ -47,10 +48,13 @@ import numpy as np
 import scipy.sparse as sp
 import torch
 
-from bayesmlc.bnmc import BNMC
-from bayesmlc.cli import parse_set_values
-from bayesmlc.data.io import read_dataset
-from bayesmlc.metrics import evaluate
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_mlgpf import synchronize  # noqa: E402
+
+from bayesmlc.bnmc import BNMC  # noqa: E402
+from bayesmlc.cli import parse_set_values  # noqa: E402
+from bayesmlc.data.io import read_dataset  # noqa: E402
+from bayesmlc.metrics import evaluate  # noqa: E402
 
 DATA = Path(__file__).resolve().parents[1].parent / "shared" / "datasets"
 PAPER = {  # best BNMC row of the paper (Tables 2-3), fractions
@@ -170,11 +174,6 @@ def _model_device(model) -> torch.device:
     return torch.device("cpu") if device is None else resolve_device(device)
 
 
-def _synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def _timed_fit(queue, make_model, train, test) -> None:
     """In a forked process: fit, predict, score; put the numbers on ``queue`` (and on a CUDA device the
     device's name and the peak GPU memory of the fit and prediction)."""
@@ -185,12 +184,12 @@ def _timed_fit(queue, make_model, train, test) -> None:
         torch.cuda.reset_peak_memory_stats(device)
     start, cpu_start = time.perf_counter(), time.process_time()
     model.fit(train.X, train.Y)
-    _synchronize(device)
+    synchronize(device)
     fit_s, fit_cpu = time.perf_counter() - start, time.process_time() - cpu_start
     start = time.perf_counter()
     proba = model.predict_proba(test.X)
     pred = model.predict(test.X)
-    _synchronize(device)
+    synchronize(device)
     predict_s = time.perf_counter() - start
     metrics = evaluate(test.Y, proba=proba, Y_pred=pred, ks=(1, 5))
     result = {"fit_s": fit_s, "fit_cpu_s": fit_cpu, "predict_s": predict_s,
