@@ -4,6 +4,7 @@ private temporary folder (issue: hardening, point 1)."""
 from __future__ import annotations
 
 import json
+import re
 import sys
 
 import numpy as np
@@ -140,3 +141,50 @@ def test_a_file_naming_the_baselines_old_module_loads_as_the_moved_class(saved_k
     model.save(tmp_path / "again.npz")
     with np.load(tmp_path / "again.npz") as data:
         assert json.loads(data["__meta__"].tobytes())["class"] == "bayesmlc.baselines:KNNBaseline"
+
+
+@pytest.mark.parametrize("field, value, message", [
+    ("top_label_runner_up_", "x", "top_label_runner_up_ must be a finite number, got 'x'"),
+    ("next_labels_slope_", [1, 2], "next_labels_slope_ must be a finite number"),
+    ("second_label_offset_", None, "second_label_offset_ must be a finite number, got 'None'"),
+    ("top_label_offset_", -1.0, "top_label_offset_ must be >= 0"),
+])
+def test_bnmc_rank_terms_of_a_crafted_file_are_refused_at_load(tmp_path, field, value, message):
+    from bayesmlc.bnmc import BNMC
+
+    rng = np.random.default_rng(0)
+    X, Y = rng.random((60, 5)), (rng.random((60, 3)) < 0.4).astype(np.int8)
+    Y[:, 0] = 1
+    path = tmp_path / "bnmc.npz"
+    BNMC(n_passes=1, random_state=0, device="cpu").fit(X, Y).save(path)
+    MultiLabelEstimator.load(path)  # the file as written loads
+
+    def edit(meta, arrays):
+        meta["state"][field] = value
+
+    _rewrite_meta(path, edit)
+    with pytest.raises(ModelFormatError, match=re.escape(f"{path}: ") + message):
+        MultiLabelEstimator.load(path)
+
+
+@pytest.mark.parametrize("field, value, message", [
+    ("kernel_", "evil", "kernel_ must be one of linear, se, linear\\+se, got 'evil'"),
+    ("n_latent_", 0, "n_latent_ must be an integer >= 1, got '0'"),
+    ("n_latent_", "3", "n_latent_ must be an integer >= 1, got '3'"),
+])
+def test_mlgpf_structure_of_a_crafted_file_is_refused_at_load(tmp_path, field, value, message):
+    from bayesmlc.gp import MLGPF
+
+    rng = np.random.default_rng(0)
+    X, Y = rng.random((60, 5)), (rng.random((60, 3)) < 0.4).astype(np.int8)
+    Y[:, 0] = 1
+    path = tmp_path / "mlgpf.npz"
+    MLGPF(n_inducing=8, subspace_rank=5, epochs=1, random_state=0, device="cpu").fit(X, Y).save(path)
+    MultiLabelEstimator.load(path)
+
+    def edit(meta, arrays):
+        meta["state"][field] = value
+
+    _rewrite_meta(path, edit)
+    with pytest.raises(ModelFormatError, match=re.escape(f"{path}: ") + message):
+        MultiLabelEstimator.load(path)

@@ -15,7 +15,7 @@ from tqdm.auto import tqdm
 from ..base import LABEL_CARDINALITY, MultiLabelEstimator, label_counts
 from ..data.shard import RowShard
 from ..distributed import ONE_PROCESS
-from ..exceptions import ValidationError
+from ..exceptions import ModelFormatError, ValidationError
 from ..parameters import Boolean, Integer, Options, Real, check_parameters
 from ..preprocessing import STANDARDIZE_CONSTRAINT, FeaturePreprocessor, legacy_preprocessor_state
 from ..utils import iter_batches, logit, numpy_rng, resolve_device, sigmoid, softplus
@@ -687,6 +687,20 @@ class BNMC(MultiLabelEstimator):
         """The fitted :class:`RankTerms` (files written before a term existed load it as 0)."""
         return RankTerms(*(float(getattr(self, name, 0.0)) for name in _RANK_TERM_ATTRIBUTES))
 
+    def _check_calibration_state(self) -> None:
+        """A loaded file's calibration: (a, b, d) and (a', b', d') three finite numbers each, the rank
+        terms finite numbers (``ModelFormatError`` otherwise, before any prediction uses them)."""
+        for name in ("calibration_", "probability_calibration_"):
+            theta = np.asarray(getattr(self, name, self.calibration_), dtype=np.float64)
+            if theta.shape != (3,) or not np.all(np.isfinite(theta)):
+                raise ModelFormatError(f"{name} must be three finite numbers, got shape {theta.shape}")
+        for name in _RANK_TERM_ATTRIBUTES:
+            value = getattr(self, name, 0.0)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not np.isfinite(value):
+                raise ModelFormatError(f"{name} must be a finite number, got {str(value)[:40]!r}")
+        if self._rank_terms().offset < 0:
+            raise ModelFormatError("top_label_offset_ must be >= 0 (it keeps each row's ranking)")
+
     def _set_rank_terms(self, terms: RankTerms) -> None:
         for name, value in zip(_RANK_TERM_ATTRIBUTES, terms):
             setattr(self, name, float(value))
@@ -846,6 +860,7 @@ class BNMC(MultiLabelEstimator):
         mixture_state = state.pop("mixture_state")
         sgd_state = state.pop("sgd_state")
         super()._set_state(state)
+        self._check_calibration_state()
         self._mixture = self._new_mixture()
         self._mixture.set_state(mixture_state)
         self._mixture.emission.set_state({k.split(".", 1)[1]: v for k, v in mixture_state.items() if k.startswith("emission.")})
