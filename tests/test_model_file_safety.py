@@ -148,8 +148,11 @@ def test_a_file_naming_the_baselines_old_module_loads_as_the_moved_class(saved_k
     ("next_labels_slope_", [1, 2], "next_labels_slope_ must be a finite number"),
     ("second_label_offset_", None, "second_label_offset_ must be a finite number, got 'None'"),
     ("top_label_offset_", -1.0, "top_label_offset_ must be >= 0"),
+    ("threshold_", "x", "threshold_ must be a finite number >= 0, got 'x'"),
+    ("label_count_std_", -2.0, "label_count_std_ must be a finite number >= 0, got '-2.0'"),
+    ("count_rule_", "evil", "count_rule_ must be one of threshold, count, expected, sample, got 'evil'"),
 ])
-def test_bnmc_rank_terms_of_a_crafted_file_are_refused_at_load(tmp_path, field, value, message):
+def test_bnmc_calibration_and_label_set_fields_of_a_crafted_file_are_refused_at_load(tmp_path, field, value, message):
     from bayesmlc.bnmc import BNMC
 
     rng = np.random.default_rng(0)
@@ -171,6 +174,7 @@ def test_bnmc_rank_terms_of_a_crafted_file_are_refused_at_load(tmp_path, field, 
     ("kernel_", "evil", "kernel_ must be one of linear, se, linear\\+se, got 'evil'"),
     ("n_latent_", 0, "n_latent_ must be an integer >= 1, got '0'"),
     ("n_latent_", "3", "n_latent_ must be an integer >= 1, got '3'"),
+    ("jitter_", "x", "jitter_ must be a finite number >= 0, got 'x'"),
 ])
 def test_mlgpf_structure_of_a_crafted_file_is_refused_at_load(tmp_path, field, value, message):
     from bayesmlc.gp import MLGPF

@@ -687,9 +687,10 @@ class BNMC(MultiLabelEstimator):
         """The fitted :class:`RankTerms` (files written before a term existed load it as 0)."""
         return RankTerms(*(float(getattr(self, name, 0.0)) for name in _RANK_TERM_ATTRIBUTES))
 
-    def _check_calibration_state(self) -> None:
-        """A loaded file's calibration: (a, b, d) and (a', b', d') three finite numbers each, the rank
-        terms finite numbers (``ModelFormatError`` otherwise, before any prediction uses them)."""
+    def _check_loaded_state(self) -> None:
+        """A loaded file's calibration and label-set rule: (a, b, d) and (a', b', d') three finite numbers
+        each, the rank terms finite numbers, the threshold and label-count statistics finite and >= 0,
+        ``count_rule_`` a known rule (``ModelFormatError`` otherwise, before any prediction uses them)."""
         for name in ("calibration_", "probability_calibration_"):
             theta = np.asarray(getattr(self, name, self.calibration_), dtype=np.float64)
             if theta.shape != (3,) or not np.all(np.isfinite(theta)):
@@ -700,6 +701,12 @@ class BNMC(MultiLabelEstimator):
                 raise ModelFormatError(f"{name} must be a finite number, got {str(value)[:40]!r}")
         if self._rank_terms().offset < 0:
             raise ModelFormatError("top_label_offset_ must be >= 0 (it keeps each row's ranking)")
+        for name, low in (("threshold_", 0.0), ("label_count_mean_", 0.0), ("label_count_std_", 0.0)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value < np.inf:
+                raise ModelFormatError(f"{name} must be a finite number >= {low:g}, got {str(value)[:40]!r}")
+        if self.count_rule_ not in _COUNT_RULES:
+            raise ModelFormatError(f"count_rule_ must be one of {', '.join(_COUNT_RULES)}, got {str(self.count_rule_)[:40]!r}")
 
     def _set_rank_terms(self, terms: RankTerms) -> None:
         for name, value in zip(_RANK_TERM_ATTRIBUTES, terms):
@@ -860,7 +867,7 @@ class BNMC(MultiLabelEstimator):
         mixture_state = state.pop("mixture_state")
         sgd_state = state.pop("sgd_state")
         super()._set_state(state)
-        self._check_calibration_state()
+        self._check_loaded_state()
         self._mixture = self._new_mixture()
         self._mixture.set_state(mixture_state)
         self._mixture.emission.set_state({k.split(".", 1)[1]: v for k, v in mixture_state.items() if k.startswith("emission.")})

@@ -413,6 +413,8 @@ class MLGPF(MultiLabelEstimator):
         n_latent = getattr(self, "n_latent_", 1)
         if isinstance(n_latent, bool) or not isinstance(n_latent, int) or n_latent < 1:
             raise ModelFormatError(f"n_latent_ must be an integer >= 1, got {str(n_latent)[:40]!r}")
+        if isinstance(self.jitter_, bool) or not isinstance(self.jitter_, (int, float)) or not 0 <= self.jitter_ < np.inf:
+            raise ModelFormatError(f"jitter_ must be a finite number >= 0, got {str(self.jitter_)[:40]!r}")
         self._module = None
         self._prediction_cache = {}
         self._stream = None
