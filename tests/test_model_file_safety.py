@@ -143,6 +143,24 @@ def test_a_file_naming_the_baselines_old_module_loads_as_the_moved_class(saved_k
         assert json.loads(data["__meta__"].tobytes())["class"] == "bayesmlc.baselines:KNNBaseline"
 
 
+def _refused_at_load(model, tmp_path, field, value, message):
+    """``model`` fitted on a small problem and saved loads; with its state's ``field`` set to ``value``
+    in the file, loading raises ModelFormatError naming the file and ``message``."""
+    rng = np.random.default_rng(0)
+    X, Y = rng.random((60, 5)), (rng.random((60, 3)) < 0.4).astype(np.int8)
+    Y[:, 0] = 1
+    path = tmp_path / "model.npz"
+    model.fit(X, Y).save(path)
+    MultiLabelEstimator.load(path)  # the file as written loads
+
+    def edit(meta, arrays):
+        meta["state"][field] = value
+
+    _rewrite_meta(path, edit)
+    with pytest.raises(ModelFormatError, match=re.escape(f"{path}: ") + message):
+        MultiLabelEstimator.load(path)
+
+
 @pytest.mark.parametrize("field, value, message", [
     ("top_label_runner_up_", "x", "top_label_runner_up_ must be a finite number, got 'x'"),
     ("next_labels_slope_", [1, 2], "next_labels_slope_ must be a finite number"),
@@ -155,19 +173,7 @@ def test_a_file_naming_the_baselines_old_module_loads_as_the_moved_class(saved_k
 def test_bnmc_calibration_and_label_set_fields_of_a_crafted_file_are_refused_at_load(tmp_path, field, value, message):
     from bayesmlc.bnmc import BNMC
 
-    rng = np.random.default_rng(0)
-    X, Y = rng.random((60, 5)), (rng.random((60, 3)) < 0.4).astype(np.int8)
-    Y[:, 0] = 1
-    path = tmp_path / "bnmc.npz"
-    BNMC(n_passes=1, random_state=0, device="cpu").fit(X, Y).save(path)
-    MultiLabelEstimator.load(path)  # the file as written loads
-
-    def edit(meta, arrays):
-        meta["state"][field] = value
-
-    _rewrite_meta(path, edit)
-    with pytest.raises(ModelFormatError, match=re.escape(f"{path}: ") + message):
-        MultiLabelEstimator.load(path)
+    _refused_at_load(BNMC(n_passes=1, random_state=0, device="cpu"), tmp_path, field, value, message)
 
 
 @pytest.mark.parametrize("field, value, message", [
@@ -179,16 +185,5 @@ def test_bnmc_calibration_and_label_set_fields_of_a_crafted_file_are_refused_at_
 def test_mlgpf_structure_of_a_crafted_file_is_refused_at_load(tmp_path, field, value, message):
     from bayesmlc.gp import MLGPF
 
-    rng = np.random.default_rng(0)
-    X, Y = rng.random((60, 5)), (rng.random((60, 3)) < 0.4).astype(np.int8)
-    Y[:, 0] = 1
-    path = tmp_path / "mlgpf.npz"
-    MLGPF(n_inducing=8, subspace_rank=5, epochs=1, random_state=0, device="cpu").fit(X, Y).save(path)
-    MultiLabelEstimator.load(path)
-
-    def edit(meta, arrays):
-        meta["state"][field] = value
-
-    _rewrite_meta(path, edit)
-    with pytest.raises(ModelFormatError, match=re.escape(f"{path}: ") + message):
-        MultiLabelEstimator.load(path)
+    model = MLGPF(n_inducing=8, subspace_rank=5, epochs=1, random_state=0, device="cpu")
+    _refused_at_load(model, tmp_path, field, value, message)
