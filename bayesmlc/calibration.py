@@ -53,9 +53,22 @@ from .metrics import topk
 from .parameters import InstanceOf, Integer, Options, Real
 from .utils import iter_batches, logit, sigmoid
 
-__all__ = ["CalibratedClassifier", "CALIBRATION_METHODS"]
+__all__ = ["CalibratedClassifier", "CALIBRATION_METHODS", "check_calibration_folds"]
 
 CALIBRATION_METHODS = ("isotonic", "temperature", "platt")
+
+
+def check_calibration_folds(calibrate, folds) -> None:
+    """The command-line check of ``--calibration-folds K`` (``bayesmlc train`` and ``bayesmlc bench``): it
+    needs ``--calibrate`` (``calibrate``: the method or methods given, empty or ``None`` when none) and
+    K >= 2; raises :class:`ValidationError` naming the option. ``folds=None`` passes."""
+    if folds is None:
+        return
+    if not calibrate:
+        raise ValidationError("--calibration-folds: only with --calibrate (it sets how the calibration maps are fitted)")
+    if isinstance(folds, bool) or not isinstance(folds, (int, np.integer)) or folds < 2:
+        raise ValidationError(f"--calibration-folds: needs at least 2 folds, got {folds}")
+
 
 # probabilities are kept this far from 0 and 1 before the logit, so logits stay finite
 _PROBA_FLOOR = 1e-7

@@ -382,10 +382,9 @@ def cmd_train(args) -> int:
     if args.resume and args.model != "mlgpf":
         raise CLIError(f"--resume: only --model mlgpf writes checkpoints, not {args.model}")
     if args.calibration_folds is not None:
-        if not args.calibrate:
-            raise CLIError("--calibration-folds: only with --calibrate (it sets how the calibration maps are fitted)")
-        if args.calibration_folds < 2:
-            raise CLIError(f"--calibration-folds: needs at least 2 folds, got {args.calibration_folds}")
+        from .calibration import check_calibration_folds
+
+        check_calibration_folds(args.calibrate, args.calibration_folds)
     if args.preset is not None:  # before any work: an unknown name, or an ensemble where one model is needed
         from .presets import check_cli_preset
 

@@ -40,6 +40,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--timeout", type=float, help="seconds per run (default: the suite's and configuration's)")
     parser.add_argument("--calibrate", nargs="+", metavar="METHOD", default=(),
                         help="also run every configuration recalibrated (isotonic, temperature, platt), side by side")
+    parser.add_argument("--calibration-folds", type=int, metavar="K",
+                        help="with --calibrate: fit the maps on K-fold held-out predictions (every training row held "
+                             "out once) and train the model on all rows, K + 1 fits (default: one 80/20 split)")
     parser.add_argument("--resume", action="store_true", help="keep finished runs of OUT/results.jsonl, rerun the rest")
     parser.add_argument("--report-only", action="store_true", help="rebuild report and plots from OUT/results.jsonl")
     parser.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
@@ -60,6 +63,8 @@ def _command_line(args) -> str:
         parts += ["--repeats", str(args.repeats)]
     if getattr(args, "calibrate", None):
         parts += ["--calibrate"] + list(args.calibrate)
+    if getattr(args, "calibration_folds", None) is not None:
+        parts += ["--calibration-folds", str(args.calibration_folds)]
     for option, flag in (("seed", "--seed"), ("threads", "--threads"), ("device", "--device"), ("timeout", "--timeout")):
         value = getattr(args, option)
         if value is not None and not (option == "seed" and value == 0):
@@ -70,6 +75,7 @@ def _command_line(args) -> str:
 
 def run(args) -> int:
     """Run ``bayesmlc bench`` with parsed ``args``; returns the exit status."""
+    from ..calibration import check_calibration_folds
     from .plots import PLOTS_DIR, make_plots
     from .report import write_report
 
@@ -79,6 +85,7 @@ def run(args) -> int:
     log = (lambda message: None) if args.quiet else (lambda message: print(message, file=sys.stderr, flush=True))
     start = time.perf_counter()
     try:
+        check_calibration_folds(getattr(args, "calibrate", ()), getattr(args, "calibration_folds", None))
         if args.report_only:
             if not (out / RESULTS_FILE).exists():
                 print(f"bayesmlc bench: error: --report-only: no {out / RESULTS_FILE}", file=sys.stderr)
@@ -90,6 +97,7 @@ def run(args) -> int:
                 suite, out, datasets=args.datasets, models=args.models, repeats=args.repeats, seed=args.seed,
                 data_root=args.data_root, threads=args.threads, device=args.device, timeout_s=args.timeout,
                 resume=args.resume, log=log, calibrate=getattr(args, "calibrate", ()),
+                calibration_folds=getattr(args, "calibration_folds", None),
             )
     except BayesMLCError as exc:
         print(f"bayesmlc bench: error: {exc}", file=sys.stderr)

@@ -340,8 +340,8 @@ def make_plots(records, out_dir, quality: bool = True) -> dict:
     folder = out_dir / PLOTS_DIR
     folder.mkdir(parents=True, exist_ok=True)
     summaries = [s for s in summarise(records) if s.records]
-    # a calibrated configuration CONFIG+METHOD is drawn in the colour of CONFIG
-    base = {s.label: (s.label.replace(f"+{s.calibrate})", ")") if s.calibrate else s.label) for s in summaries}
+    # a calibrated configuration CONFIG+METHOD (or CONFIG+METHOD-cvK) is drawn in the colour of CONFIG
+    base = {s.label: s.raw_label for s in summaries}
     palette = _colours(list(dict.fromkeys(base.values())))
     colours = {label: palette[plain] for label, plain in base.items()}
     made: dict[str, list] = {}

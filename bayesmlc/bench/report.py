@@ -4,8 +4,8 @@ Per dataset: a ranking table (P@1/3/5, PSP@1/3/5, nDCG@5) and a probabilities-an
 macro AUC, example F1, exact match, the all-pairs ECE, ECE@1, ECE@5, AURC, train and predict seconds,
 peak memory, and the ratio of the training time to the fastest baseline's), with the published numbers
 for that dataset alongside and marked as such; when the suite ran calibrated configurations
-(``bench --calibrate``), a calibration table with each model raw and calibrated side by side; then the
-plots. With repeats, a cell is the median over the
+(``bench --calibrate``, with ``--calibration-folds K`` cross-fitted), a calibration table with each model
+raw and calibrated side by side; then the plots. With repeats, a cell is the median over the
 repeats followed by ``±`` half the range (max - min) / 2. Runs that did not finish are listed with
 their reason.
 """
@@ -19,6 +19,7 @@ from pathlib import Path
 import re
 
 from .published import published_for
+from .runner import calibration_suffix
 from .suites import BASELINE_MODELS
 
 __all__ = ["Summary", "summarise", "fastest_baselines", "format_cell", "dataset_tables", "calibration_table",
@@ -70,12 +71,23 @@ class Summary:
     config: str
     baseline: bool
     calibrate: str | None = None  # the calibration method of a calibrated configuration
+    calibration_folds: int | None = None  # K of a cross-fitted calibrated configuration, None: the 20% split
     statuses: list = field(default_factory=list)
     records: list = field(default_factory=list)  # the records with status "ok"
 
     @property
     def label(self) -> str:
         return f"{self.model} ({self.config})"
+
+    @property
+    def raw_config(self) -> str:
+        """The configuration without its calibration suffix (``default`` of ``default+isotonic-cv5``)."""
+        suffix = calibration_suffix(self.calibrate, self.calibration_folds)
+        return self.config[: len(self.config) - len(suffix)] if suffix and self.config.endswith(suffix) else self.config
+
+    @property
+    def raw_label(self) -> str:
+        return f"{self.model} ({self.raw_config})"
 
     def values(self, key: str) -> list[float]:
         return [v for v in (_value(r, key) for r in self.records) if v is not None]
@@ -93,7 +105,7 @@ def summarise(records) -> list[Summary]:
         if key not in groups:
             groups[key] = Summary(record["dataset"], record["model"], record["config"],
                                   bool(record.get("baseline", record["model"] in BASELINE_MODELS)),
-                                  record.get("calibrate"))
+                                  record.get("calibrate"), record.get("calibration_folds"))
         groups[key].statuses.append(record.get("status"))
         if record.get("status") == "ok":
             groups[key].records.append(record)
@@ -162,7 +174,7 @@ def calibration_table(dataset: str, summaries) -> str | None:
     if not calibrated:
         return None
     raw_of = {(s.model, s.config): s for s in mine if not s.calibrate}
-    pairs = [(raw_of.get((s.model, s.config[: -len(s.calibrate) - 1])), s) for s in calibrated]
+    pairs = [(raw_of.get((s.model, s.raw_config)), s) for s in calibrated]
     columns = [(key, f"{header} {which}", kind, which) for key, header, kind in CALIBRATION_COLUMNS
                for which in ("raw", "cal")]
     medians = {(key, which): [(raw if which == "raw" else cal).median(key) if (raw if which == "raw" else cal)
@@ -180,7 +192,8 @@ def calibration_table(dataset: str, summaries) -> str | None:
             if kind == "frac" and value is not None and value == best[(key, which)]:
                 cell = f"**{cell}**"
             cells.append(cell)
-        rows.append([(raw or cal).label.replace(f"+{cal.calibrate}", ""), cal.calibrate] + cells + [
+        method = cal.calibrate + (f", {cal.calibration_folds} folds" if cal.calibration_folds is not None else "")
+        rows.append([cal.raw_label, method] + cells + [
             format_cell(raw.values("train_seconds"), "sec") if raw else "–",
             format_cell(cal.values("train_seconds"), "sec"), format_cell(cal.values("calibration_seconds"), "sec")])
     return _table(header, rows)
@@ -227,12 +240,29 @@ def dataset_tables(dataset: str, summaries, quality: bool = True, with_published
     if sources:
         parts += ["", "Published and reference rows: " + "; ".join(sources) + "."]
     if calibration:
-        parts += ["", "Calibration, raw and recalibrated on 20% held-out training rows (`cal`: the model fitted "
-                  "on the other 80%; ECE@k over each row's top-k predictions, 15 bins; AURC: area under the top-1 "
-                  "risk-coverage curve; lowest ECE and AURC of each column in bold; `train s cal` includes the "
-                  "calibration, `calibration s` is predicting the held-out rows and fitting the maps):", "",
-                  calibration]
+        folds = {s.calibration_folds for s in summaries if s.dataset == dataset and s.records and s.calibrate}
+        parts += ["", _calibration_sentence(folds), "", calibration]
     return "\n".join(parts)
+
+
+def _calibration_sentence(folds: set) -> str:
+    """The sentence above a calibration table, for the ways its maps were fitted (``folds``: ``None`` for
+    the 20% split, K for K-fold cross-fitting; rows of both kinds when a resumed suite mixes them)."""
+    mixed = len(folds) > 1
+    ways, explained = [], []
+    if None in folds:
+        ways.append("on 20% held-out training rows")
+        explained.append(("rows whose `calibration` names no folds" if mixed else "`cal`") + ": the model fitted on the other 80%")
+    for k in sorted(k for k in folds if k is not None):
+        ways.append(f"by {k}-fold cross-fitting")
+        explained.append((f"rows with `{k} folds`" if mixed else "`cal`")
+                         + f": the maps fitted on every training row's held-out prediction, from {k} models each "
+                           f"fitted without one fold, then the model refitted on all rows, so `train s cal` "
+                           f"includes {k + 1} fits")
+    return (f"Calibration, raw and recalibrated {' or '.join(ways)} ({'; '.join(explained)}; ECE@k over each row's "
+            "top-k predictions, 15 bins; AURC: area under the top-1 risk-coverage curve; lowest ECE and AURC of each "
+            "column in bold; `train s cal` includes the calibration, `calibration s` is predicting the held-out rows "
+            "and fitting the maps):")
 
 
 def _environment_lines(records) -> list[str]:

@@ -15,7 +15,10 @@ With ``calibrate=("isotonic", ...)`` every configuration also runs wrapped in
 :class:`bayesmlc.calibration.CalibratedClassifier` (``bayesmlc train --calibrate METHOD``), as configuration
 ``CONFIG+METHOD``; its record carries ``calibrate``, ``calibration_seconds`` (predicting the held-out rows
 and fitting the maps) and ``calibrated_fit_seconds`` (the wrapped estimator's fit on the other rows), read
-from the saved model file.
+from the saved model file. With ``calibration_folds=K`` as well (``bayesmlc train --calibration-folds K``)
+the maps are cross-fitted, ``CalibratedClassifier(cv=K)``: the configuration is ``CONFIG+METHOD-cvK``
+(another run, never taken for a 20%-split one by ``resume``), the record carries ``calibration_folds``,
+and ``calibrated_fit_seconds`` counts all K + 1 fits.
 """
 
 from __future__ import annotations
@@ -49,6 +52,7 @@ __all__ = [
     "timing_unit",
     "RESULTS_FILE",
     "default_data_root",
+    "calibration_suffix",
 ]
 
 RESULTS_FILE = "results.jsonl"
@@ -87,6 +91,7 @@ class RunSpec:
     dataset_spec: DatasetSpec = field(default=None, repr=False)
     excluded: str | None = None  # the suite's reason not to run this configuration on this dataset
     calibrate: str | None = None  # run wrapped in CalibratedClassifier with this method
+    calibration_folds: int | None = None  # with calibrate: CalibratedClassifier(cv=K), None: the 20% split
 
     @property
     def run_id(self) -> str:
@@ -94,6 +99,14 @@ class RunSpec:
 
 
 RunOne = Callable[[RunSpec, Path], dict]
+
+
+def calibration_suffix(method: str | None, folds: int | None = None) -> str:
+    """What a calibrated configuration adds to its configuration's name: ``+METHOD`` (the 20% split),
+    ``+METHOD-cvK`` (cross-fitted on K folds); ``""`` for a raw one."""
+    if method is None:
+        return ""
+    return f"+{method}" + (f"-cv{folds}" if folds is not None else "")
 
 
 def default_data_root() -> Path:
@@ -221,6 +234,8 @@ class CLIRunner:
             command += ["--device", self.device]
         if spec.calibrate is not None:
             command += ["--calibrate", spec.calibrate]
+            if spec.calibration_folds is not None:
+                command += ["--calibration-folds", str(spec.calibration_folds)]
         return command
 
     def environment(self) -> dict:
@@ -289,21 +304,25 @@ def _select_configs(requested, suite: Suite) -> set[tuple[str, str]]:
 
 
 def plan_runs(suite: Suite, out_dir: Path, *, datasets=None, models=None, repeats: int = 1, seed: int = 0,
-              data_root: Path | None = None, timeout_s: float | None = None, calibrate=()) -> list[RunSpec]:
+              data_root: Path | None = None, timeout_s: float | None = None, calibrate=(),
+              calibration_folds: int | None = None) -> list[RunSpec]:
     """Every run of ``suite`` (restricted to ``datasets`` and ``models`` when given), repeat by repeat.
 
     Repeat r uses seed ``seed + r``. Each method in ``calibrate`` adds, after a configuration's raw
-    runs, the same runs wrapped in ``CalibratedClassifier(method=...)`` as configuration ``CONFIG+METHOD``. Real sets are read from ``data_root``; synthetic ones are written
+    runs, the same runs wrapped in ``CalibratedClassifier(method=...)`` as configuration ``CONFIG+METHOD``;
+    with ``calibration_folds=K`` (needs ``calibrate``, K >= 2) in ``CalibratedClassifier(method=..., cv=K)``
+    as ``CONFIG+METHOD-cvK``. Real sets are read from ``data_root``; synthetic ones are written
     to ``out_dir/data/<name>/`` by :func:`run_suite`.
     """
     if not isinstance(repeats, int) or repeats < 1:
         raise ValidationError(f"--repeats must be a positive integer, got {repeats!r}")
-    from ..calibration import CALIBRATION_METHODS
+    from ..calibration import CALIBRATION_METHODS, check_calibration_folds
 
     calibrate = tuple(dict.fromkeys(calibrate or ()))
     unknown = [method for method in calibrate if method not in CALIBRATION_METHODS]
     if unknown:
         raise ValidationError(f"--calibrate {', '.join(unknown)}: choose from {', '.join(CALIBRATION_METHODS)}")
+    check_calibration_folds(calibrate, calibration_folds)
     data_root = Path(data_root) if data_root is not None else default_data_root()
     dataset_names = _select(datasets, suite.dataset_names, "datasets", suite.name)
     wanted_configs = _select_configs(models, suite)
@@ -320,11 +339,12 @@ def plan_runs(suite: Suite, out_dir: Path, *, datasets=None, models=None, repeat
                 for repeat in range(repeats):
                     runs.append(RunSpec(
                         suite=suite.name, dataset=name, model=config.model,
-                        config=config.config if method is None else f"{config.config}+{method}",
+                        config=config.config + calibration_suffix(method, calibration_folds),
                         params=config.params_for(name), seed=seed + repeat, repeat=repeat, baseline=config.baseline,
                         timeout_s=float(timeout_s or config.timeout_s or suite.timeout_s),
                         train_path=train_path, test_path=test_path, dataset_spec=spec,
                         excluded=config.exclude.get(name), calibrate=method,
+                        calibration_folds=None if method is None else calibration_folds,
                     ))
     return runs
 
@@ -452,7 +472,8 @@ def _summary(record: dict) -> str:
 def run_suite(suite: Suite, out_dir, *, datasets=None, models=None, repeats: int = 1, seed: int = 0,
               data_root=None, run_one: RunOne | None = None, availability: Callable[[str], str | None] | None = None,
               threads: int | None = None, device: str | None = None, timeout_s: float | None = None,
-              resume: bool = False, log: Callable[[str], None] = _stderr_log, calibrate=()) -> list[dict]:
+              resume: bool = False, log: Callable[[str], None] = _stderr_log, calibrate=(),
+              calibration_folds: int | None = None) -> list[dict]:
     """Run ``suite`` and return its records (also appended, one JSON line each, to ``OUT/results.jsonl``).
 
     Parameters
@@ -462,6 +483,7 @@ def run_suite(suite: Suite, out_dir, *, datasets=None, models=None, repeats: int
     threads : threads per run (default: every core)
     resume : keep the records already in ``results.jsonl`` and rerun only what is not ``ok`` there
     calibrate : calibration methods; each adds calibrated runs of every configuration (:func:`plan_runs`)
+    calibration_folds : K: the calibrated runs cross-fit their maps, ``CalibratedClassifier(cv=K)``
     """
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -469,7 +491,8 @@ def run_suite(suite: Suite, out_dir, *, datasets=None, models=None, repeats: int
     run_one = run_one or CLIRunner(threads=threads, device=device)
     availability = availability or model_unavailable_reason
     runs = plan_runs(suite, out_dir, datasets=datasets, models=models, repeats=repeats, seed=seed,
-                     data_root=data_root, timeout_s=timeout_s, calibrate=calibrate)
+                     data_root=data_root, timeout_s=timeout_s, calibrate=calibrate,
+                     calibration_folds=calibration_folds)
     results_path = out_dir / RESULTS_FILE
     kept = []
     if resume and results_path.exists():
@@ -492,7 +515,8 @@ def run_suite(suite: Suite, out_dir, *, datasets=None, models=None, repeats: int
         record = {
             "suite": suite.name, "run_id": spec.run_id, "dataset": spec.dataset, "model": spec.model,
             "config": spec.config, "baseline": spec.baseline, "repeat": spec.repeat, "seed": spec.seed,
-            "settings": spec.params, "calibrate": spec.calibrate, **environment,
+            "settings": spec.params, "calibrate": spec.calibrate, "calibration_folds": spec.calibration_folds,
+            **environment,
             # per run, not per suite: a tree edited while a long suite runs must show up in its records
             "git": _git_info(),
             "load_avg_1m": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
