@@ -194,6 +194,79 @@ def test_calibrated_runs_are_planned_run_and_reported_side_by_side(tmp_path, tin
     assert ("alpha: risk-coverage curves", "plots/alpha-risk-coverage.png") in plots["alpha"]
 
 
+def test_calibration_folds_reach_the_runs_records_resume_keys_and_report(tmp_path, tiny_data_root, no_napkinxc):
+    runs = plan_runs(TINY, tmp_path, datasets=["alpha"], models=["logistic"], calibrate=["isotonic"],
+                     calibration_folds=5, data_root=tiny_data_root)
+    assert [(r.config, r.calibrate, r.calibration_folds) for r in runs] == [
+        ("default", None, None), ("default+isotonic-cv5", "isotonic", 5)]
+    assert CLIRunner(threads=1).command(runs[1], tmp_path)[-4:] == ["--calibrate", "isotonic", "--calibration-folds", "5"]
+    assert "--calibration-folds" not in CLIRunner(threads=1).command(runs[0], tmp_path)
+    # a 20%-split run, a 5-fold and a 3-fold run are three runs, in three folders
+    split, three = (plan_runs(TINY, tmp_path, datasets=["alpha"], models=["logistic"], calibrate=["isotonic"],
+                              calibration_folds=folds, data_root=tiny_data_root)[1] for folds in (None, 3))
+    assert len({split.run_id, three.run_id, runs[1].run_id}) == 3
+    for folds, message in ((3, "--calibration-folds: only with --calibrate"), (1, "needs at least 2 folds, got 1")):
+        with pytest.raises(ValidationError, match=message):
+            plan_runs(TINY, tmp_path, calibrate=["isotonic"] if folds == 1 else (), calibration_folds=folds,
+                      data_root=tiny_data_root)
+
+    out, calls = tmp_path / "bench", []
+
+    def counting_run_one(spec, run_dir):
+        calls.append((spec.run_id, spec.calibration_folds))
+        return fake_run_one(spec, run_dir)
+
+    def run(folds, resume=True):
+        calls.clear()
+        return run_suite(TINY, out, data_root=tiny_data_root, run_one=counting_run_one, availability=_availability,
+                         threads=1, log=lambda message: None, calibrate=("isotonic",), datasets=["alpha"],
+                         models=["slowmodel"], calibration_folds=folds, resume=resume)
+
+    run(None, resume=False)
+    assert calls == [("alpha/slowmodel-small/r0", None), ("alpha/slowmodel-small+isotonic/r0", None)]
+    # --resume with folds: the raw run is kept, the 20%-split run is not taken for the cross-fitted one
+    records = run(5)
+    assert calls == [("alpha/slowmodel-small+isotonic-cv5/r0", 5)]
+    assert run(5) and calls == []  # finished: nothing reruns
+    run(3)
+    assert calls == [("alpha/slowmodel-small+isotonic-cv3/r0", 3)]
+    crossed = next(r for r in records if r["config"] == "small+isotonic-cv5")
+    assert crossed["calibrate"] == "isotonic" and crossed["calibration_folds"] == 5
+    assert crossed["calibrated_fit_seconds"] == 0.75
+    assert next(r for r in records if r["config"] == "small")["calibration_folds"] is None
+
+    # the report: the cross-fitted rows are paired with their raw run and described as cross-fitted
+    only_crossed = [r for r in records if r["config"] != "small+isotonic"]
+    text = render_report(only_crossed, suite="tiny")
+    sentence = next(line for line in text.splitlines() if line.startswith("Calibration, raw and recalibrated"))
+    assert "by 5-fold cross-fitting" in sentence and "then the model refitted on all rows" in sentence
+    assert "includes 6 fits" in sentence and "20% held-out" not in sentence
+    row = _row(text, "Calibration", "slowmodel (small)")
+    assert row[1] == "isotonic, 5 folds" and row[2] == "70.00" and row[7] == "**0.1000**"
+    # the 20%-split sentence is unchanged, and a resumed suite that mixes both says both, row by row
+    split_only = render_report([r for r in records if r["config"] != "small+isotonic-cv5"], suite="tiny")
+    assert ("Calibration, raw and recalibrated on 20% held-out training rows (`cal`: the model fitted on the other "
+            "80%; ECE@k") in split_only and "cross-fitting" not in split_only
+    assert _row(split_only, "Calibration", "slowmodel (small)")[1] == "isotonic"
+    mixed = render_report(records, suite="tiny")
+    assert "on 20% held-out training rows or by 5-fold cross-fitting" in mixed
+    assert sorted(line.split("|")[2].strip() for line in mixed.splitlines()
+                  if line.startswith("| slowmodel (small) | iso")) == ["isotonic", "isotonic, 5 folds"]
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--calibration-folds", "3"], "--calibration-folds: only with --calibrate"),
+    (["--calibrate", "isotonic", "--calibration-folds", "1"], "--calibration-folds: needs at least 2 folds, got 1"),
+])
+def test_bench_cli_refuses_calibration_folds_without_calibrate_or_below_two(tmp_path, capsys, extra, message):
+    out = tmp_path / "out"
+    assert bench_main(["--suite", "quick", "--out", str(out), "--quiet", "--no-plots"] + extra) == 2
+    err = capsys.readouterr().err
+    assert err.strip() == f"bayesmlc bench: error: {message}" + (
+        " (it sets how the calibration maps are fitted)" if "only with" in message else "")
+    assert not out.exists()  # refused before any run
+
+
 def test_report_marks_published_numbers():
     record = {"run_id": "scene/logistic-default/r0", "dataset": "scene", "model": "logistic", "config": "default",
               "baseline": True, "status": "ok", "metrics": {"P@1": 0.5, "F1_example": 0.6}, "train_seconds": 1.0}
@@ -504,7 +577,10 @@ def _write_xc(path, X, Y):
     path.write_text("\n".join(lines) + "\n")
 
 
-def test_end_to_end_with_the_real_cli(tmp_path, monkeypatch):
+@pytest.fixture
+def toy_e2e(tmp_path, monkeypatch):
+    """A 90 + 30-row toy set under ``tmp_path/data/toy`` and a one-configuration suite ``e2e`` (logistic);
+    returns ``(X, Y)``."""
     pytest.importorskip("bayesmlc.cli")
     pytest.importorskip("bayesmlc.data.io", reason="the data readers have not landed yet")
     rng = np.random.default_rng(0)
@@ -517,6 +593,11 @@ def test_end_to_end_with_the_real_cli(tmp_path, monkeypatch):
     suite = Suite("e2e", "", (DatasetSpec("toy"),), (ModelConfig("logistic", "c2", {"C": 2.0, "max_iter": 30}),),
                   timeout_s=120)
     monkeypatch.setitem(SUITES, "e2e", suite)
+    return X, Y
+
+
+def test_end_to_end_with_the_real_cli(tmp_path, toy_e2e):
+    X, Y = toy_e2e
     out = tmp_path / "out"
     code = bench_main(["--suite", "e2e", "--out", str(out), "--data-root", str(tmp_path / "data"), "--threads", "1",
                        "--quiet", "--no-plots"])
@@ -534,3 +615,23 @@ def test_end_to_end_with_the_real_cli(tmp_path, monkeypatch):
     assert record["metrics"]["P@1"] == pytest.approx(Y[90:][np.arange(30), best].mean())
     report = (out / "report.md").read_text()
     assert _row(report, "## toy", "logistic (c2)")[2] == f"{100 * record['metrics']['P@1']:.2f}"
+
+
+def test_calibration_folds_end_to_end_fit_a_cross_fitted_wrapper(tmp_path, toy_e2e):
+    from bayesmlc.base import MultiLabelEstimator
+    from bayesmlc.calibration import CalibratedClassifier
+
+    out = tmp_path / "out"
+    code = bench_main(["--suite", "e2e", "--out", str(out), "--data-root", str(tmp_path / "data"), "--threads", "1",
+                       "--quiet", "--no-plots", "--calibrate", "isotonic", "--calibration-folds", "3"])
+    assert code == 0
+    raw, crossed = read_results(out / "results.jsonl")
+    assert (raw["config"], crossed["config"]) == ("c2", "c2+isotonic-cv3") and crossed["calibration_folds"] == 3
+    model = MultiLabelEstimator.load(out / crossed["run_dir"] / "model.npz")
+    # cross-fitted: cv=3, the maps saw every one of the 90 training rows (a 20% split: 18 of them)
+    assert isinstance(model, CalibratedClassifier) and model.cv == 3 and model.method == "isotonic"
+    np.testing.assert_array_equal(model.calibration_rows_, np.arange(90))
+    assert crossed["calibrated_fit_seconds"] > 0 and crossed["calibration_seconds"] > 0
+    report = (out / "report.md").read_text()
+    assert "--calibrate isotonic --calibration-folds 3 --threads 1" in report
+    assert "recalibrated by 3-fold cross-fitting" in report
