@@ -23,11 +23,16 @@ from sklearn.base import BaseEstimator, TransformerMixin
 from .exceptions import ModelFormatError, NotFittedError, ValidationError
 from .parameters import Boolean, Options, check_parameters
 
-__all__ = ["FeaturePreprocessor", "MAX_CENTRED_ENTRIES", "STANDARDIZE_CONSTRAINT", "column_mean_and_scale",
-           "inverse_document_frequency", "legacy_preprocessor_state", "normalize_rows", "resolve_standardize"]
+__all__ = ["FeaturePreprocessor", "IDF_MIN_ROWS", "MAX_CENTRED_ENTRIES", "STANDARDIZE_CONSTRAINT", "column_mean_and_scale",
+           "inverse_document_frequency", "legacy_preprocessor_state", "normalize_rows", "resolve_idf", "resolve_standardize"]
 
 #: The ``standardize`` setting every model takes: "auto" (dense features only), True or False.
 STANDARDIZE_CONSTRAINT = ["auto", Boolean()]
+
+#: ``idf="auto"`` weights the columns by idf from this many training rows on. Measured with MLGPF
+#: (docs/experiments.md, "MLGPF: idf on small sets"): idf cost P@1 and AURC on every seed at 333 and
+#: 1,123 rows (medical, enron) and gained them at 4,880 (bibtex); 2,500 lies between.
+IDF_MIN_ROWS = 2500
 
 _DTYPES = {"float32": np.float32, "float64": np.float64}
 
@@ -98,6 +103,15 @@ def column_mean_and_scale(X, n_rows: int | None = None, reduce=None) -> tuple[np
     return mean, std
 
 
+def resolve_idf(idf, n_rows: int) -> bool:
+    """Whether to idf-weight the columns, from an ``idf`` setting of "auto", True or False: "auto"
+    weights them from ``IDF_MIN_ROWS`` training rows on. The idf of a few hundred rows mostly
+    amplifies features seen once or twice, whose weight then dominates the rows they occur in."""
+    if isinstance(idf, str) and idf == "auto":
+        return n_rows >= IDF_MIN_ROWS
+    return bool(idf)
+
+
 def resolve_standardize(standardize, n_nonzero: int, n_entries: int) -> bool:
     """Whether to standardise feature columns, from a ``standardize`` setting of "auto", True or
     False. "auto" standardises dense features (more than half of the ``n_entries`` entries are
@@ -122,9 +136,10 @@ class FeaturePreprocessor(TransformerMixin, BaseEstimator):
     with_mean : bool, default True
         Centre the columns when standardising (densifies the rows). False divides by the standard
         deviation only, which keeps the sparsity (scikit-learn's ``with_mean=False``).
-    idf : bool, default False
+    idf : {"auto", True, False}, default False
         Multiply every column by its smoothed inverse document frequency in the training rows
-        (:func:`inverse_document_frequency`, counted on the raw features).
+        (:func:`inverse_document_frequency`, counted on the raw features). "auto" does so from
+        ``IDF_MIN_ROWS`` (2,500) training rows on (:func:`resolve_idf`).
     normalize : bool, default False
         Scale every row to unit L2 norm, last (all-zero rows stay zero).
     dtype : {"float32", "float64"}, default "float32"
@@ -152,7 +167,7 @@ class FeaturePreprocessor(TransformerMixin, BaseEstimator):
     _parameter_constraints = {
         "standardize": STANDARDIZE_CONSTRAINT,
         "with_mean": [Boolean()],
-        "idf": [Boolean()],
+        "idf": ["auto", Boolean()],
         "normalize": [Boolean()],
         "dtype": [Options(*_DTYPES)],
     }
@@ -182,7 +197,7 @@ class FeaturePreprocessor(TransformerMixin, BaseEstimator):
         if self.standardized_:
             mean, self.scale_ = column_mean_and_scale(X, n_rows, reduce)
             self.mean_ = mean if self.with_mean else None
-        if self.idf:
+        if resolve_idf(self.idf, n_rows):
             counts = np.bincount(X.indices[X.data != 0], minlength=X.shape[1])
             self.idf_ = inverse_document_frequency(total(counts), n_rows)
         return self

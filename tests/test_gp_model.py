@@ -253,7 +253,7 @@ def test_idf_weighting_equals_scikit_learns_tfidf_and_survives_save_load(tmp_pat
     X, Y, _ = _planted(seed=4, n=200)
     X = X.copy()
     X.data = np.abs(X.data)  # term-frequency-like counts
-    model = MLGPF(epochs=1, **SMALL).fit(X, Y)  # idf_weighting=True is the default
+    model = MLGPF(epochs=1, idf_weighting=True, **SMALL).fit(X, Y)
     expected = TfidfTransformer(norm="l2", smooth_idf=True).fit(X).transform(X).toarray()
     np.testing.assert_allclose(model.preprocessor_.transform(X).toarray(), expected, rtol=1e-5, atol=1e-6)
     path = tmp_path / "idf.npz"
@@ -264,6 +264,10 @@ def test_idf_weighting_equals_scikit_learns_tfidf_and_survives_save_load(tmp_pat
     # without the option the kernel sees unit rows of the raw features, and nothing is stored
     plain = MLGPF(epochs=1, idf_weighting=False, **SMALL).fit(X, Y)
     assert plain.preprocessor_.idf_ is None
+    # "auto" (the default) leaves 200 rows unweighted: the same fit as False
+    auto = MLGPF(epochs=1, **SMALL).fit(X, Y)
+    assert auto.preprocessor_.idf_ is None
+    np.testing.assert_allclose(auto.decision_function(X), plain.decision_function(X), rtol=1e-6)
     assert not np.allclose(plain.decision_function(X), model.decision_function(X), atol=1e-3)
 
 
@@ -449,3 +453,26 @@ def test_n_latent_auto_is_at_most_the_number_of_labels(tmp_path):
     loaded = MLGPF.load(path)
     assert loaded.n_latent_ == Y.shape[1] and loaded.n_latent == "auto"
     np.testing.assert_allclose(loaded.predict_proba(X), auto.predict_proba(X), rtol=1e-6)
+
+
+def test_warm_start_is_not_thrown_by_a_near_null_loading_direction():
+    """With P = L the label SVD's trailing directions hold only the 0.1 x noise, so Phi^T Phi can be
+    nearly singular. The warm start's latent targets are posterior means under h ~ N(0, I) with the
+    labels' mean variance as noise (a ridge), so shrinking one column of Phi to 1e-5 of its size
+    leaves that GP's whitened mean near zero and the others' as they were; least squares divided
+    that column's targets by 1e-10 and started the KL in the millions (enron, seed 1)."""
+    from bayesmlc.gp.initialisation import build_module, initial_arrays, warm_start_mean
+
+    X, Y, _ = _planted(L=6, P=3)
+    settings = MLGPF(kernel="linear", n_latent=6, n_inducing=25, subspace_rank=20, random_state=0)
+    arrays = initial_arrays(settings, X, Y, np.random.default_rng(0))
+    means = []
+    for shrink in (1.0, 1e-5):
+        shrunk = dict(arrays, Phi=arrays["Phi"] * np.r_[np.ones(5), shrink].astype(np.float32))
+        module = build_module(settings, shrunk)
+        warm_start_mean(settings, module, X, Y, np.random.default_rng(1))
+        means.append(module.variational.mean.detach().double().numpy())
+    well, shrunk = means
+    scale = np.linalg.norm(well[:5])
+    assert np.linalg.norm(shrunk[5]) < 1e-3 * scale  # the near-null GP gets (almost) no target
+    np.testing.assert_allclose(shrunk[:5], well[:5], atol=0.2 * scale / np.sqrt(well[:5].size))

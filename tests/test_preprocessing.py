@@ -16,7 +16,7 @@ from bayesmlc.exceptions import ModelFormatError, NotFittedError, ValidationErro
 from bayesmlc.linear import LogisticRegression
 from bayesmlc.persistence import load_model, read_npz
 from bayesmlc.preprocessing import (
-    FeaturePreprocessor, column_mean_and_scale, normalize_rows, resolve_standardize, row_square_sums,
+    IDF_MIN_ROWS, FeaturePreprocessor, column_mean_and_scale, normalize_rows, resolve_standardize, row_square_sums,
 )
 
 LEGACY_DIR = os.path.join(os.path.dirname(__file__), "data", "legacy_models")
@@ -127,6 +127,18 @@ def test_idf_and_row_normalisation_match_tfidf_transformer():
         np.testing.assert_allclose(pre.idf_, tfidf.idf_, rtol=1e-12)
         np.testing.assert_allclose(pre.transform(X).toarray(), tfidf.transform(X).toarray(), rtol=1e-9, atol=1e-15)
     assert pre.scale_ is None and pre.mean_ is None
+
+
+def test_idf_auto_weights_from_idf_min_rows_on():
+    """idf="auto": scikit-learn's smoothed idf from IDF_MIN_ROWS training rows on, none below; the
+    rows counted are all processes' (``n_rows``), not this process's."""
+    X = sp.random(IDF_MIN_ROWS, 30, density=0.1, format="csr", random_state=np.random.RandomState(0))
+    X.data[:] = 1.0
+    expected = TfidfTransformer(norm=None, smooth_idf=True).fit(X).idf_
+    np.testing.assert_allclose(FeaturePreprocessor(idf="auto", dtype="float64").fit(X).idf_, expected, rtol=1e-12)
+    assert FeaturePreprocessor(idf="auto").fit(X[1:]).idf_ is None
+    shard = FeaturePreprocessor(idf="auto").fit(X[:100], n_rows=IDF_MIN_ROWS)  # 100 rows here of 2,500 in all
+    assert shard.idf_ is not None
 
 
 def test_normalize_matches_sklearn_and_keeps_zero_rows():

@@ -107,11 +107,12 @@ def warm_start_mean(settings, module: MLGPFModule, X, Y, rng: np.random.Generato
     """Start E_q[u] at a ridge fit of latent targets (a reduced-rank-regression warm start), in place.
 
     With a(x) = L_K^{-1} k_Z(x), the whitened mean v gives E[h(x)] = a(x)^T v with prior
-    v ~ N(0, I). Targets for h are the least-squares latent values that map to the centred labels
-    through Phi, H0 = (Y - ybar) Phi (Phi^T Phi)^{-1} (computed sparsely), scaled by c; then
+    v ~ N(0, I). Targets for h are the posterior means of latent values h ~ N(0, I) that map to the
+    centred labels through Phi with noise of the labels' mean variance s2 = mean_l ybar_l (1 - ybar_l),
+    H0 = (Y - ybar) Phi (Phi^T Phi + s2 I)^{-1} (computed sparsely), scaled by c; then
     v = (A A^T + I)^{-1} A c H0 on at most ``max_rows`` random rows, and c in {0, 0.5, 1, ..., 16}
     is chosen by the expected log-likelihood (under the current variances) on rows x labels up
-    to ``max_entries`` entries. ``context`` as in :func:`initial_arrays`: ybar Phi, the normal
+    to ``max_entries`` entries. ``context`` as in :func:`initial_arrays`: ybar, the normal
     equations (A A^T, A H0) and the log-likelihoods are sums over rows, added over processes.
     """
     context = ParallelContext.whole(X.shape[0]) if context is None else context
@@ -127,12 +128,10 @@ def warm_start_mean(settings, module: MLGPFModule, X, Y, rng: np.random.Generato
         Phi = module.Phi
         Y_rows = Y[rows]
         Phi_np = Phi.double().cpu().numpy()
-        mean_loading = context.reduce_sum(np.asarray(Y.sum(axis=0), dtype=np.float64).ravel() @ Phi_np) / n  # ybar Phi
-        centred = Y_rows @ Phi_np - mean_loading  # (n, P)
-        try:
-            H0 = np.linalg.solve(Phi_np.T @ Phi_np, centred.T).T
-        except np.linalg.LinAlgError:  # exactly singular (P > L, e.g. one label): minimum-norm solution
-            H0 = np.linalg.lstsq(Phi_np.T @ Phi_np, centred.T, rcond=None)[0].T
+        label_rate = context.reduce_sum(np.asarray(Y.sum(axis=0), dtype=np.float64).ravel()) / n  # ybar (L,)
+        centred = Y_rows @ Phi_np - label_rate @ Phi_np  # (n, P)
+        noise = max(float(np.mean(label_rate * (1.0 - label_rate))), 1e-6)
+        H0 = np.linalg.solve(Phi_np.T @ Phi_np + noise * np.eye(Phi_np.shape[1]), centred.T).T
         H0 = torch.as_tensor(H0, dtype=A.dtype, device=A.device)
         normal = context.reduce_sum(torch.cat([A @ A.T, A @ H0], dim=1).cpu().numpy())  # [A A^T, A H0], summed
         normal = torch.as_tensor(normal, dtype=A.dtype, device=A.device)

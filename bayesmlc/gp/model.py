@@ -92,10 +92,12 @@ class MLGPF(MultiLabelEstimator):
     init_mean : {"ridge", "zero"}, start the mean of q(u) at a ridge-regression fit of the latent
         targets implied by Phi (:func:`bayesmlc.gp.initialisation.warm_start_mean`), or at zero (the
         prior mean).
-    idf_weighting : bool, scale every feature column by its smoothed inverse document frequency in the
-        training rows (``preprocessor_.idf_``) before the rows are normalised: rare features count more
-        (measured: docs/experiments.md, "MLGPF on Bibtex"). Dense columns (non-zero in every row) keep
-        weight 1.
+    idf_weighting : {"auto", True, False}, scale every feature column by its smoothed inverse document
+        frequency in the training rows (``preprocessor_.idf_``, None when not applied) before the rows
+        are normalised: rare features count more (measured: docs/experiments.md, "MLGPF on Bibtex").
+        Dense columns (non-zero in every row) keep weight 1. "auto" (the default) weights from 2,500
+        training rows on (``bayesmlc.preprocessing.IDF_MIN_ROWS``): on a few hundred rows it costs P@1
+        (docs/experiments.md, "MLGPF: idf on small sets").
     standardize : {"auto", True, False}, centre every feature column and divide it by its standard
         deviation in the training rows (``preprocessor_.mean_``, ``preprocessor_.scale_``; constant
         columns keep scale 1), first, before idf weighting and row normalisation. For dense real-valued
@@ -151,7 +153,7 @@ class MLGPF(MultiLabelEstimator):
         batch_size="auto", batch_size_growth=0, batch_size_every=10, max_batch_size=None, epochs=100,
         learning_rate=0.03, variational_learning_rate=None, lr_decay=0.5,
         negative_samples="auto", negative_sampling="batch", quadrature_points=10, kl_weight=0.5,
-        init_factors="svd", init_mean="ridge", idf_weighting=True, standardize="auto", normalize_features=True,
+        init_factors="svd", init_mean="ridge", idf_weighting="auto", standardize="auto", normalize_features=True,
         rank_by="mean", label_cardinality="independent", jitter=1e-5, svd_max_rows=100_000,
         validation_fraction=0.0, validation_every=1, early_stopping_patience=None,
         checkpoint_every=None, checkpoint_path=None,
@@ -208,7 +210,7 @@ class MLGPF(MultiLabelEstimator):
         "negative_sampling": [Options(*NEGATIVE_SAMPLING)],
         "dtype": [Options(*_DTYPES)],
         "standardize": STANDARDIZE_CONSTRAINT,
-        "idf_weighting": [Boolean()],
+        "idf_weighting": ["auto", Boolean()],
         "normalize_features": [Boolean()],
         "n_latent": ["auto", Integer(1)],
         **{name: [Integer(1)] for name in ("n_inducing", "batch_size_every", "quadrature_points",
@@ -294,7 +296,8 @@ class MLGPF(MultiLabelEstimator):
         :class:`~bayesmlc.gp.objective.VariationalELBO` with N = ``n_total`` or else ``n_rows_seen_``, the rows seen so far including these
         (the training rows after ``fit``): the posterior given the data seen. The label
         statistics (``label_frequencies_``, ``label_prior_``, ``empty_labels_``) accumulate over
-        calls; the feature statistics (idf, standardisation) stay those of the set-up.
+        calls; the feature statistics (idf, standardisation) stay those of the set-up (``"auto"``
+        settings are judged on the first call's rows).
 
         Parameters
         ----------
