@@ -31,6 +31,7 @@ import scipy.sparse as sp
 
 from .base import MultiLabelEstimator
 from .exceptions import ModelFormatError, ValidationError
+from .fitted_state import check_sparse
 from .parameters import Integer, Options, Real
 from .preprocessing import STANDARDIZE_CONSTRAINT, FeaturePreprocessor, legacy_preprocessor_state
 from .utils import iter_batches, numpy_rng
@@ -215,6 +216,16 @@ class KNNBaseline(_StandardisingBaseline):
     def _decision_function(self, X) -> np.ndarray:
         return self._predict_proba(X) + 1e-6 * self.label_prior_.astype(np.float32)
 
+    def _check_fitted_state(self) -> None:
+        super()._check_fitted_state()
+        check_sparse("train_features_", self.train_features_, (None, self.n_features_in_))
+        n_train = self.train_features_.shape[0]
+        if n_train == 0:
+            raise ModelFormatError("train_features_ must hold at least one training row")
+        check_sparse("train_labels_", self.train_labels_, (n_train, self.n_labels_))
+        if self.train_mask_ is not None:
+            check_sparse("train_mask_", self.train_mask_, (n_train, self.n_labels_))
+
 
 def _is_plain_file_name(name) -> bool:
     """True for a name that stays inside the folder it is joined to: its own basename, not empty, not
@@ -281,6 +292,11 @@ class _FileBackedModel(_StandardisingBaseline):
                     raise ModelFormatError(f"{type(self).__name__} model file entry {name!r} is not a byte array")
         super()._set_state(state)
         self._loaded = None
+
+    def _check_fitted_state(self) -> None:
+        super()._check_fitted_state()
+        if not isinstance(getattr(self, "model_files_", None), dict) or not self.model_files_:
+            raise ModelFormatError(f"{type(self).__name__} model_files_ must hold the library's model files")
 
     def __getstate__(self):
         """Pickle without the library's in-memory model (it cannot be pickled); it is loaded again

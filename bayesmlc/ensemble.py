@@ -25,7 +25,8 @@ import numpy as np
 from sklearn.base import clone
 
 from .base import MultiLabelEstimator
-from .exceptions import ValidationError
+from .exceptions import ModelFormatError, ValidationError
+from .fitted_state import check_array
 from .parameters import Integer
 from .utils import logit
 
@@ -146,3 +147,12 @@ class AveragingEnsemble(MultiLabelEstimator):
         self.weights_ = np.asarray(self.weights_, dtype=np.float64)
         names = [name for name, _ in self.estimators]
         self.named_estimators_ = dict(zip(names, self.estimators_))
+
+    def _fitted_members(self) -> list:
+        if not isinstance(self.estimators_, list) or not self.estimators_:
+            raise ModelFormatError("estimators_ must be a non-empty list of fitted estimators")
+        return [(f"estimators_[{i}]", member) for i, member in enumerate(self.estimators_)]
+
+    def _check_fitted_state(self) -> None:
+        super()._check_fitted_state()
+        check_array("weights_", self.weights_, (len(self.estimators_),), low=0.0)

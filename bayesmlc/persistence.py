@@ -253,6 +253,18 @@ def load_model(path):
     Anything wrong with the file (not an archive, damaged members, a missing or malformed entry, a
     class that is not on the allow-list, parameters the class does not take, a state the class
     cannot use) is a :class:`ModelFormatError` naming the file.
+
+    A fitted model is checked before it is returned, so that a crafted field fails here and never at
+    prediction: its ``_check_loaded()`` (:meth:`bayesmlc.base.MultiLabelEstimator._check_loaded`)
+    checks its parameters and the type and shape of its fitted fields, nested estimators included
+    (the message names the field: ``coef_ must be a float array of shape (5, 3), got ...``), then
+    predicts two synthetic rows of its width (all zeros; ones in every column, at most
+    :data:`bayesmlc.fitted_state.PROBE_FEATURES` of them) and requires scores and probabilities of
+    shape (2, ``n_labels_``), finite, the probabilities in [0, 1] ("fitted state does not predict
+    (TypeError: ...)" otherwise). The probe changes no prediction; it does the first prediction's set-up
+    (an MLGPF builds its module, a napkinXC or omikuji wrapper loads its library's model) at load.
+    A model whose ``device`` this machine does not have loads (its fields checked; it predicts after
+    ``set_params(device=...)``).
     """
     path = os.fspath(path)
     if not os.path.exists(path):
@@ -271,7 +283,11 @@ def load_model(path):
         if not isinstance(meta.get("params"), dict) or "state" not in meta:
             raise ModelFormatError(f"{path}: not a bayesmlc model file (no params or state)")
         try:
-            return _build(meta.get("class"), meta["params"], meta["state"], arrays)
+            model = _build(meta.get("class"), meta["params"], meta["state"], arrays)
+            check = getattr(model, "_check_loaded", None) if meta["state"] is not None else None
+            if check is not None:  # the fields, then a prediction of two synthetic rows
+                check()
+            return model
         except ModelFormatError as exc:
             raise ModelFormatError(f"{path}: {exc}") from None
         except RecursionError:

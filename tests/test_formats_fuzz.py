@@ -27,7 +27,7 @@ from bayesmlc.data.formats.arff import read_arff
 from bayesmlc.data.formats.svmlight import read_svmlight
 from bayesmlc.data.formats.xc import read_xc, write_xc
 from bayesmlc.data.io import read_dataset
-from bayesmlc.exceptions import DataFormatError, ModelFormatError
+from bayesmlc.exceptions import DataFormatError, ModelFormatError, ValidationError
 from bayesmlc.safe_io import MEMORY_LIMIT_ENV
 
 FUZZ = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True)
@@ -417,9 +417,10 @@ def _load_model_bytes(data: bytes):
     model = _bounded(lambda: load_model(path), ModelFormatError)
     if model is not None:
         X = sp.random(3, 5, density=0.5, format="csr", random_state=0, dtype=np.float32)
-        try:  # a loaded model may still refuse to predict; it must not crash the process
+        try:  # a loaded model predicts, or refuses rows of another width (a ValidationError)
             model.predict_topk(X, 2)
-        except Exception:
+            model.predict_proba(X)
+        except ValidationError:
             pass
     return model
 

@@ -3,6 +3,7 @@ private temporary folder (issue: hardening, point 1)."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import re
 import sys
@@ -10,7 +11,7 @@ import sys
 import numpy as np
 import pytest
 
-from bayesmlc import ModelFormatError
+from bayesmlc import ModelFormatError, ValidationError
 from bayesmlc.base import MultiLabelEstimator
 from bayesmlc.baselines import KNNBaseline, _FileBackedModel, _is_plain_file_name
 from bayesmlc.models import LOADABLE_CLASSES, MODEL_CLASSES, get_model_class
@@ -143,22 +144,43 @@ def test_a_file_naming_the_baselines_old_module_loads_as_the_moved_class(saved_k
         assert json.loads(data["__meta__"].tobytes())["class"] == "bayesmlc.baselines:KNNBaseline"
 
 
+def _encoded(value, arrays, field):
+    """``value`` as a model file's JSON holds it: an ndarray becomes a new entry of ``arrays``."""
+    if isinstance(value, np.ndarray):
+        key = f"model.state.{field}#crafted"
+        arrays[key] = value
+        return {"__array__": key}
+    return value
+
+
 def _refused_at_load(model, tmp_path, field, value, message):
-    """``model`` fitted on a small problem and saved loads; with its state's ``field`` set to ``value``
-    in the file, loading raises ModelFormatError naming the file and ``message``."""
+    """``model`` fitted on a small problem (60 rows, 5 features, 3 labels) and saved loads and predicts
+    as before saving; with its state's ``field`` (a key, or a path of keys into nested estimators'
+    entries) set to ``value`` (JSON, or an ndarray stored as an entry) in the file, loading raises
+    ModelFormatError, one line, naming the file and matching ``message``. Returns the file's path."""
     rng = np.random.default_rng(0)
     X, Y = rng.random((60, 5)), (rng.random((60, 3)) < 0.4).astype(np.int8)
     Y[:, 0] = 1
     path = tmp_path / "model.npz"
     model.fit(X, Y).save(path)
-    MultiLabelEstimator.load(path)  # the file as written loads
+    X_new = rng.random((7, 5))
+    loaded = MultiLabelEstimator.load(path)  # the file as written loads, and predicts the same numbers
+    np.testing.assert_allclose(loaded.predict_proba(X_new), model.predict_proba(X_new), rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(loaded.decision_function(X_new), model.decision_function(X_new), rtol=1e-6, atol=1e-6)
+    keys = (field,) if isinstance(field, str) else field
 
     def edit(meta, arrays):
-        meta["state"][field] = value
+        node = meta["state"]
+        for key in keys[:-1]:
+            node = node[key]
+        assert keys[-1] in node, f"no field {keys[-1]!r} to craft in {sorted(node)}"
+        node[keys[-1]] = _encoded(value, arrays, keys[-1])
 
     _rewrite_meta(path, edit)
-    with pytest.raises(ModelFormatError, match=re.escape(f"{path}: ") + message):
+    with pytest.raises(ModelFormatError, match=re.escape(f"{path}: ") + message) as refused:
         MultiLabelEstimator.load(path)
+    assert "\n" not in str(refused.value)
+    return path
 
 
 @pytest.mark.parametrize("field, value, message", [
@@ -187,3 +209,198 @@ def test_mlgpf_structure_of_a_crafted_file_is_refused_at_load(tmp_path, field, v
 
     model = MLGPF(n_inducing=8, subspace_rank=5, epochs=1, random_state=0, device="cpu")
     _refused_at_load(model, tmp_path, field, value, message)
+
+
+
+def _needs(package):
+    return pytest.mark.skipif(importlib.util.find_spec(package) is None,
+                              reason=f"optional package {package} is not installed (the [compare] extra)")
+
+
+def _build(class_path, **params):
+    """An unfitted estimator of ``class_path`` small enough for a 60-row fit."""
+    from bayesmlc.persistence import estimator_class
+
+    cls = estimator_class(class_path)
+    if class_path == "bayesmlc.calibration:CalibratedClassifier":
+        return cls(estimator=_build("bayesmlc.linear:LogisticRegression"), min_label_positives=5, random_state=0, **params)
+    if class_path == "bayesmlc.ensemble:AveragingEnsemble":
+        return cls([("lr", _build("bayesmlc.linear:LogisticRegression")), ("knn", _build("bayesmlc.baselines:KNNBaseline"))],
+                   **params)
+    small = {
+        "bayesmlc.bmls.model:BMLS": dict(n_topics=4, max_sweeps=40, random_state=0, device="cpu"),
+        "bayesmlc.bnmc.model:BNMC": dict(n_passes=1, random_state=0, device="cpu"),
+        "bayesmlc.gp.model:MLGPF": dict(n_inducing=8, subspace_rank=5, epochs=1, random_state=0, device="cpu"),
+        "bayesmlc.baselines:NapkinXCPLT": dict(n_threads=1, random_state=0),
+        "bayesmlc.baselines:OmikujiParabel": dict(n_threads=1),
+        "bayesmlc.baselines:OmikujiBonsai": dict(n_threads=1),
+    }
+    return cls(**{**small.get(class_path, {}), **params})
+
+
+_F32 = np.float32
+#: (class, scalar or array, field or path of keys, crafted value, the refusal's message): every class a
+#: model file may name, each with a crafted scalar field and a crafted array
+_CRAFTED = [
+    ("bayesmlc.linear:LogisticRegression", "scalar", "n_iter_", "x", "n_iter_ must be an integer >= 0, got 'x'"),
+    ("bayesmlc.linear:LogisticRegression", "array", "coef_", np.zeros((5, 2), _F32),
+     "coef_ must be a float array of shape (5, 3), got a float32 array of shape (5, 2)"),
+    ("bayesmlc.linear:LogisticRegression", "array", "intercept_", np.zeros(3, np.int64),
+     "intercept_ must be a float array of shape (3,), got a int64 array"),
+    ("bayesmlc.baselines:KNNBaseline", "scalar", "n_labels_", "3", "n_labels_ must be an integer >= 1, got '3'"),
+    ("bayesmlc.baselines:KNNBaseline", "array", "label_prior_", np.full(2, 0.5), "label_prior_ must be a float array of shape (3,)"),
+    ("bayesmlc.baselines:KNNBaseline", "array", "empty_labels_", np.array([7]), "empty_labels_ must lie in [0, 2]"),
+    ("bayesmlc.baselines:KNNBaseline", "scalar", ("preprocessor_", "state", "n_features_in_"), 7,
+     "FeaturePreprocessor mean_ must be None or 7 finite floats"),
+    ("bayesmlc.baselines:KNNBaseline", "array", ("preprocessor_", "state", "scale_"), np.ones(4),
+     "FeaturePreprocessor scale_ must be None or 5 finite floats"),
+    ("bayesmlc.baselines:NapkinXCPLT", "scalar", "n_features_in_", 2.5, "n_features_in_ must be an integer >= 0, got '2.5'"),
+    ("bayesmlc.baselines:NapkinXCPLT", "array", "label_frequencies_", np.zeros((3, 1), np.int64),
+     "label_frequencies_ must be a integer array of shape (3,)"),
+    ("bayesmlc.baselines:OmikujiParabel", "scalar", "n_labels_", 0, "n_labels_ must be an integer >= 1, got '0'"),
+    ("bayesmlc.baselines:OmikujiParabel", "array", "label_prior_", np.full(3, 1.5), "label_prior_ must lie strictly between 0 and 1"),
+    ("bayesmlc.baselines:OmikujiBonsai", "scalar", "model_files_", {}, "OmikujiBonsai model_files_ must hold the library's model files"),
+    ("bayesmlc.baselines:OmikujiBonsai", "array", "empty_labels_", np.zeros(1), "empty_labels_ must be a integer array"),
+    ("bayesmlc.bmls.model:BMLS", "scalar", "predictor_", "evil", "predictor_ must be one of moments, draws, got 'evil'"),
+    ("bayesmlc.bmls.model:BMLS", "scalar", "beta0_", "x", "beta0_ must be a finite number >= 0, got 'x'"),
+    ("bayesmlc.bmls.model:BMLS", "array", "log_h_", np.zeros((5, 4)), "log_h_ must be a float array of shape (6, 4)"),
+    ("bayesmlc.bnmc.model:BNMC", "scalar", "n_features_in_", -1, "n_features_in_ must be an integer >= 0, got '-1'"),
+    # fields without a check of their own: the probe's prediction refuses them
+    ("bayesmlc.bnmc.model:BNMC", "array", "classifier_samples_", np.zeros((2, 6, 2), _F32), "fitted state does not predict ("),
+    ("bayesmlc.gp.model:MLGPF", "scalar", "n_latent_", 4, "fitted state does not predict (RuntimeError: "),
+    ("bayesmlc.gp.model:MLGPF", "array", ("parameters_", "bias"), np.zeros(4, _F32), "fitted state does not predict (RuntimeError: "),
+    ("bayesmlc.gp.model:MLGPF", "array", ("parameters_", "bias"), np.full(3, np.nan, _F32),
+     "fitted state does not predict: its scores are not all finite numbers"),
+    ("bayesmlc.calibration:CalibratedClassifier", "scalar", "calibrated_labels_", [7], "calibrated_labels_ must lie in [0, 2]"),
+    ("bayesmlc.calibration:CalibratedClassifier", "array", "global_map_", np.zeros((3, 4)),
+     "global_map_ must be a float array of shape (2, *)"),
+    ("bayesmlc.calibration:CalibratedClassifier", "array", ("estimator_", "state", "coef_"), np.zeros((4, 3), _F32),
+     "estimator_: coef_ must be a float array of shape (5, 3)"),
+    ("bayesmlc.ensemble:AveragingEnsemble", "scalar", ("estimators_", 0, "state", "n_iter_"), 1.5,
+     "estimators_[0]: n_iter_ must be an integer >= 0, got '1.5'"),
+    ("bayesmlc.ensemble:AveragingEnsemble", "array", "weights_", np.ones(3), "weights_ must be a float array of shape (2,)"),
+]
+_OPTIONAL = {"bayesmlc.baselines:NapkinXCPLT": "napkinxc", "bayesmlc.baselines:OmikujiParabel": "omikuji",
+             "bayesmlc.baselines:OmikujiBonsai": "omikuji"}
+
+
+@pytest.mark.parametrize("class_path, kind, field, value, message", [
+    pytest.param(*case, marks=[_needs(_OPTIONAL[case[0]])] if case[0] in _OPTIONAL else [],
+                 id=f"{case[0].rpartition(':')[2]}-{case[2] if isinstance(case[2], str) else '.'.join(map(str, case[2]))}")
+    for case in _CRAFTED])
+@pytest.mark.filterwarnings("ignore:BMLS models binary features")
+def test_a_crafted_field_of_every_model_is_refused_at_load(tmp_path, class_path, kind, field, value, message):
+    _refused_at_load(_build(class_path), tmp_path, field, value, re.escape(message))
+
+
+def test_every_loadable_class_has_a_crafted_scalar_and_array_case():
+    covered = {(class_path, kind) for class_path, kind, *_ in _CRAFTED}
+    covered |= {("bayesmlc.preprocessing:FeaturePreprocessor", kind) for kind in ("scalar", "array")}  # below
+    assert {(path, kind) for path in set(LOADABLE_CLASSES.values()) for kind in ("scalar", "array")} <= covered
+
+
+@pytest.mark.parametrize("field, value, message", [
+    ("n_features_in_", "x", "FeaturePreprocessor n_features_in_ must be a non-negative integer, got 'x'"),
+    ("scale_", np.ones((5, 1)), "FeaturePreprocessor scale_ must be None or 5 finite floats"),
+])
+def test_a_crafted_feature_preprocessor_file_is_refused_at_load(tmp_path, field, value, message):
+    from bayesmlc.persistence import load_model, save_model
+    from bayesmlc.preprocessing import FeaturePreprocessor
+
+    X = np.random.default_rng(0).random((20, 5))
+    path = tmp_path / "preprocessor.npz"
+    save_model(path, FeaturePreprocessor(standardize=True).fit(X), "test")
+    np.testing.assert_allclose(load_model(path).transform(X).toarray(),
+                               FeaturePreprocessor(standardize=True).fit(X).transform(X).toarray(), rtol=1e-6)
+    _rewrite_meta(path, lambda meta, arrays: meta["state"].__setitem__(field, _encoded(value, arrays, field)))
+    with pytest.raises(ModelFormatError, match=re.escape(f"{path}: {message}")):
+        load_model(path)
+
+
+def test_the_cli_refuses_a_crafted_model_file_in_one_line_with_exit_two(tmp_path, capsys):
+    from bayesmlc.cli import main
+
+    rng = np.random.default_rng(0)
+    lines = ["40 6 3"] + [f"{rng.integers(0, 3)} " + " ".join(f"{j}:1" for j in sorted(set(rng.integers(0, 6, 3).tolist())))
+                          for _ in range(40)]
+    data = tmp_path / "train.txt"
+    data.write_text("\n".join(lines) + "\n")
+    run = tmp_path / "run"
+    assert main(["train", "--model", "logistic", "--train", str(data), "--out", str(run), "--quiet"]) == 0
+    assert main(["predict", "--model-dir", str(run), "--input", str(data), "--quiet"]) == 0
+    capsys.readouterr()
+    for field, value, message in [("n_iter_", "x", "n_iter_ must be an integer >= 0, got 'x'"),
+                                  ("coef_", np.zeros((6, 2), _F32), "coef_ must be a float array of shape (6, 3)")]:
+        original = (run / "model.npz").read_bytes()
+        _rewrite_meta(run / "model.npz", lambda meta, arrays: meta["state"].__setitem__(field, _encoded(value, arrays, field)))
+        code = main(["predict", "--model-dir", str(run), "--input", str(data), "--quiet"])
+        err = capsys.readouterr().err
+        assert code == 2, err
+        assert err.count("\n") == 1 and err.startswith(f"bayesmlc: error: {run / 'model.npz'}: {message}"), err
+        (run / "model.npz").write_bytes(original)
+
+
+class _Stub(MultiLabelEstimator):
+    """Predicts whatever ``out`` says (the probe's output checks)."""
+
+    def __init__(self, out=None):
+        self.out = out
+
+    def _decision_function(self, X):
+        return np.zeros((X.shape[0], self.n_labels_), dtype=np.float32)
+
+    def _predict_proba(self, X):
+        return np.asarray(self.out)[: X.shape[0]]
+
+
+@pytest.mark.parametrize("out, message", [
+    ([[0.5, 1.5], [0.1, 0.2]], r"probabilities in \[0.1, 1.5\], outside \[0, 1\]"),
+    ([[0.5, np.nan], [0.1, 0.2]], "its probabilities are not all finite numbers"),
+    ([[0.5, 0.1, 0.2], [0.1, 0.2, 0.3]], r"fitted state does not predict \(ValueError: could not broadcast"),
+])
+def test_the_probe_refuses_probabilities_outside_zero_one_or_of_the_wrong_shape(out, message):
+    from bayesmlc.fitted_state import probe_predictions
+
+    model = _Stub(out)
+    model.n_features_in_, model.n_labels_ = 3, 2
+    model._set_label_statistics(np.array([1, 1]), np.array([3, 3]))
+    with pytest.raises(ModelFormatError, match=message):
+        model._check_loaded()
+    model.out = [[0.5, 1.0], [0.0, 0.2]]
+    model._check_loaded()  # in range: accepted
+
+
+def test_the_probe_refuses_infinite_scores():
+    class InfiniteScores(_Stub):
+        def _decision_function(self, X):
+            return np.full((X.shape[0], self.n_labels_), np.inf, dtype=np.float32)
+
+    model = InfiniteScores([[0.5, 0.5], [0.5, 0.5]])
+    model.n_features_in_, model.n_labels_ = 3, 2
+    model._set_label_statistics(np.array([1, 1]), np.array([3, 3]))
+    with pytest.raises(ModelFormatError, match="its scores are not all finite numbers"):
+        model._check_loaded()
+
+
+def test_the_probe_row_sets_every_feature_up_to_its_bound():
+    from bayesmlc.fitted_state import PROBE_FEATURES, probe_rows
+
+    narrow = probe_rows(7)
+    assert narrow.shape == (2, 7) and narrow[0].nnz == 0 and narrow[1].toarray().tolist() == [[1.0] * 7]
+    wide = probe_rows(10**6)
+    assert wide.shape == (2, 10**6) and wide[0].nnz == 0 and wide.nnz == PROBE_FEATURES
+    assert wide.indices[0] == 0 and wide.indices[-1] == 10**6 - 1
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="needs a machine without CUDA")
+def test_a_model_saved_for_a_device_this_machine_lacks_still_loads(tmp_path):
+    rng = np.random.default_rng(0)
+    X, Y = (rng.random((60, 5)) < 0.5).astype(float), (rng.random((60, 3)) < 0.4).astype(np.int8)
+    Y[:, 0] = 1
+    model = _build("bayesmlc.bmls.model:BMLS").fit(X, Y)
+    expected = model.predict_proba(X)
+    model.set_params(device="cuda").save(tmp_path / "model.npz")
+    loaded = MultiLabelEstimator.load(tmp_path / "model.npz")
+    with pytest.raises(ValidationError, match="CUDA is not available"):
+        loaded.predict_proba(X)
+    np.testing.assert_allclose(loaded.set_params(device="cpu").predict_proba(X), expected, rtol=1e-6)

@@ -11,7 +11,8 @@ import scipy.sparse as sp
 import torch
 
 from ..base import LABEL_CARDINALITY, MultiLabelEstimator
-from ..exceptions import ValidationError
+from ..exceptions import ModelFormatError, ValidationError
+from ..fitted_state import check_array, check_integer, check_number
 from ..parameters import Boolean, Integer, Options, Real
 from ..utils import iter_batches, logit, numpy_rng, resolve_device
 from .gibbs import SweepData, gibbs_sweep, heldout_log_likelihood, init_state, positive_rates
@@ -596,6 +597,26 @@ class BMLS(MultiLabelEstimator):
             lower[:, self.empty_labels_] = self.label_prior_[self.empty_labels_]
             upper[:, self.empty_labels_] = self.label_prior_[self.empty_labels_]
         return lower, upper
+
+    # ---- persistence ---------------------------------------------------------------------------
+    def _check_fitted_state(self) -> None:
+        super()._check_fitted_state()
+        if self.predictor_ not in ("moments", "draws"):
+            raise ModelFormatError(f"predictor_ must be one of moments, draws, got {str(self.predictor_)[:40]!r}")
+        check_array("phi_", self.phi_, (self.n_labels_, None), low=0.0)
+        n_topics = self.phi_.shape[1]
+        check_array("log_h_", self.log_h_, (self.n_features_in_ + 1, n_topics))
+        check_array("log_h_var_", self.log_h_var_, (self.n_features_in_ + 1, n_topics), low=0.0)
+        # the draws are summed only by predict_interval (and by prediction with predictor_ "draws", which the probe runs)
+        check_array("phi_samples_", self.phi_samples_, (None, self.n_labels_, n_topics), finite=False)
+        n_draws = self.phi_samples_.shape[0]
+        check_array("log_h_samples_", self.log_h_samples_, (n_draws, self.n_features_in_ + 1, n_topics), finite=False)
+        if self.predictor_ == "draws" and n_draws == 0:
+            raise ModelFormatError("predictor_ 'draws' needs kept draws, phi_samples_ holds none")
+        check_array("topic_usage_", self.topic_usage_, (n_topics,), low=0.0)
+        check_number("beta0_", self.beta0_, 0.0)
+        for name in ("n_sweeps_", "n_burnin_", "n_collected_"):
+            check_integer(name, getattr(self, name), 0)
 
     # ---- interpretation -----------------------------------------------------------------------
     def topics(self, n_top: int = 10):
