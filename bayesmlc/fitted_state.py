@@ -107,9 +107,9 @@ def _does_not_predict(exc: BaseException) -> ModelFormatError:
 
 def probe_predictions(model, devices_available) -> None:
     """Predict :func:`probe_rows` of ``model``'s width (``decision_function`` and ``predict_proba``)
-    and check that the scores and probabilities have shape (2, ``n_labels_``), are
-    finite, and that the probabilities lie in [0, 1]; ``ModelFormatError`` ("fitted state does not
-    predict (TypeError: ...)") otherwise.
+    and check that the scores and probabilities have shape (2, ``n_labels_``), are finite for the
+    all-zero row, and that the probabilities lie in [0, 1] (NaN aside); ``ModelFormatError``
+    ("fitted state does not predict (TypeError: ...)") otherwise.
 
     A :class:`ValidationError` while ``devices_available()`` is False is not the file's fault: the
     model names a device this machine does not have, and predicts only after ``set_params(device=...)``.
@@ -133,7 +133,9 @@ def probe_predictions(model, devices_available) -> None:
     for what, array in (("scores", scores), ("probabilities", proba)):
         if array.shape != expected:
             raise ModelFormatError(f"fitted state does not predict: {what} of shape {array.shape}, not {expected}")
-        if array.dtype.kind not in "fiu" or not np.all(np.isfinite(array)):
+        # the row of ones is unlike any training row: an overflow there (BMLS's exp of a sum over
+        # every feature, in float32) is the model's arithmetic, not the file's fault
+        if array.dtype.kind not in "fiu" or not np.all(np.isfinite(array[0])):
             raise ModelFormatError(f"fitted state does not predict: its {what} are not all finite numbers")
     if np.any(proba < -_PROBABILITY_SLACK) or np.any(proba > 1 + _PROBABILITY_SLACK):
         raise ModelFormatError(f"fitted state does not predict: probabilities in [{proba.min():.6g}, {proba.max():.6g}], "

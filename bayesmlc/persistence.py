@@ -260,9 +260,10 @@ def load_model(path):
     (the message names the field: ``coef_ must be a float array of shape (5, 3), got ...``), then
     predicts two synthetic rows of its width (all zeros; ones in every column, at most
     :data:`bayesmlc.fitted_state.PROBE_FEATURES` of them) and requires scores and probabilities of
-    shape (2, ``n_labels_``), finite, the probabilities in [0, 1] ("fitted state does not predict
-    (TypeError: ...)" otherwise). The probe changes no prediction; it does the first prediction's set-up
-    (an MLGPF builds its module, a napkinXC or omikuji wrapper loads its library's model) at load.
+    shape (2, ``n_labels_``), finite for the zero row, the probabilities in [0, 1] ("fitted state
+    does not predict (TypeError: ...)" otherwise). The probe changes no prediction; it does the first
+    prediction's set-up (an MLGPF builds its module, a napkinXC or omikuji wrapper loads its
+    library's model) at load.
     A model whose ``device`` this machine does not have loads (its fields checked; it predicts after
     ``set_params(device=...)``).
     """

@@ -370,16 +370,22 @@ def test_the_probe_refuses_probabilities_outside_zero_one_or_of_the_wrong_shape(
     model._check_loaded()  # in range: accepted
 
 
-def test_the_probe_refuses_infinite_scores():
+def test_the_probe_refuses_infinite_scores_of_the_zero_row_only():
     class InfiniteScores(_Stub):
+        rows = slice(None)
+
         def _decision_function(self, X):
-            return np.full((X.shape[0], self.n_labels_), np.inf, dtype=np.float32)
+            scores = np.zeros((X.shape[0], self.n_labels_), dtype=np.float32)
+            scores[self.rows] = np.inf
+            return scores
 
     model = InfiniteScores([[0.5, 0.5], [0.5, 0.5]])
     model.n_features_in_, model.n_labels_ = 3, 2
     model._set_label_statistics(np.array([1, 1]), np.array([3, 3]))
     with pytest.raises(ModelFormatError, match="its scores are not all finite numbers"):
         model._check_loaded()
+    model.rows = slice(1, 2)  # an overflow on the row of ones (unlike any training row) is accepted
+    model._check_loaded()
 
 
 def test_the_probe_row_sets_every_feature_up_to_its_bound():
