@@ -61,7 +61,7 @@ BAD_SETTINGS = [
     (MLGPF(lr_decay=1.5), "lr_decay must be a number in [0, 1], got 1.5"),
     (MLGPF(learning_rate=float("nan")), "learning_rate must be a positive number, got nan"),
     (MLGPF(variational_learning_rate=0), "variational_learning_rate must be None or a positive number, got 0"),
-    (MLGPF(idf_weighting="yes"), "idf_weighting must be True or False, got 'yes'"),
+    (MLGPF(idf_weighting="yes"), "idf_weighting must be 'auto', True or False, got 'yes'"),
     (MLGPF(dtype="float16"), "dtype must be 'float32' or 'float64', got 'float16'"),
     (MLGPF(max_batch_size=0), "max_batch_size must be None or an integer >= 1, got 0"),
     (MLGPF(epochs=1, early_stopping_patience=2),
