@@ -433,3 +433,46 @@ def test_cross_validation_shrinks_the_rank_terms_on_small_validation_splits():
         free.append(np.linalg.norm(_fit_rank_terms(s_clf, s_pat, Y, observed, [RANK_TERM_PRECISIONS[0]])[0][2]))
         shrunk.append(np.linalg.norm(fit_calibration(s_clf, s_pat, Y, observed)[2]))
     assert np.mean(shrunk) < 0.6 * np.mean(free)
+
+
+def test_cross_fitted_calibration_sees_every_labelled_row_once(monkeypatch):
+    """calibration_folds=K: the calibration is fitted on one held-out evidence row per labelled
+    training row (each exactly once, in some order), and only on observed entries."""
+    import bayesmlc.bnmc.model as bnmc_model
+
+    X, Y = make_linear_data(n=240)
+    mask = np.ones_like(Y)
+    mask[:10] = 0.0  # rows with no observed entry: not calibrated on
+    Y[:10] = 0.0
+    mask[20:30, 0] = Y[20:30, 0] = 0.0  # entries not observed
+    seen = []
+    original = bnmc_model.fit_calibration
+
+    def capture(s_clf, s_pat, Y_val, observed, *args, **kwargs):
+        seen.append((np.asarray(Y_val).copy(), np.asarray(observed).copy()))
+        return original(s_clf, s_pat, Y_val, observed, *args, **kwargs)
+
+    monkeypatch.setattr(bnmc_model, "fit_calibration", capture)
+    model = BNMC(truncation=6, calibration_folds=4, random_state=0, **FAST).fit(X, sp.csr_matrix(Y), label_mask=mask)
+    assert model.calibration_folds_ == 4 and len(seen) == 1
+    Y_val, observed = seen[0]
+    labelled = mask.any(axis=1)
+    assert Y_val.shape == (labelled.sum(), Y.shape[1])
+    expected = sorted(map(tuple, np.hstack([Y, mask])[labelled]))
+    assert sorted(map(tuple, np.hstack([Y_val, observed]))) == expected
+    assert observed.sum() == mask[labelled].sum()
+
+
+def test_calibration_folds_auto_cross_fits_small_sets_only():
+    from bayesmlc.bnmc.model import CROSS_FIT_FOLDS, CROSS_FIT_MAX_ROWS
+
+    auto = BNMC()
+    assert auto._calibration_fold_count(CROSS_FIT_MAX_ROWS - 1) == CROSS_FIT_FOLDS == 5
+    assert auto._calibration_fold_count(CROSS_FIT_MAX_ROWS) == 1
+    assert auto._calibration_fold_count(100, world_size=2) == 1  # the data-parallel fit keeps the split
+    assert BNMC(online=True)._calibration_fold_count(100) == 1
+    assert BNMC(validation_fraction=0.0)._calibration_fold_count(100) == 1  # no calibration at all
+    assert BNMC(calibration_folds=3)._calibration_fold_count(10_000) == 3
+    assert BNMC(calibration_folds=1)._calibration_fold_count(100) == 1
+    X, Y = make_linear_data(n=120)
+    assert BNMC(truncation=4, random_state=0, **FAST).fit(X, Y).calibration_folds_ == 5
