@@ -287,6 +287,7 @@ def test_cooccurrence_matrix_and_pairs():
 def test_non_binary_features_are_binarised_at_zero_by_default():
     rng = np.random.default_rng(7)
     X = rng.random((40, 5)) - 0.3  # real values, some negative
+    X[:, :3] = 0.0  # sparse (40% of the entries non-zero): "auto" is x > 0
     Y = (rng.random((40, 3)) < 0.3).astype(float)
     Y[0] = 1
     params = dict(n_topics=2, schedule="fixed", n_burnin=5, n_samples=2, thin=1, random_state=0)
@@ -302,6 +303,29 @@ def test_non_binary_features_are_binarised_at_zero_by_default():
     np.testing.assert_array_equal(thresholded.predict_proba(X), explicit.predict_proba((X > 0.5).astype(float)))
     with pytest.raises(ValidationError, match="binarize_threshold"):
         explicit.predict_proba(X)
+
+
+def test_dense_features_are_binarised_at_their_training_medians(tmp_path):
+    """binarize_threshold="auto" on dense features (over half the entries non-zero): a feature is on
+    where it exceeds its median over the training rows, for the training rows and for new ones."""
+    rng = np.random.default_rng(8)
+    scale, offset = np.array([1.0, 10.0, 0.1, 3.0, 1.0]), np.array([0.0, 5.0, -2.0, 1.0, 0.3])
+    X = (rng.normal(size=(41, 5)) * scale + offset).astype(np.float32)  # every entry non-zero, own offsets
+    Y = (rng.random((41, 3)) < 0.3).astype(float)
+    Y[0] = 1
+    params = dict(n_topics=2, schedule="fixed", n_burnin=5, n_samples=2, thin=1, random_state=0)
+    with pytest.warns(UserWarning, match="median"):
+        auto = BMLS(**params).fit(X, Y)
+    medians = np.median(X, axis=0)
+    np.testing.assert_array_equal(auto.feature_thresholds_, medians)
+    explicit = BMLS(binarize_threshold=None, **params).fit((X > medians).astype(float), Y)
+    assert explicit.feature_thresholds_ is None
+    X_new = (rng.normal(size=(7, 5)) * scale + offset).astype(np.float32)
+    np.testing.assert_array_equal(auto.predict_proba(X_new), explicit.predict_proba((X_new > medians).astype(float)))
+    auto.save(tmp_path / "bmls.npz")
+    loaded = BMLS.load(tmp_path / "bmls.npz")
+    np.testing.assert_array_equal(loaded.feature_thresholds_, medians)
+    np.testing.assert_array_equal(loaded.predict_proba(X_new), auto.predict_proba(X_new))
 
 
 def _count_features_problem():

@@ -264,6 +264,7 @@ _CRAFTED = [
     ("bayesmlc.bmls.model:BMLS", "scalar", "predictor_", "evil", "predictor_ must be one of moments, draws, got 'evil'"),
     ("bayesmlc.bmls.model:BMLS", "scalar", "beta0_", "x", "beta0_ must be a finite number >= 0, got 'x'"),
     ("bayesmlc.bmls.model:BMLS", "array", "log_h_", np.zeros((5, 4)), "log_h_ must be a float array of shape (6, 4)"),
+    ("bayesmlc.bmls.model:BMLS", "array", "feature_thresholds_", np.zeros(2), "feature_thresholds_ must be a float array of shape (5,)"),
     ("bayesmlc.bnmc.model:BNMC", "scalar", "n_features_in_", -1, "n_features_in_ must be an integer >= 0, got '-1'"),
     # fields without a check of their own: the probe's prediction refuses them
     ("bayesmlc.bnmc.model:BNMC", "array", "classifier_samples_", np.zeros((2, 6, 2), _F32), "fitted state does not predict ("),

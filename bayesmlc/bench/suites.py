@@ -148,7 +148,7 @@ QUICK_SETTINGS = (
 PAPER_SETTINGS = (
     ModelConfig("bmls", "paper", {"n_topics": 100, "schedule": "fixed", "n_burnin": 200, "n_samples": 250, "thin": 10},
                 per_dataset=BMLS_BINARISE, timeout_s=3600),
-    # the estimator's defaults: schedule="auto", binarize_threshold="auto" (x > 0)
+    # the estimator's defaults: schedule="auto", binarize_threshold="auto" (x > 0; the training medians on dense sets)
     ModelConfig("bmls", "default", {}, timeout_s=900),
     ModelConfig("bnmc", "paper-L", {"truncation": 15, "n_passes": 2, "classifier": "logistic"}, timeout_s=3600),
     ModelConfig("bnmc", "paper-S", {"truncation": 15, "n_passes": 2, "classifier": "svm"}, timeout_s=3600),
