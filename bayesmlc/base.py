@@ -315,7 +315,12 @@ class MultiLabelEstimator(BaseEstimator):
         X = self._validated(X)
         out = np.empty((X.shape[0], self.n_labels_), dtype=np.float32)
         for rows in iter_batches(X.shape[0], PREDICT_BATCH_ROWS):
-            out[rows] = hook(X[rows])
+            block = X[rows]
+            values = np.asarray(hook(block))
+            if values.shape != (block.shape[0], self.n_labels_):  # never broadcast a model's wrong-shaped output
+                raise ValueError(f"{type(self).__name__} computed an array of shape {values.shape} for {block.shape[0]} "
+                                 f"rows and {self.n_labels_} labels: its fitted state is inconsistent")
+            out[rows] = values
         if self.empty_labels_.size:
             out[:, self.empty_labels_] = fill[self.empty_labels_]
         return out

@@ -357,7 +357,8 @@ class _Stub(MultiLabelEstimator):
 @pytest.mark.parametrize("out, message", [
     ([[0.5, 1.5], [0.1, 0.2]], r"probabilities in \[0.1, 1.5\], outside \[0, 1\]"),
     ([[0.5, np.nan], [0.1, 0.2]], "its probabilities are not all finite numbers"),
-    ([[0.5, 0.1, 0.2], [0.1, 0.2, 0.3]], r"fitted state does not predict \(ValueError: could not broadcast"),
+    ([[0.5, 0.1, 0.2], [0.1, 0.2, 0.3]], r"does not predict \(ValueError: _Stub computed an array of shape \(2, 3\) for 2 rows"),
+    ([[0.5], [0.1]], r"does not predict \(ValueError: _Stub computed an array of shape \(2, 1\) for 2 rows"),  # not broadcast
 ])
 def test_the_probe_refuses_probabilities_outside_zero_one_or_of_the_wrong_shape(out, message):
     from bayesmlc.fitted_state import probe_predictions
