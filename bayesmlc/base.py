@@ -233,15 +233,11 @@ class MultiLabelEstimator(BaseEstimator):
 
     def _devices_available(self) -> bool:
         """Whether this machine has the ``device`` of this model and of its fitted members."""
-        for estimator in [self] + [member for _, member in self._fitted_members()]:
-            device = estimator.get_params(deep=False).get("device")
-            try:
-                resolve_device(device)
-            except ValidationError:
-                return False
-            if estimator is not self and not estimator._devices_available():
-                return False
-        return True
+        try:
+            resolve_device(self.get_params(deep=False).get("device"))
+        except ValidationError:
+            return False
+        return all(member._devices_available() for _, member in self._fitted_members())
 
     # ---- public API -------------------------------------------------------------------------
     def fit(self, X, Y, label_mask=None, **fit_params):

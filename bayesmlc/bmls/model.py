@@ -14,6 +14,7 @@ from ..base import LABEL_CARDINALITY, MultiLabelEstimator
 from ..exceptions import ModelFormatError, ValidationError
 from ..fitted_state import check_array, check_integer, check_number
 from ..parameters import Boolean, Integer, Options, Real
+from ..preprocessing import resolve_standardize
 from ..utils import iter_batches, logit, numpy_rng, resolve_device
 from .gibbs import SweepData, gibbs_sweep, heldout_log_likelihood, init_state, positive_rates
 
@@ -334,8 +335,7 @@ class BMLS(MultiLabelEstimator):
         on almost everywhere and says nothing (scene: P@1 17% with it, 62% with the medians;
         docs/experiments.md, "BMLS: binary features from dense descriptors")."""
         self.feature_thresholds_ = None
-        n, D = X.shape
-        if self.binarize_threshold == "auto" and X.nnz > 0.5 * n * D:
+        if self.binarize_threshold == "auto" and resolve_standardize("auto", X.nnz, X.shape[0] * X.shape[1]):
             self.feature_thresholds_ = np.median(X.toarray(), axis=0).astype(np.float64)
 
     def _binary_features(self, X: sp.csr_matrix, warn: bool = False) -> sp.csr_matrix:

@@ -16,6 +16,7 @@ from ..base import LABEL_CARDINALITY, MultiLabelEstimator, label_counts
 from ..data.shard import RowShard
 from ..distributed import ONE_PROCESS
 from ..exceptions import ModelFormatError, ValidationError
+from ..fitted_state import check_number
 from ..parameters import Boolean, Integer, Options, Real, check_parameters
 from ..preprocessing import STANDARDIZE_CONSTRAINT, FeaturePreprocessor, legacy_preprocessor_state
 from ..utils import iter_batches, logit, numpy_rng, resolve_device, sigmoid, softplus
@@ -752,24 +753,21 @@ class BNMC(MultiLabelEstimator):
         """The fitted :class:`RankTerms` (files written before a term existed load it as 0)."""
         return RankTerms(*(float(getattr(self, name, 0.0)) for name in _RANK_TERM_ATTRIBUTES))
 
-    def _check_loaded_state(self) -> None:
-        """A loaded file's calibration and label-set rule: (a, b, d) and (a', b', d') three finite numbers
-        each, the rank terms finite numbers, the threshold and label-count statistics finite and >= 0,
-        ``count_rule_`` a known rule (``ModelFormatError`` otherwise, before any prediction uses them)."""
+    def _check_fitted_state(self) -> None:
+        """Besides the fields every model has: the calibration and label-set rule, (a, b, d) and
+        (a', b', d') three finite numbers each, the rank terms finite numbers, the threshold and
+        label-count statistics finite and >= 0, ``count_rule_`` a known rule."""
+        super()._check_fitted_state()
         for name in ("calibration_", "probability_calibration_"):
             theta = np.asarray(getattr(self, name, self.calibration_), dtype=np.float64)
             if theta.shape != (3,) or not np.all(np.isfinite(theta)):
                 raise ModelFormatError(f"{name} must be three finite numbers, got shape {theta.shape}")
         for name in _RANK_TERM_ATTRIBUTES:
-            value = getattr(self, name, 0.0)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not np.isfinite(value):
-                raise ModelFormatError(f"{name} must be a finite number, got {str(value)[:40]!r}")
+            check_number(name, getattr(self, name, 0.0))
         if self._rank_terms().offset < 0:
             raise ModelFormatError("top_label_offset_ must be >= 0 (it keeps each row's ranking)")
-        for name, low in (("threshold_", 0.0), ("label_count_mean_", 0.0), ("label_count_std_", 0.0)):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value < np.inf:
-                raise ModelFormatError(f"{name} must be a finite number >= {low:g}, got {str(value)[:40]!r}")
+        for name in ("threshold_", "label_count_mean_", "label_count_std_"):
+            check_number(name, getattr(self, name), 0.0)
         if self.count_rule_ not in _COUNT_RULES:
             raise ModelFormatError(f"count_rule_ must be one of {', '.join(_COUNT_RULES)}, got {str(self.count_rule_)[:40]!r}")
 
@@ -932,7 +930,6 @@ class BNMC(MultiLabelEstimator):
         mixture_state = state.pop("mixture_state")
         sgd_state = state.pop("sgd_state")
         super()._set_state(state)
-        self._check_loaded_state()
         self._mixture = self._new_mixture()
         self._mixture.set_state(mixture_state)
         self._mixture.emission.set_state({k.split(".", 1)[1]: v for k, v in mixture_state.items() if k.startswith("emission.")})

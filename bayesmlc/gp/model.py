@@ -16,6 +16,7 @@ import torch
 from ..base import LABEL_CARDINALITY, MultiLabelEstimator, label_counts
 from ..distributed import ONE_PROCESS, ParallelContext
 from ..exceptions import ModelFormatError, ValidationError
+from ..fitted_state import check_integer, check_number
 from ..parameters import Boolean, Integer, Options, Real, check_parameters
 from ..preprocessing import STANDARDIZE_CONSTRAINT, FeaturePreprocessor, legacy_preprocessor_state
 from ..utils import numpy_rng, resolve_device, torch_threads
@@ -410,16 +411,18 @@ class MLGPF(MultiLabelEstimator):
         # deviation and feature_idf_ (older ones only some of them)
         super()._set_state(legacy_preprocessor_state(state, self._preprocessor().get_params(), reciprocal_scale=True))
         self.parameters_ = {k: torch.as_tensor(v) for k, v in self.parameters_.items()}
-        # files written before kernel_ and n_latent_ existed have neither (their parameters name both)
-        if getattr(self, "kernel_", KERNEL_NAMES[0]) not in KERNEL_NAMES:
-            raise ModelFormatError(f"kernel_ must be one of {', '.join(KERNEL_NAMES)}, got {str(self.kernel_)[:40]!r}")
-        n_latent = getattr(self, "n_latent_", 1)
-        if isinstance(n_latent, bool) or not isinstance(n_latent, int) or n_latent < 1:
-            raise ModelFormatError(f"n_latent_ must be an integer >= 1, got {str(n_latent)[:40]!r}")
-        if isinstance(self.jitter_, bool) or not isinstance(self.jitter_, (int, float)) or not 0 <= self.jitter_ < np.inf:
-            raise ModelFormatError(f"jitter_ must be a finite number >= 0, got {str(self.jitter_)[:40]!r}")
         self._module = None
         self._prediction_cache = {}
         self._stream = None
+
+    def _check_fitted_state(self) -> None:
+        """Besides the fields every model has: ``kernel_`` a kernel name, ``n_latent_`` an integer >= 1,
+        ``jitter_`` a finite number >= 0 (files written before ``kernel_`` and ``n_latent_`` existed
+        have neither: their parameters name both)."""
+        super()._check_fitted_state()
+        if getattr(self, "kernel_", KERNEL_NAMES[0]) not in KERNEL_NAMES:
+            raise ModelFormatError(f"kernel_ must be one of {', '.join(KERNEL_NAMES)}, got {str(self.kernel_)[:40]!r}")
+        check_integer("n_latent_", getattr(self, "n_latent_", 1), 1)
+        check_number("jitter_", self.jitter_, 0.0)
 
 
