@@ -223,8 +223,8 @@ def test_float16_samples_halve_the_file_and_keep_the_predictions(tmp_path):
     rng = np.random.default_rng(8)
     X, Y, _ = _planted_problem(rng, 0, d=60, n_labels=6)(80)
     params = dict(n_topics=5, schedule="fixed", n_burnin=10, n_samples=20, thin=1, random_state=3)
-    full = BMLS(**params).fit(X, Y)
-    half = BMLS(sample_dtype="float16", **params).fit(X, Y)
+    full = BMLS(sample_dtype="float32", **params).fit(X, Y)
+    half = BMLS(**params).fit(X, Y)  # the default
     assert half.log_h_samples_.dtype == np.float16 and half.phi_samples_.dtype == np.float16
     np.testing.assert_array_equal(half.log_h_, full.log_h_)  # means taken before rounding
     # the same chain; only the stored samples are rounded (relative 2^-11, i.e. < 5e-4 per entry)
@@ -509,15 +509,18 @@ def test_auto_schedule_follows_its_documented_rules():
     assert len(objective) == model.n_sweeps_
 
 
-def test_auto_moments_and_moment_predictor_match_numpy():
-    """With room for every draw, the stored moments are the mean and variance of the collected draws, and
-    predict_proba is 1 - exp(-E[phi] exp(x'(E[log h] + Var[log h] / 2))) computed here with NumPy;
-    features never on in training keep log h = log(mu0 / nu0) with variance 0."""
+def test_auto_moments_and_both_predictors_match_numpy():
+    """With room for every draw, the stored moments are the mean and variance of the collected draws and
+    predict_proba is the mean over them of 1 - exp(-phi exp(x' log h)); without kept draws (the same
+    chain: the draw store uses no random numbers) it is 1 - exp(-E[phi] exp(x'(E[log h] + Var[log h] / 2))).
+    Both computed here with NumPy; features never on in training keep log h = log(mu0 / nu0) with
+    variance 0."""
     rng = np.random.default_rng(13)
     X, Y, _ = _planted_problem(rng, 0, n_labels=5, d=6)(90)
     X[:, 2] = 0  # never on in training
-    model = BMLS(n_topics=3, max_sweeps=120, max_kept_draws=10_000, mu0=4.0, nu0=2.0, random_state=1).fit(X, Y)
-    assert model.log_h_samples_.shape[0] == model.n_collected_
+    settings = dict(n_topics=3, max_sweeps=120, mu0=4.0, nu0=2.0, sample_dtype="float32", random_state=1)
+    model = BMLS(max_kept_draws=10_000, **settings).fit(X, Y)
+    assert model.log_h_samples_.shape[0] == model.n_collected_ >= 16 and model.predictor_ == "draws"
     log_h = model.log_h_samples_.astype(np.float64)
     np.testing.assert_allclose(model.log_h_, log_h.mean(axis=0), rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(model.log_h_var_, log_h.var(axis=0), rtol=1e-3, atol=1e-6)
@@ -525,9 +528,31 @@ def test_auto_moments_and_moment_predictor_match_numpy():
     np.testing.assert_allclose(model.log_h_[2], np.log(2.0))
     np.testing.assert_array_equal(model.log_h_var_[2], 0.0)
     X_test = (rng.random((30, 6)) < 0.5).astype(float)
-    theta = np.exp(np.hstack([X_test, np.ones((30, 1))]) @ (model.log_h_ + 0.5 * model.log_h_var_))
+    X_bias = np.hstack([X_test, np.ones((30, 1))])
+    per_draw = [-np.expm1(-np.exp(X_bias @ lh) @ ph.T) for ph, lh in zip(model.phi_samples_.astype(np.float64), log_h)]
+    np.testing.assert_allclose(model.predict_proba(X_test), np.mean(per_draw, axis=0), rtol=1e-4, atol=1e-6)
+
+    no_draws = BMLS(max_kept_draws=0, **settings).fit(X, Y)
+    assert no_draws.predictor_ == "moments" and no_draws.phi_samples_.shape[0] == 0
+    np.testing.assert_allclose(no_draws.log_h_, model.log_h_, rtol=1e-12)
+    theta = np.exp(X_bias @ (model.log_h_ + 0.5 * model.log_h_var_))
     expected = -np.expm1(-theta @ model.phi_.T)
-    np.testing.assert_allclose(model.predict_proba(X_test), expected, rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(no_draws.predict_proba(X_test), expected, rtol=1e-4, atol=1e-6)
+
+
+def test_auto_predicts_from_the_moments_below_the_least_number_of_draws():
+    """The "auto" schedule predicts with the kept draws from AUTO_MIN_PREDICTIVE_DRAWS of them on, and
+    with the moments below that."""
+    from bayesmlc.bmls.model import AUTO_MIN_PREDICTIVE_DRAWS
+
+    rng = np.random.default_rng(15)
+    X, Y, _ = _planted_problem(rng, 0, n_labels=4)(60)
+    few = BMLS(n_topics=2, max_sweeps=200, max_kept_draws=AUTO_MIN_PREDICTIVE_DRAWS - 1, random_state=0).fit(X, Y)
+    enough = BMLS(n_topics=2, max_sweeps=200, max_kept_draws=2 * AUTO_MIN_PREDICTIVE_DRAWS, random_state=0).fit(X, Y)
+    assert few.predictor_ == "moments" and few.phi_samples_.shape[0] < AUTO_MIN_PREDICTIVE_DRAWS
+    assert enough.predictor_ == "draws" and enough.phi_samples_.shape[0] >= AUTO_MIN_PREDICTIVE_DRAWS
+    fixed = BMLS(n_topics=2, schedule="fixed", n_burnin=5, n_samples=3, thin=1, random_state=0).fit(X, Y)
+    assert fixed.predictor_ == "draws"  # the paper's protocol: always its draws
 
 
 def test_auto_keeps_a_bounded_spread_set_of_draws():

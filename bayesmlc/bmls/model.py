@@ -21,8 +21,12 @@ from .gibbs import SweepData, gibbs_sweep, heldout_log_likelihood, init_state, p
 __all__ = ["BMLS", "cooccurrence_matrix"]
 
 AUTO_WINDOW = 20  # sweeps per window of the "auto" schedule's plateau and collection rules
-AUTO_MAX_DRAWS = 50  # draws kept by the "auto" schedule (for predict_interval), at most ...
-AUTO_DRAW_BYTES = 64 * 2**20  # ... and at most this many bytes of them
+AUTO_MAX_DRAWS = 400  # draws kept by the "auto" schedule, at most ...
+AUTO_DRAW_BYTES = 128 * 2**20  # ... and at most this many bytes of them
+# The "auto" schedule predicts with the mean over its kept draws when it kept at least this many, and
+# from the posterior moments otherwise (a model too wide for that many draws in AUTO_DRAW_BYTES, or
+# max_kept_draws set low). docs/experiments.md, "BMLS: the auto schedule's predictor on small sets".
+AUTO_MIN_PREDICTIVE_DRAWS = 16
 # max_sweeps="auto": as many sweeps as a budget of about one minute of one core buys, predicted from the
 # data's shape (deterministic, so the same seed gives the same chain on any machine). Cost model of one
 # sweep, fitted to one-thread CPU times on Bibtex (0.033 s) and the AmazonCat-13K shape at 1% (0.8 s):
@@ -166,10 +170,12 @@ class BMLS(MultiLabelEstimator):
 
     * ``"auto"`` (default): burn-in stops when the training log-likelihood (and the held-out one, with
       ``validation_fraction``) plateaus; collection stops when the posterior-mean predictions at the
-      training positives stop moving. Predictions use the posterior means of phi and log h and the
-      posterior variance of log h: Pr(y_l = 1 | x) = 1 - exp(-sum_k E[phi_lk] E[theta_k(x)]) with
+      training positives stop moving. Predictions average 1 - exp(-phi theta(x)) over the draws kept
+      evenly spread over the collection (at most ``max_kept_draws``: the Monte Carlo posterior
+      predictive). With fewer than 16 kept draws (``AUTO_MIN_PREDICTIVE_DRAWS``) they come from the
+      posterior moments instead: Pr(y_l = 1 | x) = 1 - exp(-sum_k E[phi_lk] E[theta_k(x)]) with
       E[theta_k(x)] = exp(sum_d x_d (E[log h_dk] + Var[log h_dk] / 2)) (log h treated as Gaussian and
-      independent across d). The model stores those moments and at most ``max_kept_draws`` draws.
+      independent across d), which ranks far worse on small sets. ``predictor_`` says which.
     * ``"fixed"``: the authors' demo protocol, ``n_burnin`` sweeps then ``n_samples`` draws every
       ``thin`` sweeps; predictions average 1 - exp(-phi theta(x)) over the kept draws (paper and code).
 
@@ -208,16 +214,19 @@ class BMLS(MultiLabelEstimator):
     validation_fraction : None or float in (0, 0.5], ``"auto"``: hold out this share of the training rows
         (drawn from ``random_state``; not trained on) and require their log-likelihood to plateau too.
         Not available with ``label_mask``.
-    max_kept_draws : ``"auto"`` or int >= 0, ``"auto"`` schedule: draws kept for
+    max_kept_draws : ``"auto"`` or int >= 0, ``"auto"`` schedule: draws kept for prediction and
         :meth:`predict_interval`, spread over the collection (thinning doubles whenever the store is
-        full). ``"auto"``: at most 50 and at most 64 MB of ``sample_dtype``.
+        full, so between half of it and all of it is kept). ``"auto"``: at most 400 and at most 128 MB
+        of ``sample_dtype``. 0 keeps none (a small file; predictions from the moments).
     binarize_threshold : ``"auto"``, None or float. The model needs binary features. ``"auto"``: on
         sparse features (at most half of the training entries non-zero) a feature is on when x > 0;
         on dense ones (audio, image or expression descriptors, where x > 0 holds almost everywhere) when
         x exceeds the feature's median over the training rows (``feature_thresholds_``); one warning
         at fit when X is not already 0/1. A number t: on when x > t; None: any non-binary value is an
         error.
-    sample_dtype : ``"float32"`` or ``"float16"``, storage of the kept draws (the moments stay float64).
+    sample_dtype : ``"float16"`` or ``"float32"``, storage of the kept draws (the moments stay float64).
+        float16 halves the file and, within the same bytes, doubles the draws ``"auto"`` keeps; on
+        Bibtex the predictions moved by at most 9e-5.
     label_cardinality : {"independent", "at_least_one"}, what ``predict_proba`` returns: the model's
         per-label probabilities, or the same conditioned on the row having at least one label
         (:func:`bayesmlc.base.at_least_one_label`), for data where every row has a label. Rankings are
@@ -239,6 +248,8 @@ class BMLS(MultiLabelEstimator):
     log_h_var_ : (D + 1, K) posterior variance of log h (0 for features never on in training).
     phi_samples_ : (S, L, K) kept draws of phi (``sample_dtype``); S may be 0 with ``"auto"``.
     log_h_samples_ : (S, D + 1, K) kept draws of log h (``sample_dtype``).
+    predictor_ : ``"draws"`` (the mean over the kept draws) or ``"moments"`` (the posterior moments'
+        lognormal formula above), what ``predict_proba`` and ``decision_function`` use.
     n_sweeps_, n_burnin_, n_collected_ : sweeps in all, burn-in sweeps, sweeps averaged into the moments.
     sweep_step_seconds_ : dict, seconds per step summed over the fit ("topics", "labels", "features",
         "cooccurrence", "likelihood"; see :func:`bayesmlc.bmls.gibbs.gibbs_sweep`).
@@ -281,7 +292,7 @@ class BMLS(MultiLabelEstimator):
         binarize_threshold="auto",
         recompute_theta_every=10,
         phi_step="dirichlet",
-        sample_dtype="float32",
+        sample_dtype="float16",
         label_cardinality="independent",
         random_state=None,
         device="auto",
@@ -518,7 +529,7 @@ class BMLS(MultiLabelEstimator):
             phi_samples = np.empty((0, data.n_labels, n_topics), dtype=np.float32)
         self.phi_samples_ = phi_samples.astype(self.sample_dtype, copy=False)
         self.log_h_samples_ = log_h_samples.astype(self.sample_dtype, copy=False)
-        self.predictor_ = "moments" if auto else "draws"
+        self.predictor_ = "draws" if not auto or n_draws >= AUTO_MIN_PREDICTIVE_DRAWS else "moments"
         self.beta0_ = float(state.beta0)
         self.topic_usage_ = moments.usage_sum / moments.count
         self.n_sweeps_ = sweep
@@ -587,8 +598,8 @@ class BMLS(MultiLabelEstimator):
             return (total / self.log_h_samples_.shape[0]).cpu().numpy()
 
     def _predict_proba(self, X) -> np.ndarray:
-        """Posterior predictive Pr(y_l = 1 | x): from the posterior moments (``"auto"``) or the mean over
-        kept draws of 1 - exp(-sum_k phi_lk theta_k(x)) (``"fixed"``)."""
+        """Posterior predictive Pr(y_l = 1 | x): the mean over kept draws of 1 - exp(-sum_k phi_lk
+        theta_k(x)) (``predictor_ == "draws"``) or the posterior moments' formula (``"moments"``)."""
         return self._mean_probability(X).astype(np.float32)
 
     def _decision_function(self, X) -> np.ndarray:
