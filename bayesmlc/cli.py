@@ -262,47 +262,57 @@ def check_training_data(train, n_rows: int, path) -> None:
         raise CLIError(f"--train {path}: no row has a positive label, so there is nothing to learn")
 
 
-#: A test set with more (rows x labels) entries than this is scored on a seeded random subset of
-#: MAX_EVALUATION_ENTRIES // labels of its rows, announced on stderr and recorded as
-#: ``evaluated_rows``: the metrics take dense (rows, labels) scores, probabilities and predictions,
-#: three arrays that at the AmazonCat-13K shape (237k test rows, 13,330 labels) would take 30 GB
-#: (this limit: about 5,000 of those rows).
+#: Test sets are scored in blocks of rows of at most this many (rows x labels) entries, so the dense
+#: scores, probabilities and predictions of a block stay bounded (about 5,000 rows at the AmazonCat-13K
+#: width); every metric but the AUCs is exact over all rows (:class:`bayesmlc.metrics.StreamingEvaluation`).
+#: The AUCs need every score of the rows they rank, so above this many entries they are taken on a
+#: seeded random subset of MAX_EVALUATION_ENTRIES // labels rows, announced on stderr and recorded as
+#: ``auc_rows``.
 MAX_EVALUATION_ENTRIES = 1 << 26
 
 
-def evaluation_rows(test, source, seed: int = 0):
-    """``test``, or a seeded random subset of its rows when it holds more than
-    :data:`MAX_EVALUATION_ENTRIES` entries (with a notice on stderr naming ``source``); returns
-    (dataset, number of rows evaluated)."""
+def auc_rows(test, source, seed: int = 0):
+    """The rows of ``test`` whose scores enter the AUCs: None (every row) up to
+    :data:`MAX_EVALUATION_ENTRIES` entries, else a seeded random subset of rows (sorted indices), with
+    a notice on stderr naming ``source``."""
     n_rows, n_labels = test.Y.shape
     if n_rows * n_labels <= MAX_EVALUATION_ENTRIES:
-        return test, n_rows
+        return None
     kept = max(1, MAX_EVALUATION_ENTRIES // n_labels)
     rows = np.sort(np.random.default_rng(seed).choice(n_rows, kept, replace=False))
     print(f"{source}: {n_rows:,} rows x {n_labels:,} labels is more than {MAX_EVALUATION_ENTRIES:,} scores to hold; "
-          f"the metrics are those of {kept:,} rows drawn at random (seed {seed})", file=sys.stderr)
-    return test.subset(rows), kept
+          f"every metric is taken over all rows, the AUCs over {kept:,} rows drawn at random (seed {seed})",
+          file=sys.stderr)
+    return rows
 
 
-def evaluate_model(model, test, inv_propensity) -> tuple[dict, float, dict]:
+def evaluate_model(model, test, inv_propensity, auc_subset=None) -> tuple[dict, float, dict]:
     """Metrics of ``model`` on the ``test`` dataset; returns (metrics, predict_seconds, reliability).
 
-    Entries that ``test.label_mask`` marks unobserved are left out of the metrics that take a mask.
-    A metric that is undefined on this data (an AUC with one class only) is ``None``. The caller
-    bounds the test set's size (:func:`evaluation_rows`).
+    The rows are scored in blocks of at most :data:`MAX_EVALUATION_ENTRIES` entries and the metrics
+    pooled over every row (:class:`~bayesmlc.metrics.StreamingEvaluation`); ``auc_subset`` (sorted row
+    indices, from :func:`auc_rows`) limits the rows of the AUCs. Entries that ``test.label_mask`` marks
+    unobserved are left out of the metrics that take a mask. A metric that is undefined on this data
+    (an AUC with one class only) is ``None``. ``predict_seconds`` adds up the blocks' prediction times.
     """
-    from . import metrics
+    from .metrics import StreamingEvaluation
 
-    start = time.perf_counter()
-    scores = model.decision_function(test.X)
-    proba = model.predict_proba(test.X)
-    predicted = model.predict(test.X)
-    seconds = time.perf_counter() - start
-    values = metrics.evaluate(test.Y, scores=scores, proba=proba, Y_pred=predicted, inv_propensity=inv_propensity,
-                              label_mask=test.label_mask)
-    values = _undefined_as_none(values)
-    reliability = metrics.calibration_curves(test.Y, proba, label_mask=test.label_mask, scores=scores)
-    return values, seconds, reliability
+    n_rows, n_labels = test.Y.shape
+    stream = StreamingEvaluation(n_labels, inv_propensity=inv_propensity)
+    block = max(1, MAX_EVALUATION_ENTRIES // n_labels)
+    seconds = 0.0
+    for begin in range(0, n_rows, block):
+        rows = np.arange(begin, min(begin + block, n_rows))
+        X_rows = test.X[rows]
+        start = time.perf_counter()
+        scores = model.decision_function(X_rows)
+        proba = model.predict_proba(X_rows)
+        predicted = model.predict(X_rows)
+        seconds += time.perf_counter() - start
+        in_auc = None if auc_subset is None else np.isin(rows, auc_subset)
+        stream.add(test.Y[rows], scores=scores, proba=proba, Y_pred=predicted,
+                   label_mask=None if test.label_mask is None else test.label_mask[rows], auc_rows=in_auc)
+    return _undefined_as_none(stream.result()), seconds, stream.curves()
 
 
 def format_metrics_table(values: dict, baseline: dict | None = None, names=("", "")) -> str:
@@ -463,8 +473,10 @@ def _train(args, parallel) -> int:
                   "device": _device_name(model)}
         table = f"trained in {train_seconds:.2f} s"
         if test is not None:
-            test, record["evaluated_rows"] = evaluation_rows(test, args.test)
-            values, predict_seconds, reliability = evaluate_model(model, test, inv_prop)
+            subset = auc_rows(test, args.test)
+            record["evaluated_rows"] = test.n_samples
+            record["auc_rows"] = test.n_samples if subset is None else int(subset.size)
+            values, predict_seconds, reliability = evaluate_model(model, test, inv_prop, subset)
             record["metrics"], record["predict_seconds"] = values, predict_seconds
             table = (f"{args.model} on {name} (train {train_seconds:.2f} s, predict {predict_seconds:.2f} s)\n"
                      + format_metrics_table(values))
@@ -527,12 +539,12 @@ def cmd_evaluate(args) -> int:
         inv_prop = np.asarray(meta["inv_propensity"])
         if inv_prop.dtype.kind not in "iuf" or inv_prop.shape != (model.n_labels_,):
             raise CLIError(f"{Path(args.model_dir) / META_FILE}: inv_propensity is not {model.n_labels_} numbers")
-    test, evaluated_rows = evaluation_rows(test, args.test)
-    values, predict_seconds, _ = evaluate_model(model, test, inv_prop)
+    subset = auc_rows(test, args.test)
+    values, predict_seconds, _ = evaluate_model(model, test, inv_prop, subset)
     record = {"model": meta.get("model", type(model).__name__), "dataset": dataset_name(args.test),
               "params": model.get_params(deep=False), "metrics": values, "train_seconds": None,
               "predict_seconds": predict_seconds, "peak_rss_mb": peak_rss_mb(), "device": _device_name(model),
-              "evaluated_rows": evaluated_rows}
+              "evaluated_rows": test.n_samples, "auc_rows": test.n_samples if subset is None else int(subset.size)}
     _emit(args, record, format_metrics_table(values))
     return EXIT_OK
 

@@ -69,3 +69,17 @@ def test_scale_benchmark_full_fit_without_omikuji(scripts, tmp_path, capsys, mon
     assert "omikuji Parabel |" not in out
     rows = [line for line in out.splitlines() if line.startswith("| MLGPF default (shared, 2 epochs, cpu) |")]
     assert len(rows) == 1 and rows[0].split("|")[4].strip() == "-"  # no ratio to Parabel's time
+
+
+def test_evaluation_benchmark_pools_blocks_into_the_dense_figures(capsys):
+    """bench_evaluation's two parts on a small shape: the streamed figures equal the dense ones."""
+    spec = importlib.util.spec_from_file_location("bench_evaluation", BENCHMARKS / "bench_evaluation.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    module.main(["compare", "--rows", "300", "--labels", "40", "--block", "70"])
+    lines = capsys.readouterr().out.splitlines()
+    dense, streamed = lines[-2].split(), lines[-1].split()
+    assert dense[-4:-1] == streamed[-4:-1]  # P@1, ECE@1, AURC
+    assert float(streamed[-1]) < 1e-12  # the largest difference of any figure
+    module.main(["stream", "--rows", "300", "--labels", "40", "--block", "70"])
+    assert "AUC_micro" in capsys.readouterr().out

@@ -44,30 +44,41 @@ def _last_json(capsys):
     return json.loads(out[-1])
 
 
-def test_a_test_set_above_the_score_limit_is_scored_on_a_named_random_subset(tiny_files, capsys, monkeypatch):
+def test_a_test_set_above_the_score_limit_is_scored_in_blocks_with_its_aucs_on_a_named_subset(tiny_files, capsys,
+                                                                                                  monkeypatch):
     import bayesmlc.cli as cli
     from bayesmlc import metrics
     from bayesmlc.data.io import read_dataset
 
-    monkeypatch.setattr(cli, "MAX_EVALUATION_ENTRIES", 100)  # 40 test rows x 5 labels = 200 scores: 20 rows
+    monkeypatch.setattr(cli, "MAX_EVALUATION_ENTRIES", 100)  # 40 test rows x 5 labels = 200 scores: blocks of 20
     out = tiny_files / "run"
     assert main(["train", "--model", "logistic", "--train", str(tiny_files / "train.txt"), "--test",
                  str(tiny_files / "test.txt"), "--out", str(out), "--json", "--quiet"]) == 0
     captured = capsys.readouterr()
     record = json.loads(captured.out.strip().splitlines()[-1])
-    assert record["evaluated_rows"] == 20
-    assert "test.txt: 40 rows x 5 labels" in captured.err and "20 rows drawn at random (seed 0)" in captured.err
-    # the figures are exactly those of the seeded rows, computed here from the saved model
+    assert record["evaluated_rows"] == 40 and record["auc_rows"] == 20
+    assert "test.txt: 40 rows x 5 labels" in captured.err and "the AUCs over 20 rows drawn at random (seed 0)" in captured.err
+    # every figure but the AUCs is that of all 40 rows; the AUCs those of the seeded 20, computed here
     model, test, train = (LogisticRegression.load(out / "model.npz"), read_dataset(tiny_files / "test.txt"),
                           read_dataset(tiny_files / "train.txt"))
+    inv = metrics.inverse_propensity(train.Y)
+    every = metrics.evaluate(test.Y, scores=model.decision_function(test.X), proba=model.predict_proba(test.X),
+                             Y_pred=model.predict(test.X), inv_propensity=inv)
     rows = np.sort(np.random.default_rng(0).choice(40, 20, replace=False))
     X, Y = test.X[rows], test.Y[rows]
-    expected = metrics.evaluate(Y, scores=model.decision_function(X), proba=model.predict_proba(X),
-                                Y_pred=model.predict(X), inv_propensity=metrics.inverse_propensity(train.Y))
-    for key, value in expected.items():
-        assert record["metrics"][key] == pytest.approx(value, abs=1e-12), key
+    seeded = metrics.evaluate(Y, scores=model.decision_function(X), proba=model.predict_proba(X),
+                              Y_pred=model.predict(X), inv_propensity=inv)
+    for key, value in every.items():
+        expected = seeded[key] if key.startswith("AUC") else value
+        assert record["metrics"][key] == pytest.approx(expected, abs=1e-12), key
+    reliability = json.loads((out / "reliability.json").read_text())
+    expected_curves = metrics.calibration_curves(test.Y, model.predict_proba(test.X),
+                                                 scores=model.decision_function(test.X))
+    assert reliability["top1"]["counts"] == expected_curves["top1"]["counts"]
+    np.testing.assert_allclose(reliability["risk_coverage"]["risk"], expected_curves["risk_coverage"]["risk"])
     assert main(["evaluate", "--model-dir", str(out), "--test", str(tiny_files / "test.txt"), "--json"]) == 0
-    assert _last_json(capsys)["metrics"] == record["metrics"]
+    again = _last_json(capsys)
+    assert again["metrics"] == record["metrics"] and again["auc_rows"] == 20
 
 
 def test_train_json_line_evaluate_and_predict(tiny_files, capsys):
@@ -77,8 +88,8 @@ def test_train_json_line_evaluate_and_predict(tiny_files, capsys):
     assert code == 0
     record = _last_json(capsys)
     assert set(record) == {"model", "dataset", "params", "metrics", "train_seconds", "predict_seconds", "peak_rss_mb", "device",
-                           "evaluated_rows"}
-    assert record["evaluated_rows"] == 40  # every test row
+                           "evaluated_rows", "auc_rows"}
+    assert record["evaluated_rows"] == record["auc_rows"] == 40  # every test row
     assert record["params"]["C"] == 2.0 and record["device"] == "cpu"
     assert set(record["metrics"]) == METRIC_KEYS
     assert all(0.0 <= v <= 1.0 for v in record["metrics"].values())

@@ -829,7 +829,7 @@ def test_every_public_metric_is_importable_from_the_package_and_lives_in_its_fam
         "calibration": ["ReliabilityCurve", "reliability_curve", "expected_calibration_error",
                         "topk_reliability_curve", "ece_at_k", "brier_at_k", "RiskCoverage", "risk_coverage_curve",
                         "aurc", "calibration_curves"],
-        "evaluation": ["evaluate"],
+        "evaluation": ["evaluate", "StreamingEvaluation"],
     }
     assert sorted(M.__all__) == sorted(name for names in families.values() for name in names)
     for family, names in families.items():
@@ -838,3 +838,76 @@ def test_every_public_metric_is_importable_from_the_package_and_lives_in_its_fam
         for name in names:
             assert getattr(M, name) is getattr(module, name)
             assert callable(getattr(M, name))
+
+
+# ---- StreamingEvaluation: the metrics of evaluate, pooled over blocks of rows --------------------------
+def _stream_problem(seed, n=60, L=9, with_mask=False):
+    rng = np.random.default_rng(seed)
+    dense = (rng.random((n, L)) < 0.25).astype(np.float32)
+    dense[3] = 0  # a row without labels
+    Y = sp.csr_matrix(dense)
+    proba = rng.random((n, L))
+    scores = proba + 0.3 * rng.standard_normal((n, L))  # ranks differently from proba
+    Y_pred = sp.csr_matrix(proba > 0.6)
+    mask = sp.csr_matrix((rng.random((n, L)) < 0.8).astype(np.float32)) if with_mask else None
+    return Y, scores, proba, Y_pred, mask
+
+
+@pytest.mark.parametrize("with_mask", [False, True])
+def test_streaming_evaluation_pools_blocks_into_the_figures_of_evaluate(with_mask):
+    """Uneven blocks (one of them empty of labels) give every key of evaluate on all rows, to 1e-12,
+    and the curves of calibration_curves."""
+    Y, scores, proba, Y_pred, mask = _stream_problem(0, with_mask=with_mask)
+    inv = M.inverse_propensity(Y)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UndefinedMetricWarning)
+        expected = M.evaluate(Y, scores=scores, proba=proba, Y_pred=Y_pred, inv_propensity=inv, label_mask=mask)
+        stream = M.StreamingEvaluation(Y.shape[1], inv_propensity=inv)
+        for rows in np.split(np.arange(60), [7, 8, 31]):
+            stream.add(Y[rows], scores=scores[rows], proba=proba[rows], Y_pred=Y_pred[rows],
+                       label_mask=None if mask is None else mask[rows])
+        got = stream.result()
+    assert list(got) == list(expected)
+    for key, value in expected.items():
+        assert got[key] == pytest.approx(value, abs=1e-12, nan_ok=True), key
+    curves = M.calibration_curves(Y, proba, label_mask=mask, scores=scores)
+    pooled = stream.curves()
+    for key in ("counts", "mean_predicted"):
+        np.testing.assert_allclose(np.array(pooled[key], dtype=float), np.array(curves[key], dtype=float))
+    for k in ("top1", "top5"):
+        assert pooled[k]["counts"] == curves[k]["counts"]
+    np.testing.assert_allclose(pooled["risk_coverage"]["risk"], curves["risk_coverage"]["risk"])
+
+
+def test_streaming_evaluation_takes_the_aucs_on_the_chosen_rows_and_top_k_scores():
+    Y, scores, proba, Y_pred, _ = _stream_problem(1)
+    chosen = np.zeros(60, dtype=bool)
+    chosen[::3] = True
+    stream = M.StreamingEvaluation(Y.shape[1])
+    for rows in np.array_split(np.arange(60), 4):
+        stream.add(Y[rows], scores=scores[rows], proba=proba[rows], auc_rows=chosen[rows])
+    got = stream.result()
+    assert got["AUC_micro"] == pytest.approx(M.auc_micro(Y[chosen], scores[chosen]), abs=1e-12)
+    assert got["AUC_macro"] == pytest.approx(M.auc_macro(Y[chosen], scores[chosen]), abs=1e-12)
+    assert got["P@3"] == pytest.approx(M.precision_at_k(Y, scores, 3), abs=1e-12)  # every row
+    # a top-k pair as the ranking: the ranking metrics as evaluate gives them
+    top = M.topk(scores, 5)
+    stream = M.StreamingEvaluation(Y.shape[1], curve_ranks=0)
+    for rows in np.array_split(np.arange(60), 3):
+        stream.add(Y[rows], scores=(top[0][rows], top[1][rows]))
+    expected = M.evaluate(Y, scores=top)
+    assert stream.result() == pytest.approx(expected, abs=1e-12)
+
+
+def test_streaming_evaluation_refuses_mixed_blocks_and_wrong_widths():
+    Y, scores, proba, _, _ = _stream_problem(2)
+    stream = M.StreamingEvaluation(Y.shape[1])
+    with pytest.raises(ValidationError, match="no rows were added"):
+        stream.result()
+    stream.add(Y[:10], scores=scores[:10], proba=proba[:10])
+    with pytest.raises(ValidationError, match="every block must give the same outputs"):
+        stream.add(Y[10:20], scores=scores[10:20])
+    with pytest.raises(ValidationError, match="set up for 9"):
+        stream.add(Y[10:20, :5], scores=scores[10:20, :5], proba=proba[10:20, :5])
+    with pytest.raises(ValidationError, match="curve_ranks >= 5"):
+        M.StreamingEvaluation(Y.shape[1], ks=(1,), curve_ranks=0).add(Y, proba=proba).curves()

@@ -36,7 +36,7 @@ from .calibration import (
     risk_coverage_curve,
     topk_reliability_curve,
 )
-from .evaluation import evaluate
+from .evaluation import StreamingEvaluation, evaluate
 from .ranking import (
     inverse_propensity,
     inverse_propensity_from_counts,
@@ -75,4 +75,5 @@ __all__ = [
     "aurc",
     "calibration_curves",
     "evaluate",
+    "StreamingEvaluation",
 ]
