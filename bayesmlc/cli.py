@@ -381,11 +381,17 @@ def _emit(args, record: dict, table: str) -> None:
 
 
 # ---- commands --------------------------------------------------------------------------------
+#: The models whose ``fit`` takes ``parallel=`` (``--distributed``): MLGPF, and BNMC's batch
+#: variational fit (``online=False``, ``inference="variational"``; docs/scaling.md).
+DISTRIBUTED_MODELS = ("mlgpf", "bnmc")
+
+
 def cmd_train(args) -> int:
     parallel = None
     if args.distributed:
-        if args.model != "mlgpf":
-            raise CLIError(f"--distributed: only --model mlgpf trains data-parallel, not {args.model}")
+        if args.model not in DISTRIBUTED_MODELS:
+            raise CLIError(f"--distributed: only --model {' or '.join(DISTRIBUTED_MODELS)} trains data-parallel, "
+                           f"not {args.model}")
         from .distributed import DataParallel
 
         parallel = DataParallel.from_env()  # under torchrun: RANK, WORLD_SIZE, MASTER_ADDR, ...
@@ -779,7 +785,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="folder for the model, history and metrics, written whole or not at all (default: not saved)")
     p.add_argument("--overwrite", action="store_true", help="replace the run already in --out (default: refuse)")
     p.add_argument("--distributed", action="store_true",
-                   help="data-parallel training under torchrun (mlgpf; see docs/scaling.md; default: one process)")
+                   help="data-parallel training under torchrun (mlgpf, bnmc; see docs/scaling.md; default: one process)")
     p.add_argument("--resume", action="store_true",
                    help="continue from the model's checkpoint (mlgpf: --set checkpoint_path=...; default: start afresh)")
     p.add_argument("--preset", metavar="NAME",

@@ -148,7 +148,7 @@ def test_errors_exit_with_code_two(tiny_files, capsys):
     assert main(["evaluate", "--model-dir", str(tiny_files / "nothing"), "--test", train]) == 2
     assert "no model.npz" in capsys.readouterr().err
     assert main(["train", "--model", "logistic", "--train", train, "--distributed", "--quiet"]) == 2
-    assert "only --model mlgpf trains data-parallel" in capsys.readouterr().err
+    assert "only --model mlgpf or bnmc trains data-parallel, not logistic" in capsys.readouterr().err
     assert main(["train", "--model", "logistic", "--train", train, "--resume", "--quiet"]) == 2
     assert "only --model mlgpf writes checkpoints" in capsys.readouterr().err
 
