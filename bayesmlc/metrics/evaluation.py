@@ -131,17 +131,25 @@ class StreamingEvaluation:
             self._predicted.append(sp.csr_matrix(Y_pred))
         dense = scores if scores is not None and not isinstance(scores, tuple) else proba
         if dense is not None:
-            keep = np.arange(Y.shape[0]) if auc_rows is None else np.arange(Y.shape[0])[np.asarray(auc_rows)]
-            if keep.size:
-                self._auc_labels.append(Y[keep])
-                self._auc_masks.append(None if mask is None else mask[keep])
-                self._auc_scores.append(np.asarray(dense)[keep])
+            if auc_rows is None:  # every row: the arrays themselves, not copies
+                self._auc_labels.append(Y)
+                self._auc_masks.append(mask)
+                self._auc_scores.append(np.asarray(dense))
+            else:
+                keep = np.arange(Y.shape[0])[np.asarray(auc_rows)]
+                if keep.size:
+                    self._auc_labels.append(Y[keep])
+                    self._auc_masks.append(None if mask is None else mask[keep])
+                    self._auc_scores.append(np.asarray(dense)[keep])
         return self
 
     @staticmethod
     def _stack(blocks):
+        """The blocks as one array (the block itself when there is one: no copy)."""
         if not blocks or blocks[0] is None:
             return None
+        if len(blocks) == 1:
+            return blocks[0]
         return sp.vstack(blocks, format="csr") if sp.issparse(blocks[0]) else np.concatenate(blocks)
 
     def result(self) -> dict:
