@@ -274,7 +274,7 @@ def hstep_child(data_file: Path, n_sweeps: int, seed: int) -> dict:
     bmls_model.gibbs_sweep = timed_sweep
     # the per-step timings of gibbs_sweep read time.perf_counter: make them CPU seconds
     bmls_gibbs.time = types.SimpleNamespace(perf_counter=time.process_time)
-    model = BMLS(schedule="fixed", n_burnin=n_sweeps - 1, n_samples=1, thin=1, random_state=seed).fit(X, Y)
+    model = BMLS(n_topics=100, schedule="fixed", n_burnin=n_sweeps - 1, n_samples=1, thin=1, random_state=seed).fit(X, Y)
     objective = np.asarray(model.history_["objective"])
     return {"s_per_sweep": float(np.median(wall[2:])), "cpu_s_per_sweep": float(np.median(cpu[2:])),
             "features_cpu_s_per_sweep": model.sweep_step_seconds_["features"] / model.n_sweeps_,

@@ -637,3 +637,22 @@ def test_cli_says_the_binarisation_in_one_line_on_stderr(tmp_path):
     binarise = [line for line in lines if "x > 0" in line]
     assert len(binarise) == 1 and binarise[0].startswith("bayesmlc: warning: ")
     assert not any(".py:" in line for line in lines), lines
+
+
+def test_auto_topics_grow_with_the_square_root_of_the_positive_label_entries():
+    """n_topics="auto": round(sqrt(positives)) within [10, 100], counted over the observed training
+    entries (a label mask hides the rest, a validation split holds its rows out)."""
+    from bayesmlc.bmls.model import auto_topics
+
+    assert [auto_topics(n) for n in (0, 99, 418, 2346, 11729)] == [10, 10, 20, 48, 100]
+    rng = np.random.default_rng(16)
+    X, Y, _ = _planted_problem(rng, 0, n_labels=30, d=20)(300)
+    Y = sp.csr_matrix(Y)
+    model = BMLS(max_sweeps=100, random_state=0).fit(X, Y)
+    assert model.n_topics_ == round(np.sqrt(Y.nnz)) == model.phi_.shape[1] and Y.nnz > 100
+    mask = sp.csr_matrix((rng.random(Y.shape) < 0.3).astype(np.float32))
+    masked = BMLS(max_sweeps=100, random_state=0).fit(X, Y, label_mask=mask)
+    assert masked.n_topics_ == auto_topics(Y.multiply(mask).nnz) < model.n_topics_
+    held = BMLS(max_sweeps=100, validation_fraction=0.5, random_state=0).fit(X, Y)
+    assert held.n_topics_ < model.n_topics_
+    assert BMLS(n_topics=7, max_sweeps=100, random_state=0).fit(X, Y).n_topics_ == 7

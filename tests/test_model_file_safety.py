@@ -263,6 +263,7 @@ _CRAFTED = [
     ("bayesmlc.baselines:OmikujiBonsai", "array", "empty_labels_", np.zeros(1), "empty_labels_ must be a integer array"),
     ("bayesmlc.bmls.model:BMLS", "scalar", "predictor_", "evil", "predictor_ must be one of moments, draws, got 'evil'"),
     ("bayesmlc.bmls.model:BMLS", "scalar", "beta0_", "x", "beta0_ must be a finite number >= 0, got 'x'"),
+    ("bayesmlc.bmls.model:BMLS", "scalar", "n_topics_", 7, "n_topics_ is 7 but phi_ holds 4 topics"),
     ("bayesmlc.bmls.model:BMLS", "array", "log_h_", np.zeros((5, 4)), "log_h_ must be a float array of shape (6, 4)"),
     ("bayesmlc.bmls.model:BMLS", "array", "feature_thresholds_", np.zeros(2), "feature_thresholds_ must be a float array of shape (5,)"),
     ("bayesmlc.bnmc.model:BNMC", "scalar", "n_features_in_", -1, "n_features_in_ must be an integer >= 0, got '-1'"),

@@ -44,7 +44,7 @@ BAD_SETTINGS = [
     (BNMC(validation_fraction=1.0), "validation_fraction must be a number in [0, 1), got 1.0"),
     (BNMC(sgd_alpha=0.0), "sgd_alpha must be None or a positive number, got 0.0"),
     (BNMC(n_keep=5, n_sweeps=4), "n_keep (5) cannot exceed n_sweeps (4)"),
-    (BMLS(n_topics=0), "n_topics must be an integer >= 1, got 0"),
+    (BMLS(n_topics=0), "n_topics must be 'auto' or an integer >= 1, got 0"),
     (BMLS(n_burnin=-1), "n_burnin must be an integer >= 0, got -1"),
     (BMLS(max_sweeps=10), "max_sweeps must be 'auto' or an integer >= 40, got 10"),
     (BMLS(mu0=float("inf")), "mu0 must be a positive number, got inf"),

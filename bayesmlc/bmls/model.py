@@ -21,6 +21,17 @@ from .gibbs import SweepData, gibbs_sweep, heldout_log_likelihood, init_state, p
 __all__ = ["BMLS", "cooccurrence_matrix"]
 
 AUTO_WINDOW = 20  # sweeps per window of the "auto" schedule's plateau and collection rules
+# n_topics="auto": K = sqrt(positive label entries of the training rows), within [AUTO_MIN_TOPICS,
+# AUTO_MAX_TOPICS] (the papers' K = 100 on Bibtex, whose 11,729 positives give 108). With 100 topics for
+# the 418 positives of medical, P@1 was 41 against 66 with 20 (docs/experiments.md, "BMLS: the number
+# of topics").
+AUTO_MIN_TOPICS = 10
+AUTO_MAX_TOPICS = 100
+
+
+def auto_topics(n_positives: int) -> int:
+    """``n_topics="auto"``: round(sqrt(n_positives)) clipped to [AUTO_MIN_TOPICS, AUTO_MAX_TOPICS]."""
+    return int(np.clip(round(float(np.sqrt(max(int(n_positives), 0)))), AUTO_MIN_TOPICS, AUTO_MAX_TOPICS))
 AUTO_MAX_DRAWS = 400  # draws kept by the "auto" schedule, at most ...
 AUTO_DRAW_BYTES = 128 * 2**20  # ... and at most this many bytes of them
 # The "auto" schedule predicts with the mean over its kept draws when it kept at least this many, and
@@ -181,7 +192,10 @@ class BMLS(MultiLabelEstimator):
 
     Parameters
     ----------
-    n_topics : int, K, the number of label topics.
+    n_topics : ``"auto"`` or int, K, the number of label topics. ``"auto"``: the square root of the number
+        of positive (observed) label entries of the training rows, at least 10 and at most 100
+        (:func:`auto_topics`; Bibtex: 100, the papers' K; medical's 418 positives: 20); stored as
+        ``n_topics_``.
     mu0, nu0 : float, shape and rate of the gamma prior on h and the bias b (paper: mu0 = nu0 = 10).
     beta0 : float, Dirichlet concentration of the topics; the initial value when ``sample_beta0``.
     sample_beta0 : bool, resample beta0 each sweep under a Gamma(0.01, 0.01) prior (authors' code)
@@ -242,6 +256,7 @@ class BMLS(MultiLabelEstimator):
     ----------
     feature_thresholds_ : (D,) float64 or None, the training medians a dense feature must exceed to be
         on (``binarize_threshold="auto"`` on dense features; None: the threshold of ``binarize_threshold``).
+    n_topics_ : int, K, the number of topics (``n_topics`` resolved).
     phi_ : (L, K) posterior mean of the topics.
     log_h_ : (D + 1, K) posterior mean of log h; the last row is the bias log b. Features never on in
         the training rows keep their prior and are fixed at h = E[h] = mu0 / nu0 (not sampled).
@@ -273,7 +288,7 @@ class BMLS(MultiLabelEstimator):
 
     def __init__(
         self,
-        n_topics=100,
+        n_topics="auto",
         mu0=10.0,
         nu0=10.0,
         beta0=0.1,
@@ -325,7 +340,8 @@ class BMLS(MultiLabelEstimator):
 
     _parameter_constraints = {
         "label_cardinality": [Options(*LABEL_CARDINALITY)],
-        **{name: [Integer(1)] for name in ("n_topics", "n_samples", "thin", "recompute_theta_every")},
+        "n_topics": ["auto", Integer(1)],
+        **{name: [Integer(1)] for name in ("n_samples", "thin", "recompute_theta_every")},
         "n_burnin": [Integer(0)],
         "max_sweeps": ["auto", Integer(2 * AUTO_WINDOW)],
         **{name: [Real(0, low_open=True)] for name in ("mu0", "nu0", "beta0", "plateau_tol", "predictive_tol")},
@@ -438,7 +454,8 @@ class BMLS(MultiLabelEstimator):
             val_x = sp.csr_matrix(self._with_bias(validation[0][:, seen]), dtype=np.float64)
             val_y = sp.coo_matrix(validation[1])
             val_data = (val_x, val_y.row.astype(np.int64), val_y.col.astype(np.int64))
-        n_topics = int(self.n_topics)
+        n_topics = auto_topics(Y.nnz) if self.n_topics == "auto" else int(self.n_topics)
+        self.n_topics_ = n_topics
         state = init_state(data, n_topics, X_bias.shape[1], float(self.beta0), rng)
         moments = _PosteriorMoments(data.n_labels, X_bias.shape[1], n_topics)
         draws = _DrawStore(self._draw_capacity(data.n_labels, X_bias.shape[1], n_topics), thin=1)
@@ -642,6 +659,10 @@ class BMLS(MultiLabelEstimator):
             raise ModelFormatError(f"predictor_ must be one of moments, draws, got {str(self.predictor_)[:40]!r}")
         check_array("phi_", self.phi_, (self.n_labels_, None), low=0.0)
         n_topics = self.phi_.shape[1]
+        # files written before n_topics_ existed: the topics of phi_
+        check_integer("n_topics_", getattr(self, "n_topics_", n_topics), 1)
+        if getattr(self, "n_topics_", n_topics) != n_topics:
+            raise ModelFormatError(f"n_topics_ is {self.n_topics_} but phi_ holds {n_topics} topics")
         check_array("log_h_", self.log_h_, (self.n_features_in_ + 1, n_topics))
         check_array("log_h_var_", self.log_h_var_, (self.n_features_in_ + 1, n_topics), low=0.0)
         # the draws are summed only by predict_interval (and by prediction with predictor_ "draws", which the probe runs)
