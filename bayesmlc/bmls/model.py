@@ -28,10 +28,6 @@ AUTO_WINDOW = 20  # sweeps per window of the "auto" schedule's plateau and colle
 AUTO_MIN_TOPICS = 10
 AUTO_MAX_TOPICS = 100
 
-
-def auto_topics(n_positives: int) -> int:
-    """``n_topics="auto"``: round(sqrt(n_positives)) clipped to [AUTO_MIN_TOPICS, AUTO_MAX_TOPICS]."""
-    return int(np.clip(round(float(np.sqrt(max(int(n_positives), 0)))), AUTO_MIN_TOPICS, AUTO_MAX_TOPICS))
 AUTO_MAX_DRAWS = 400  # draws kept by the "auto" schedule, at most ...
 AUTO_DRAW_BYTES = 128 * 2**20  # ... and at most this many bytes of them
 # The "auto" schedule predicts with the mean over its kept draws when it kept at least this many, and
@@ -47,6 +43,11 @@ AUTO_BUDGET_SECONDS = 60.0
 SECONDS_PER_ENTRY = 7e-10
 SECONDS_PER_FEATURE = 5.5e-8
 AUTO_SWEEP_RANGE = (5 * AUTO_WINDOW, 2000)  # the fewest sweeps the rules can use, and the most
+
+
+def auto_topics(n_positives: int) -> int:
+    """``n_topics="auto"``: round(sqrt(n_positives)) clipped to [AUTO_MIN_TOPICS, AUTO_MAX_TOPICS]."""
+    return int(np.clip(round(float(np.sqrt(max(int(n_positives), 0)))), AUTO_MIN_TOPICS, AUTO_MAX_TOPICS))
 
 
 def _window_gain(series) -> float:
