@@ -911,3 +911,6 @@ def test_streaming_evaluation_refuses_mixed_blocks_and_wrong_widths():
         stream.add(Y[10:20, :5], scores=scores[10:20, :5], proba=proba[10:20, :5])
     with pytest.raises(ValidationError, match="curve_ranks >= 5"):
         M.StreamingEvaluation(Y.shape[1], ks=(1,), curve_ranks=0).add(Y, proba=proba).curves()
+    top3 = M.topk(scores, 3)
+    with pytest.raises(ValidationError, match="the blocks ranked 3"):
+        M.StreamingEvaluation(Y.shape[1], ks=(1, 3)).add(Y, scores=top3, proba=proba).curves()

@@ -206,6 +206,9 @@ class StreamingEvaluation:
             raise ValidationError(f"curves for the top {max(ks)} need curve_ranks >= {max(ks)}; this evaluation keeps {self.ranks}")
         Y, mask = self._stack(self._labels), self._stack(self._masks)
         indices, values = self._stack(self._indices), self._stack(self._values)
+        if indices.shape[1] < min(max(ks), self.n_labels):  # a top-k ranking of fewer labels was given
+            raise ValidationError(f"curves for the top {max(ks)} need that many ranked labels per row; "
+                                  f"the blocks ranked {indices.shape[1]}")
         out = _curve_json(_curve(*self._bins, self.N_BINS))
         for k in ks:
             p, y = _flat_pairs(*_pairs_at(Y, mask, indices, values, k))
