@@ -660,10 +660,10 @@ class BMLS(MultiLabelEstimator):
             raise ModelFormatError(f"predictor_ must be one of moments, draws, got {str(self.predictor_)[:40]!r}")
         check_array("phi_", self.phi_, (self.n_labels_, None), low=0.0)
         n_topics = self.phi_.shape[1]
-        # files written before n_topics_ existed: the topics of phi_
-        check_integer("n_topics_", getattr(self, "n_topics_", n_topics), 1)
-        if getattr(self, "n_topics_", n_topics) != n_topics:
-            raise ModelFormatError(f"n_topics_ is {self.n_topics_} but phi_ holds {n_topics} topics")
+        stored = getattr(self, "n_topics_", n_topics)  # files written before n_topics_ existed: phi_'s
+        check_integer("n_topics_", stored, 1)
+        if stored != n_topics:
+            raise ModelFormatError(f"n_topics_ is {stored} but phi_ holds {n_topics} topics")
         check_array("log_h_", self.log_h_, (self.n_features_in_ + 1, n_topics))
         check_array("log_h_var_", self.log_h_var_, (self.n_features_in_ + 1, n_topics), low=0.0)
         # the draws are summed only by predict_interval (and by prediction with predictor_ "draws", which the probe runs)

@@ -465,7 +465,7 @@ class BNMC(MultiLabelEstimator):
         if self.online:
             return self.n_passes * -(-n_labelled // self.batch_size)
         folds = self._calibration_fold_count(n_labelled, world_size)
-        refit = max(2, self.n_sweeps // 2) + 1 if folds > 1 or (float(self.validation_fraction) > 0 and self.refit) else 0
+        refit = self._refit_sweeps() + 1 if folds > 1 or (float(self.validation_fraction) > 0 and self.refit) else 0
         return folds * (self.n_mode_steps + self.n_sweeps) + refit
 
     def _calibration_fold_count(self, n_labelled: int, world_size: int = 1) -> int:
@@ -597,8 +597,7 @@ class BNMC(MultiLabelEstimator):
                             gather=None if reduce is None else (lambda part: val_shard.gather(part, np.arange(val_rows.size), reduce)))
         if val_rows.size and self.refit:
             # refit on every labelled row, starting from the posterior mean of the first fit
-            n_refit = max(2, self.n_sweeps // 2)
-            samples, variances, trace = fit(rows, n_refit, min(self.n_keep, n_refit), samples.mean(axis=0), 1)
+            samples, variances, trace = self._refit(fit, rows, samples.mean(axis=0))
             traces += list(trace)
         self.classifier_samples_, self.classifier_variances_ = samples, variances
         self.classifier_trace_ = np.asarray(traces)
@@ -622,9 +621,19 @@ class BNMC(MultiLabelEstimator):
             means.append(samples.mean(axis=0))
             traces += list(trace)
         self._fit_calibration_maps(*(np.concatenate(part) for part in zip(*evidence)))
-        n_refit = max(2, self.n_sweeps // 2)
-        samples, variances, trace = fit(rows, n_refit, min(self.n_keep, n_refit), np.mean(means, axis=0), 1)
+        samples, variances, trace = self._refit(fit, rows, np.mean(means, axis=0))
         return samples, variances, traces + list(trace)
+
+    def _refit_sweeps(self) -> int:
+        """Sweeps of the refit on every labelled row after calibration: max(2, n_sweeps // 2)."""
+        return max(2, self.n_sweeps // 2)
+
+    def _refit(self, fit, rows, init):
+        """The classifiers of every labelled ``rows``, warm-started at ``init`` (the first fit's or the
+        folds' posterior mean): one mode step and :meth:`_refit_sweeps` sweeps. ``fit`` as in
+        :meth:`_fit_classifiers`; returns its (samples, variances, trace)."""
+        n_refit = self._refit_sweeps()
+        return fit(rows, n_refit, min(self.n_keep, n_refit), init, 1)
 
     def _fit_label_blocks(self, design, Y, entries, rows, n_rows, prior, n_iter, n_keep, rng, init, n_mode_steps):
         """The variational (or Gibbs) classifiers of every label on a low-rank design, label block by
