@@ -116,8 +116,12 @@ def expected_calibration_error(Y_true, proba, n_bins: int = 15, label_mask=None)
     fraction of positives there (not the max-class confidence of multi-class ECE). N is the number of
     evaluated pairs (n L, or the observed ones under ``label_mask``).
     """
-    counts, predicted, positives = _bin_sums(Y_true, proba, n_bins, label_mask)
-    # n_b |freq_b - conf_b| = |positives_b - predicted_b|
+    return _ece_of_bins(*_bin_sums(Y_true, proba, n_bins, label_mask))
+
+
+def _ece_of_bins(counts, predicted, positives) -> float:
+    """ECE from per-bin (pairs, sum of probabilities, positives): n_b |freq_b - conf_b| = |positives_b
+    - predicted_b|, summed and divided by the pairs."""
     return float(np.abs(positives - predicted).sum() / counts.sum())
 
 
@@ -226,9 +230,7 @@ def ece_at_k(Y_true, proba, k: int, n_bins: int = 15, label_mask=None, scores=No
 
 
 def _ece_of_pairs(p: np.ndarray, y: np.ndarray, n_bins: int = 15) -> float:
-    counts, predicted, positives = _pair_bin_sums(p, y, n_bins)
-    # n_b |freq_b - conf_b| = |positives_b - predicted_b|
-    return float(np.abs(positives - predicted).sum() / counts.sum())
+    return _ece_of_bins(*_pair_bin_sums(p, y, n_bins))
 
 
 def brier_at_k(Y_true, proba, k: int, label_mask=None, scores=None) -> float:

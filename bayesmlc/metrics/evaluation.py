@@ -11,7 +11,8 @@ from ..exceptions import ValidationError
 from ._checks import _check_k, _check_mask, _check_proba, _check_y_true
 from .auc import auc_instance, auc_macro, auc_micro
 from .calibration import (
-    _bin_sums, _curve, _curve_json, _ece_of_pairs, _flat_pairs, _pair_bin_sums, _pairs_at, risk_coverage_curve,
+    _bin_sums, _curve, _curve_json, _ece_of_bins, _ece_of_pairs, _flat_pairs, _pair_bin_sums, _pairs_at,
+    risk_coverage_curve,
 )
 from .ranking import _check_weights, _dcg, _hits, _ideal_dcg, _precision, _psndcg, _psp, _ranked_indices, _safe_ratio
 from .set_based import exact_match, f1_example, f1_macro, f1_micro, hamming_loss
@@ -157,9 +158,9 @@ class StreamingEvaluation:
         if not self._labels:
             raise ValidationError("no rows were added to this evaluation")
         Y, mask = self._stack(self._labels), self._stack(self._masks)
+        indices, values = self._stack(self._indices), self._stack(self._values)
         results: dict[str, float] = {}
-        if self._indices:
-            indices = self._stack(self._indices)
+        if indices is not None:
             hits = _hits(Y, indices[:, :max(self.ks)])
             for k in self.ks:
                 results[f"P@{k}"] = float(_precision(hits[:, :k], k).mean())
@@ -183,15 +184,13 @@ class StreamingEvaluation:
             results["F1_macro"] = f1_macro(Y, predicted, mask)
             results["exact_match"] = exact_match(Y, predicted, mask)
             results["hamming_loss"] = hamming_loss(Y, predicted, mask)
-        if self._values:
-            counts, predicted_sum, positives = self._bins
-            # n_b |freq_b - conf_b| = |positives_b - predicted_b| (expected_calibration_error)
-            results["ECE"] = float(np.abs(positives - predicted_sum).sum() / counts.sum())
-            indices, values = self._stack(self._indices), self._stack(self._values)
+        if values is not None:
+            results["ECE"] = _ece_of_bins(*self._bins)
+            pairs = {k: _flat_pairs(*_pairs_at(Y, mask, indices, values, k)) for k in self.ks}  # (p, y) of the top k
             for k in self.ks:
-                results[f"ECE@{k}"] = _ece_of_pairs(*_flat_pairs(*_pairs_at(Y, mask, indices, values, k)))
+                results[f"ECE@{k}"] = _ece_of_pairs(*pairs[k])
             for k in self.ks:
-                p, y = _flat_pairs(*_pairs_at(Y, mask, indices, values, k))
+                p, y = pairs[k]
                 results[f"Brier@{k}"] = float(np.mean((p - y) ** 2))
             top1 = (indices[:, :1], values[:, :1])
             results["AURC"] = float(np.mean(risk_coverage_curve(Y, top1, label_mask=mask).risk))
