@@ -453,7 +453,8 @@ def test_cross_fitted_calibration_sees_every_labelled_row_once(monkeypatch):
         return original(s_clf, s_pat, Y_val, observed, *args, **kwargs)
 
     monkeypatch.setattr(bnmc_model, "fit_calibration", capture)
-    model = BNMC(truncation=6, calibration_folds=4, random_state=0, **FAST).fit(X, sp.csr_matrix(Y), label_mask=mask)
+    model = BNMC(truncation=6, calibration_folds=4, classifier="logistic", random_state=0,
+                 **FAST).fit(X, sp.csr_matrix(Y), label_mask=mask)
     assert model.calibration_folds_ == 4 and len(seen) == 1
     Y_val, observed = seen[0]
     labelled = mask.any(axis=1)
@@ -461,6 +462,91 @@ def test_cross_fitted_calibration_sees_every_labelled_row_once(monkeypatch):
     expected = sorted(map(tuple, np.hstack([Y, mask])[labelled]))
     assert sorted(map(tuple, np.hstack([Y_val, observed]))) == expected
     assert observed.sum() == mask[labelled].sum()
+
+
+def make_keyword_data(n=240, n_features=300, n_labels=8, seed=0):
+    """Sparse binary "words" (3% of entries); label l is present exactly when word l is: rare labels,
+    each decided by one feature without noise (the kind of text set where a hinge loss does well)."""
+    rng = np.random.default_rng(seed)
+    X = (rng.random((n, n_features)) < 0.03).astype(float)
+    return sp.csr_matrix(X), X[:, :n_labels].copy()
+
+
+@pytest.mark.parametrize("data, expected", [(make_linear_data(n=240), "logistic"), (make_keyword_data(), "svm")],
+                         ids=["logistic-labels", "keyword-labels"])
+def test_classifier_auto_keeps_the_likelihood_whose_held_out_probabilities_fit_best(monkeypatch, data, expected):
+    """classifier="auto" with cross-fitted calibration: both likelihoods' folds are scored, the one
+    whose calibrated held-out probabilities give the labels the higher Bernoulli log-likelihood
+    (recomputed here from the captured evidence with NumPy) is kept, and the model is the one that
+    likelihood gives when named: logistic labels keep logistic, keyword labels the SVM."""
+    import bayesmlc.bnmc.model as bnmc_model
+
+    X, Y = data
+    seen = []
+    original = bnmc_model.fit_calibration
+
+    def capture(s_clf, s_pat, Y_val, observed, *args, **kwargs):
+        seen.append(tuple(np.array(part, dtype=np.float64) for part in (s_clf, s_pat, Y_val, observed)))
+        return original(s_clf, s_pat, Y_val, observed, *args, **kwargs)
+
+    monkeypatch.setattr(bnmc_model, "fit_calibration", capture)
+    params = dict(truncation=6, calibration_folds=4, random_state=0, **FAST)
+    model = BNMC(**params).fit(X, sp.csr_matrix(Y))
+    assert len(seen) == (3 if model.classifier_ == "logistic" else 2)  # the kept maps are fitted again
+    scores = []
+    for s_clf, s_pat, Y_val, observed in seen[:2]:
+        theta, probability_theta, terms = original(s_clf, s_pat, Y_val, observed > 0)
+        p = 1.0 / (1.0 + np.exp(-bnmc_model._calibrated_probability_logits(s_clf, s_pat, theta, probability_theta, terms)))
+        scores.append(np.sum((Y_val * np.log(p) + (1.0 - Y_val) * np.log1p(-p))[observed > 0]))
+    assert model.classifier_ == ("logistic", "svm")[int(np.argmax(scores))] == expected
+    named = BNMC(**{**params, "classifier": expected}).fit(X, sp.csr_matrix(Y))
+    assert named.classifier_ == expected
+    np.testing.assert_allclose(model.predict_proba(X[:50]), named.predict_proba(X[:50]), rtol=1e-6, atol=1e-9)
+    np.testing.assert_array_equal(model.calibration_, named.calibration_)
+
+
+def test_classifier_auto_is_logistic_without_cross_fitting():
+    """A single validation split (and online fits) keep the logistic likelihood: the comparison runs
+    only where the calibration's evidence is cross-fitted."""
+    X, Y = make_keyword_data()
+    split = BNMC(truncation=6, calibration_folds=1, random_state=0, **FAST).fit(X, sp.csr_matrix(Y))
+    online = BNMC(truncation=6, online=True, n_passes=1, random_state=0, device="cpu").fit(X, sp.csr_matrix(Y))
+    assert split.classifier_ == online.classifier_ == "logistic"
+    named = BNMC(truncation=6, calibration_folds=1, classifier="logistic", random_state=0, **FAST).fit(X, sp.csr_matrix(Y))
+    np.testing.assert_array_equal(split.predict_proba(X[:20]), named.predict_proba(X[:20]))
+
+
+def test_svm_samplers_solve_exactly_with_a_duplicated_document_at_the_hinge():
+    """The SVM's EM weights 1/lambda reach their cap of 1e6 at the hinge. With a document present
+    twice and both copies there (as on medical), I + Phi Sigma0 Phi^T has an eigenvalue 1 beside
+    ones of 1e7: in float32 the Woodbury Cholesky failed. In the dtype the samplers use for the SVM
+    both exact samplers' means equal P^-1 Z^T beta (P = diag(prior) + Z^T diag(omega) Z), solved here
+    in float64 with NumPy."""
+    from bayesmlc.bnmc.classifiers import _system_dtype
+
+    rng = np.random.default_rng(0)
+    n, D1, C = 80, 200, 2
+    Z = (rng.random((n, D1)) < 0.04).astype(np.float32)
+    Z[:, -1] = 1.0
+    Z[1] = Z[0]  # the same document twice
+    omega = rng.uniform(0.5, 3.0, size=(n, C))
+    omega[:2, 0] = 1e6  # both copies at the hinge for the first label
+    beta = np.where(rng.random((n, C)) < 0.5, -1.0, 1.0) * (1.0 + omega)
+    prior = np.full(D1, 0.5)
+    prior[-1] = 1e-2
+    dtype = _system_dtype("svm")
+    Zt, prior_t = torch.from_numpy(Z), torch.tensor(prior, dtype=torch.float32)
+    omega_t, beta_t = torch.tensor(omega, dtype=torch.float32), torch.tensor(beta, dtype=torch.float32)
+    gram = (Zt.to(dtype) / prior_t.to(dtype)) @ Zt.T.to(dtype)
+    means = {
+        "woodbury": _sample_woodbury(Zt, gram, omega_t, beta_t, 1.0 / prior_t, torch.Generator(), C, noise=0.0),
+        "dense": _sample_dense(Zt.to(dtype), omega_t, beta_t, prior_t, torch.Generator(), noise=0.0),
+    }
+    Z64 = Z.astype(np.float64)
+    for c in range(C):
+        exact = np.linalg.solve(Z64.T @ (omega[:, c, None] * Z64) + np.diag(prior), Z64.T @ beta[:, c])
+        for solver, mean in means.items():
+            np.testing.assert_allclose(Z64 @ mean[:, c].numpy(), Z64 @ exact, rtol=0, atol=1e-4, err_msg=solver)
 
 
 def test_calibration_folds_auto_cross_fits_small_sets_only():

@@ -37,7 +37,7 @@ BAD_SETTINGS = [
     (BNMC(weight_precision=-1), "weight_precision must be 'auto' or a positive number, got -1"),
     (BNMC(kappa=0.5), "kappa must be a number in (0.5, 1], got 0.5"),
     (BNMC(solver="qr"), "solver must be one of 'auto', 'dense', 'woodbury', 'cg', 'lowrank', got 'qr'"),
-    (BNMC(classifier="probit"), "classifier must be 'logistic' or 'svm', got 'probit'"),
+    (BNMC(classifier="probit"), "classifier must be one of 'auto', 'logistic', 'svm', got 'probit'"),
     (BNMC(standardize="yes"), "standardize must be 'auto', True or False, got 'yes'"),
     (BNMC(online=1), "online must be True or False, got 1"),
     (BNMC(merge_trials=-1), "merge_trials must be an integer >= 0, got -1"),

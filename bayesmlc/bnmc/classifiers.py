@@ -200,21 +200,32 @@ def choose_low_rank(n: int, n_features: int, n_labels: int, budget: float = EXAC
     return int(min(LOW_RANKS[-1], n_features))
 
 
+def _system_dtype(kind: str) -> torch.dtype:
+    """The dtype the dense and Woodbury samplers form and factor their systems in: float64 for the SVM,
+    whose weights 1/lambda reach their cap of 1e6 at the hinge (two copies of a document, both at the
+    hinge, made a float32 Woodbury system indefinite; float32 dense precisions lost most of the
+    margins' digits), float32 for the logistic model, whose weights are at most 1/4."""
+    return torch.float64 if kind == "svm" else torch.float32
+
+
 def _sample_dense(Z: torch.Tensor, omega, beta, prior_prec, gen, noise: float = 1.0) -> torch.Tensor:
-    """Exact draw for every label from N(P^-1 Z^T beta, P^-1); P = diag(prior) + Z^T diag(omega) Z.
-    ``noise=0`` returns the mean P^-1 Z^T beta."""
+    """Exact draw for every label from N(P^-1 Z^T beta, P^-1); P = diag(prior) + Z^T diag(omega) Z,
+    formed and factored in Z's dtype; the draw is returned in omega's. ``noise=0`` returns the mean
+    P^-1 Z^T beta."""
     C = omega.shape[1]
+    out_dtype = omega.dtype
+    omega, beta, prior_prec = omega.to(Z.dtype), beta.to(Z.dtype), prior_prec.to(Z.dtype)
     prec = torch.einsum("nd,nc,ne->cde", Z, omega, Z)
     prec.diagonal(dim1=1, dim2=2).add_(prior_prec[None, :])
     chol = torch.linalg.cholesky(prec)  # (C, D1, D1)
     rhs = (Z.T @ beta).T.unsqueeze(-1)  # (C, D1, 1)
     mean = torch.cholesky_solve(rhs, chol)
     if not noise:
-        return mean.squeeze(-1).T
+        return mean.squeeze(-1).T.to(out_dtype)
     eps = torch.randn(C, Z.shape[1], 1, generator=gen, dtype=Z.dtype, device=Z.device)
     # P = L L^T; L^T u = e gives u ~ N(0, P^-1)
     draw = mean + torch.linalg.solve_triangular(chol.transpose(1, 2), eps, upper=True)
-    return draw.squeeze(-1).T
+    return draw.squeeze(-1).T.to(out_dtype)
 
 
 def _sample_woodbury(Z: torch.Tensor, gram: torch.Tensor, omega, beta, prior_var, gen, chunk: int,
@@ -222,7 +233,10 @@ def _sample_woodbury(Z: torch.Tensor, gram: torch.Tensor, omega, beta, prior_var
     """Bhattacharya et al. (2016): u ~ N(0, Sigma0), d ~ N(0, I), v = Phi u + d,
     (Phi Sigma0 Phi^T + I) w = alpha - v, theta = u + Sigma0 Phi^T w, with Phi = diag(sqrt omega) Z and
     alpha = beta / sqrt(omega) (0 where omega = 0). ``gram`` = Z Sigma0 Z^T (n, n). ``noise=0`` gives
-    the mean (u = d = 0)."""
+    the mean (u = d = 0).
+
+    The (n, n) systems are formed, factored and solved in ``gram``'s dtype (float64 for the SVM, see
+    :func:`gibbs_classifier`); Z and the products with it stay in its own."""
     n, D1 = Z.shape
     C = omega.shape[1]
     root = omega.sqrt()
@@ -231,13 +245,14 @@ def _sample_woodbury(Z: torch.Tensor, gram: torch.Tensor, omega, beta, prior_var
     d = noise * torch.randn(n, C, generator=gen, dtype=Z.dtype, device=Z.device)
     v = root * (Z @ u) + d
     out = torch.empty(D1, C, dtype=Z.dtype, device=Z.device)
-    eye = torch.eye(n, dtype=Z.dtype, device=Z.device)
+    eye = torch.eye(n, dtype=gram.dtype, device=Z.device)
     for start in range(0, C, chunk):
         sl = slice(start, min(C, start + chunk))
-        r = root[:, sl].T  # (c, n)
+        r = root[:, sl].T.to(gram.dtype)  # (c, n)
         system = r[:, :, None] * gram[None] * r[:, None, :] + eye
         chol = torch.linalg.cholesky(system)
-        w = torch.cholesky_solve((alpha[:, sl] - v[:, sl]).T.unsqueeze(-1), chol).squeeze(-1).T  # (n, c)
+        target = (alpha[:, sl] - v[:, sl]).T.to(gram.dtype).unsqueeze(-1)
+        w = torch.cholesky_solve(target, chol).squeeze(-1).T.to(Z.dtype)  # (n, c)
         out[:, sl] = u[:, sl] + prior_var[:, None] * (Z.T @ (root[:, sl] * w))
     return out
 
@@ -361,12 +376,13 @@ def gibbs_classifier(
     prior_prec_t = torch.as_tensor(prior_precision, dtype=dtype, device=device)
     W = torch.zeros(design.D1, C, dtype=dtype, device=device) if init is None else torch.as_tensor(init, dtype=dtype, device=device)
     Z = gram = None
+    system_dtype = _system_dtype(kind)
     if solver == "dense":
-        Z = design.dense_z()
+        Z = design.dense_z().to(system_dtype)
     elif solver == "woodbury":
         Z = design.dense_z()
-        gram = (Z / prior_prec_t) @ Z.T
-    chunk = max(1, int(2e8 // (4 * design.n * design.n)))
+        gram = (Z.to(system_dtype) / prior_prec_t.to(system_dtype)) @ Z.T.to(system_dtype)
+    chunk = max(1, int(2e8 // (torch.finfo(system_dtype).bits // 8 * design.n * design.n)))
 
     def solve(omega, beta, start, noise):
         if solver == "dense":
