@@ -505,15 +505,26 @@ def test_classifier_auto_keeps_the_likelihood_whose_held_out_probabilities_fit_b
     np.testing.assert_array_equal(model.calibration_, named.calibration_)
 
 
-def test_classifier_auto_is_logistic_without_cross_fitting():
-    """A single validation split (and online fits) keep the logistic likelihood: the comparison runs
-    only where the calibration's evidence is cross-fitted."""
+def test_classifier_auto_is_logistic_without_cross_fitting_or_above_the_entry_budget(monkeypatch):
+    """A single validation split, online fits and cross-fits over more than
+    CLASSIFIER_CHOICE_MAX_ENTRIES labelled rows x labels keep the logistic likelihood without comparing,
+    on data where the comparison picks the SVM (the test above)."""
+    import bayesmlc.bnmc.model as bnmc_model
+
     X, Y = make_keyword_data()
+    labelled = int((Y.sum(axis=1) > 0).sum())
     split = BNMC(truncation=6, calibration_folds=1, random_state=0, **FAST).fit(X, sp.csr_matrix(Y))
     online = BNMC(truncation=6, online=True, n_passes=1, random_state=0, device="cpu").fit(X, sp.csr_matrix(Y))
-    assert split.classifier_ == online.classifier_ == "logistic"
-    named = BNMC(truncation=6, calibration_folds=1, classifier="logistic", random_state=0, **FAST).fit(X, sp.csr_matrix(Y))
-    np.testing.assert_array_equal(split.predict_proba(X[:20]), named.predict_proba(X[:20]))
+    monkeypatch.setattr(bnmc_model, "CLASSIFIER_CHOICE_MAX_ENTRIES", labelled * Y.shape[1] - 1)
+    over_budget = BNMC(truncation=6, calibration_folds=4, random_state=0, **FAST).fit(X, sp.csr_matrix(Y))
+    assert split.classifier_ == online.classifier_ == over_budget.classifier_ == "logistic"
+    for model, folds in ((split, 1), (over_budget, 4)):
+        named = BNMC(truncation=6, calibration_folds=folds, classifier="logistic", random_state=0,
+                     **FAST).fit(X, sp.csr_matrix(Y))
+        np.testing.assert_array_equal(model.predict_proba(X[:20]), named.predict_proba(X[:20]))
+    monkeypatch.setattr(bnmc_model, "CLASSIFIER_CHOICE_MAX_ENTRIES", labelled * Y.shape[1])
+    at_budget = BNMC(truncation=6, calibration_folds=4, random_state=0, **FAST).fit(X, sp.csr_matrix(Y))
+    assert at_budget.classifier_ == "svm"
 
 
 def test_svm_samplers_solve_exactly_with_a_duplicated_document_at_the_hinge():

@@ -74,6 +74,7 @@ def test_full_rank_basis_has_the_full_space_conditional_mean():
     ((4880, 1836, 159, 4880 * 69), "cg"),               # bibtex
     ((2473, 77, 4125, 2473 * 77), "cg"),                # hmc_cellcycle_go (dense would cost 6e10)
     ((300, 1000, 20, 300 * 30), "woodbury"),            # few rows, many features, few labels
+    ((898, 1001, 53, 898 * 90), "cg"),                  # enron's 80%: woodbury 1.4e10 flops, cg 4e8
     ((1243, 5000, 3993, 1243 * 236), "lowrank"),        # eurlex-4k at 10 %
     ((15539, 5000, 3993, 15539 * 236), "lowrank"),      # eurlex-4k
     ((43410, 13077, 28, 43410 * 10), "lowrank"),        # goemotions: a 13078^2 Cholesky

@@ -44,9 +44,12 @@ SGD_DENSE_WEIGHTS = 2e7
 CROSS_FIT_FOLDS = 5
 CROSS_FIT_MAX_ROWS = 2500
 #: ``classifier="auto"``: the likelihoods compared on the cross-fitted evidence, the first also the
-#: choice where the evidence is not cross-fitted (docs/experiments.md, "BNMC: the classifier's
-#: likelihood").
+#: choice where they are not compared (docs/experiments.md, "BNMC: the classifier's likelihood").
 CLASSIFIER_CHOICES = ("logistic", "svm")
+#: ``classifier="auto"`` compares the likelihoods only when the labelled rows times the labels are at
+#: most this many: a second cross-fit costs about as much as the first (on hmc_cellcycle_go's 2,473 x
+#: 4,125 entries it added about six minutes to 3.5).
+CLASSIFIER_CHOICE_MAX_ENTRIES = 2**22
 _RULE_CHOICES = ("auto",) + _COUNT_RULES
 #: The fitted attributes holding :class:`RankTerms`, in its order.
 _RANK_TERM_ATTRIBUTES = ("top_label_offset_", "top_label_slope_", "top_label_runner_up_", "second_label_offset_",
@@ -73,11 +76,11 @@ class BNMC(MultiLabelEstimator):
     classifier : {"auto", "logistic", "svm"}, default "auto"
         Polya-Gamma logistic regression (BNMC-L) or Polson-Scott Bayesian SVM (BNMC-S). "auto": where
         the calibration's evidence is cross-fitted (``calibration_folds_`` > 1, under 2,500 labelled
-        rows by default), the folds are fitted with both likelihoods (the same folds and seeds) and
-        the one whose calibrated held-out probabilities give the observed labels the higher
-        log-likelihood is kept, for about twice the time of the folds; elsewhere (a single split,
-        several processes, ``online=True``, ``partial_fit``) "logistic". ``classifier_`` holds the
-        choice. The SVM wins on medical (333 text rows, 45 labels: test P@1 84.7 against 82.8, AURC
+        rows by default) and the labelled rows times the labels are at most 2^22, the folds are
+        fitted with both likelihoods (the same folds and seeds) and the one whose calibrated
+        held-out probabilities give the observed labels the higher log-likelihood is kept, for about
+        twice the time of the folds; elsewhere (a single split, more entries, several processes,
+        ``online=True``, ``partial_fit``) "logistic". ``classifier_`` holds the choice. The SVM wins on medical (333 text rows, 45 labels: test P@1 84.7 against 82.8, AURC
         0.074 against 0.095), logistic on the other small sets (docs/experiments.md, "BNMC: the
         classifier's likelihood").
     online : bool, default False
@@ -122,10 +125,10 @@ class BNMC(MultiLabelEstimator):
         "dense", "woodbury" and "cg" are exact in the D + 1 feature dimensions; "lowrank" fits the
         same model with the weights restricted to the span of the top ``low_rank`` right singular
         vectors of the classifier features (cost per sweep O(n r L), fitted state O(D r + r L)),
-        label block by label block. "auto": the small-problem rule (woodbury when N < D + 1 and
-        N <= 3000, dense when D + 1 <= 600 and L (D+1)^2 <= 5e7, else cg) when that sampler's
-        estimated sweep costs at most 3e10 flops, else the cheapest exact one within that, else
-        "lowrank" (``bnmc.classifiers.choose_solver``).
+        label block by label block. "auto": the small-problem rule (woodbury when N < D + 1,
+        N <= 3000 and it is no dearer than cg, dense when D + 1 <= 600 and L (D+1)^2 <= 5e7, else
+        cg) when that sampler's estimated sweep costs at most 3e10 flops, else the cheapest exact
+        one within that, else "lowrank" (``bnmc.classifiers.choose_solver``).
     low_rank : int or "auto", default "auto"
         r, the dimension of the shared representation of ``solver="lowrank"`` (capped at D), and of
         online SGD when a dense (D + 1) x L weight matrix would exceed 2e7 entries. "auto": the
@@ -480,7 +483,7 @@ class BNMC(MultiLabelEstimator):
             return self.n_passes * -(-n_labelled // self.batch_size)
         folds = self._calibration_fold_count(n_labelled, world_size)
         refit = self._refit_sweeps() + 1 if folds > 1 or (float(self.validation_fraction) > 0 and self.refit) else 0
-        kinds = len(CLASSIFIER_CHOICES) if folds > 1 and self.classifier == "auto" else 1
+        kinds = len(self._compared_classifiers(folds, n_labelled))
         return kinds * folds * (self.n_mode_steps + self.n_sweeps) + refit
 
     def _calibration_fold_count(self, n_labelled: int, world_size: int = 1) -> int:
@@ -630,7 +633,7 @@ class BNMC(MultiLabelEstimator):
         (samples, variances, trace) of the final fit, the trace holding the kept likelihood's fits."""
         self._finish_mixture()
         folds = [np.sort(held_out) for held_out in np.array_split(rng.permutation(rows), self.calibration_folds_)]
-        kinds = CLASSIFIER_CHOICES if self.classifier == "auto" else (self.classifier_,)
+        kinds = self._compared_classifiers(self.calibration_folds_, rows.size)
         seeds = copy.deepcopy(rng)  # the state every likelihood's folds start from (the first draws from rng)
         best = None
         for index, kind in enumerate(kinds):
@@ -646,6 +649,14 @@ class BNMC(MultiLabelEstimator):
             self._fit_calibration_maps(*evidence)
         samples, variances, trace = self._refit(fit, rows, np.mean(means, axis=0))
         return samples, variances, traces + list(trace)
+
+    def _compared_classifiers(self, folds: int, n_labelled: int) -> tuple:
+        """The likelihoods the cross-fitting compares: both of :data:`CLASSIFIER_CHOICES` with
+        ``classifier="auto"``, cross-fitted evidence (``folds`` > 1) and ``n_labelled`` rows times the
+        labels at most :data:`CLASSIFIER_CHOICE_MAX_ENTRIES`; else the one in use."""
+        if self.classifier == "auto" and folds > 1 and n_labelled * self.n_labels_ <= CLASSIFIER_CHOICE_MAX_ENTRIES:
+            return CLASSIFIER_CHOICES
+        return (CLASSIFIER_CHOICES[0] if self.classifier == "auto" else self.classifier,)
 
     def _fold_evidence(self, fit, folds, rows, Z, Y, entries, generator):
         """One classifier fit per fold of ``folds`` (sorted row ids), without that fold, scoring it.
