@@ -192,6 +192,7 @@ def _refused_at_load(model, tmp_path, field, value, message):
     ("label_count_std_", -2.0, "label_count_std_ must be a finite number >= 0, got '-2.0'"),
     ("count_rule_", "evil", "count_rule_ must be one of threshold, count, expected, sample, got 'evil'"),
     ("classifier_", "auto", "classifier_ must be one of logistic, svm, got 'auto'"),
+    ("top_label_map_", np.array([-1.0, 1.0, 0.0]), "top_label_map_ must be three finite numbers, the first two >= 0"),
 ])
 def test_bnmc_calibration_and_label_set_fields_of_a_crafted_file_are_refused_at_load(tmp_path, field, value, message):
     from bayesmlc.bnmc import BNMC

@@ -11,6 +11,7 @@ from typing import NamedTuple
 
 import numpy as np
 import scipy.sparse as sp
+from scipy.optimize import minimize
 from tqdm.auto import tqdm
 
 from ..base import LABEL_CARDINALITY, MultiLabelEstimator, label_counts
@@ -205,6 +206,10 @@ class BNMC(MultiLabelEstimator):
         to 5 is sigmoid(z' + g + h z); the others' is sigmoid(z'). Probabilities are capped so that the
         top five keep the order of ``decision_function`` (:class:`RankTerms`, fitted with (a', b', d')
         by :func:`fit_calibration`)
+    top_label_map_ : ndarray (3,), (alpha, beta, gamma) >= (0, 0, -inf): the leading label's probability
+        logit l becomes alpha log sigmoid(l) - beta log sigmoid(-l) + gamma, a beta calibration map
+        (1, 1, 0: none), taken only where the validation rows show it is needed
+        (:func:`fit_top_label_map`)
     history_ : per pass (pass 0: right after initialisation): ``wall_time``, ``objective`` (the
         mixture ELBO over the training data), ``pass``, ``n_patterns``; ``partial_fit`` appends one
         entry per call (ELBO estimated from the batch)
@@ -558,6 +563,7 @@ class BNMC(MultiLabelEstimator):
             val_rows, train_rows = np.array([], dtype=np.int64), rows
         self.calibration_ = self.probability_calibration_ = np.array([1.0, 1.0, 0.0])
         self._set_rank_terms(RankTerms())
+        self.top_label_map_ = TOP_LABEL_IDENTITY.copy()
         self.threshold_ = 0.5
         self.count_rule_ = "expected" if self.count_rule == "auto" else self.count_rule
         self.classifier_basis_ = None
@@ -742,6 +748,13 @@ class BNMC(MultiLabelEstimator):
         observed entries, of the held-out rows."""
         self.calibration_, self.probability_calibration_, terms = fit_calibration(s_clf, s_pat, Y_val, mask_val > 0)
         self._set_rank_terms(terms)
+        self.top_label_map_ = TOP_LABEL_IDENTITY.copy()
+        if s_clf.size:
+            rows = np.arange(s_clf.shape[0])
+            leading = _top_positions(self._calibrated_logits(s_clf, s_pat), 1)[:, 0]
+            logits = self._calibrated_logits(s_clf, s_pat, probability=True)[rows, leading]
+            observed = mask_val[rows, leading] > 0
+            self.top_label_map_ = fit_top_label_map(logits[observed], Y_val[rows, leading][observed])
         proba = sigmoid(self._calibrated_logits(s_clf, s_pat, probability=True))
 
         def quality(pred):  # the selection criterion: example-F1 + exact match
@@ -810,7 +823,9 @@ class BNMC(MultiLabelEstimator):
         (:func:`_calibrated_probability_logits`)."""
         if probability:  # files written before probability_calibration_ existed used calibration_ for both
             theta = getattr(self, "probability_calibration_", self.calibration_)
-            return _calibrated_probability_logits(s_clf, s_pat, self.calibration_, theta, self._rank_terms())
+            top_map = np.asarray(getattr(self, "top_label_map_", TOP_LABEL_IDENTITY), dtype=np.float64)
+            top_map = None if np.array_equal(top_map, TOP_LABEL_IDENTITY) else top_map
+            return _calibrated_probability_logits(s_clf, s_pat, self.calibration_, theta, self._rank_terms(), top_map)
         a, b, d = self.calibration_
         return _rank_adjusted_logits(a * s_clf + b * s_pat + d, self._rank_terms())
 
@@ -835,6 +850,10 @@ class BNMC(MultiLabelEstimator):
                 raise ModelFormatError(f"{name} must be three finite numbers, got shape {theta.shape}")
         for name in _RANK_TERM_ATTRIBUTES:
             check_number(name, getattr(self, name, 0.0))
+        top_map = np.asarray(getattr(self, "top_label_map_", TOP_LABEL_IDENTITY), dtype=np.float64)
+        if top_map.shape != (3,) or not np.all(np.isfinite(top_map)) or top_map[:2].min() < 0:
+            raise ModelFormatError(f"top_label_map_ must be three finite numbers, the first two >= 0, got shape "
+                                   f"{top_map.shape}")
         if self._rank_terms().offset < 0:
             raise ModelFormatError("top_label_offset_ must be >= 0 (it keeps each row's ranking)")
         for name in ("threshold_", "label_count_mean_", "label_count_std_"):
@@ -936,6 +955,7 @@ class BNMC(MultiLabelEstimator):
             self.svi_steps_ = 0
             self.calibration_ = self.probability_calibration_ = np.array([1.0, 1.0, 0.0])
             self._set_rank_terms(RankTerms())
+            self.top_label_map_ = TOP_LABEL_IDENTITY.copy()
             self.threshold_ = 0.5
             self.count_rule_ = "expected" if self.count_rule == "auto" else self.count_rule
             self.classifier_samples_ = self.classifier_variances_ = self.classifier_basis_ = None
@@ -1131,15 +1151,17 @@ def _top_positions(z: np.ndarray, m: int) -> np.ndarray:
     return np.take_along_axis(candidates, order, axis=1)
 
 
-def _rank_adjusted_logits(z: np.ndarray, terms: RankTerms, probability: bool = False, ranking=None) -> np.ndarray:
+def _rank_adjusted_logits(z: np.ndarray, terms: RankTerms, probability: bool = False, ranking=None,
+                          top_map=None) -> np.ndarray:
     """``z`` (n, L) turned in place into the ranking score (each row's leading label + r) or, with
     ``probability``, the calibrated logits of :class:`RankTerms`, the ranks (and the runner-up) taken
-    from ``ranking`` (n, L; default ``z``). The probabilities are then capped: within a row's top 1 +
+    from ``ranking`` (n, L; default ``z``), the leading label's through ``top_map``
+    (:func:`apply_top_label_map`; None: none). The probabilities are then capped: within a row's top 1 +
     :data:`NEXT_RANKS` each is at most that of the label ranked just above it, and every other label's
     at most the last of them. So ``predict_proba``'s top five are ``decision_function``'s, in its
     order (up to ties); below them, labels keep the order of their probability logits."""
     ranking = z if ranking is None else ranking
-    if not z.size or (ranking is z and not (any(terms) if probability else terms.offset)):
+    if not z.size or (ranking is z and top_map is None and not (any(terms) if probability else terms.offset)):
         return z
     m = min(1 + NEXT_RANKS, z.shape[1]) if probability else 1
     top = _top_positions(ranking, m)
@@ -1151,6 +1173,8 @@ def _rank_adjusted_logits(z: np.ndarray, terms: RankTerms, probability: bool = F
     runner_up = ranked[:, 1] if m > 1 else np.zeros(z.shape[0])
     adjusted = values.copy()
     adjusted[:, 0] += terms.offset + terms.slope * ranked[:, 0] + terms.runner_up * runner_up
+    if top_map is not None:
+        adjusted[:, 0] = apply_top_label_map(adjusted[:, 0], top_map)
     adjusted[:, 1:2] += terms.second_offset + terms.second_slope * ranked[:, 1:2]
     adjusted[:, 2:] += terms.next_offset + terms.next_slope * ranked[:, 2:]
     adjusted = np.minimum.accumulate(adjusted, axis=1)
@@ -1194,13 +1218,71 @@ def fit_calibration(s_clf: np.ndarray, s_pat: np.ndarray, Y: np.ndarray, observe
     return _fit_rank_terms(s_clf, s_pat, Y, observed, [RANK_TERM_PRECISIONS[int(np.argmax(scores))]])[0]
 
 
-def _calibrated_probability_logits(s_clf, s_pat, theta, probability_theta, terms: RankTerms) -> np.ndarray:
+def _calibrated_probability_logits(s_clf, s_pat, theta, probability_theta, terms: RankTerms,
+                                   top_map=None) -> np.ndarray:
     """The logits of the calibrated probabilities (n, L): ranks taken from z = theta . (s_clf, s_pat,
-    1), values from z' = probability_theta . (s_clf, s_pat, 1) plus the rank terms, capped along the
-    ranking of the top five (:func:`_rank_adjusted_logits`)."""
+    1), values from z' = probability_theta . (s_clf, s_pat, 1) plus the rank terms, the leading label's
+    through ``top_map``, capped along the ranking of the top five (:func:`_rank_adjusted_logits`)."""
     z = theta[0] * s_clf + theta[1] * s_pat + theta[2]
     z_prob = probability_theta[0] * s_clf + probability_theta[1] * s_pat + probability_theta[2]
-    return _rank_adjusted_logits(z_prob, terms, True, ranking=z)
+    return _rank_adjusted_logits(z_prob, terms, True, ranking=z, top_map=top_map)
+
+
+#: :func:`fit_top_label_map`'s "no map": (alpha, beta, gamma) = (1, 1, 0).
+TOP_LABEL_IDENTITY = np.array([1.0, 1.0, 0.0])
+#: The leading labels a top-label map needs, and the z-score of its cross-validated log-likelihood gain
+#: over the identity above which it is kept (docs/experiments.md, "Calibration: a beta map for the
+#: leading label").
+TOP_LABEL_MAP_MIN_ROWS = 100
+TOP_LABEL_MAP_MIN_Z = 2.0
+
+
+def apply_top_label_map(logits: np.ndarray, top_map) -> np.ndarray:
+    """alpha log sigmoid(l) - beta log sigmoid(-l) + gamma for the leading labels' probability logits
+    l: the beta calibration map of Kull, Silva Filho and Flach (AISTATS 2017) on p = sigmoid(l),
+    logit p' = alpha log p - beta log(1 - p) + gamma; increasing in l for alpha, beta >= 0 (not both 0),
+    the identity at (1, 1, 0)."""
+    alpha, beta, gamma = top_map
+    return -alpha * softplus(-logits) + beta * softplus(logits) + gamma
+
+
+def fit_top_label_map(logits: np.ndarray, y: np.ndarray, seed: int = 0) -> np.ndarray:
+    """A beta calibration map (:func:`apply_top_label_map`) for the leading labels' probability logits
+    ``logits`` (n,) with outcomes ``y`` (n,), kept only when a 5-fold cross-validation over them (folds
+    drawn with ``seed``) gains held-out log-likelihood over the identity by more than
+    :data:`TOP_LABEL_MAP_MIN_Z` standard errors of the per-row gains, and at least
+    :data:`TOP_LABEL_MAP_MIN_ROWS` rows; else the identity. The map is fitted by maximum likelihood
+    with alpha, beta >= 0 (L-BFGS-B) and a ridge of 1e-4 towards the identity. Returns (alpha, beta,
+    gamma)."""
+    logits, y = np.asarray(logits, dtype=np.float64), np.asarray(y, dtype=np.float64)
+    if logits.size < TOP_LABEL_MAP_MIN_ROWS or y.min() == y.max():
+        return TOP_LABEL_IDENTITY.copy()
+    features = np.stack([-softplus(-logits), softplus(logits), np.ones_like(logits)], axis=1)
+
+    def fit(rows):
+        def objective(params):
+            z = features[rows] @ params
+            shift = params - TOP_LABEL_IDENTITY
+            value = float(np.sum(softplus(z) - y[rows] * z)) + 1e-4 * float(shift @ shift)
+            gradient = features[rows].T @ (sigmoid(z) - y[rows]) + 2e-4 * shift
+            return value, gradient
+
+        bounds = [(0.0, None), (0.0, None), (None, None)]
+        return minimize(objective, TOP_LABEL_IDENTITY, jac=True, method="L-BFGS-B", bounds=bounds).x
+
+    def log_likelihood(params, rows):
+        z = features[rows] @ params
+        return y[rows] * z - softplus(z)
+
+    folds = np.random.default_rng(seed).permutation(logits.size) % 5
+    gains = np.zeros(logits.size)
+    for fold in range(5):
+        held = folds == fold
+        gains[held] = log_likelihood(fit(~held), held) - log_likelihood(TOP_LABEL_IDENTITY, held)
+    spread = gains.std() * np.sqrt(gains.size)
+    if not spread > 0 or gains.sum() / spread <= TOP_LABEL_MAP_MIN_Z:
+        return TOP_LABEL_IDENTITY.copy()
+    return fit(np.ones(logits.size, dtype=bool))
 
 
 def _fit_rank_terms(s_clf, s_pat, Y, observed, precisions) -> list:
