@@ -827,7 +827,7 @@ def test_every_public_metric_is_importable_from_the_package_and_lives_in_its_fam
         "auc": ["auc_micro", "auc_macro", "auc_instance"],
         "set_based": ["f1_example", "f1_micro", "f1_macro", "exact_match", "hamming_loss"],
         "calibration": ["ReliabilityCurve", "reliability_curve", "expected_calibration_error",
-                        "topk_reliability_curve", "ece_at_k", "brier_at_k", "RiskCoverage", "risk_coverage_curve",
+                        "topk_reliability_curve", "ece_at_k", "ece_at_k_if_calibrated", "brier_at_k", "RiskCoverage", "risk_coverage_curve",
                         "aurc", "calibration_curves"],
         "evaluation": ["evaluate", "StreamingEvaluation"],
     }
@@ -914,3 +914,54 @@ def test_streaming_evaluation_refuses_mixed_blocks_and_wrong_widths():
     top3 = M.topk(scores, 3)
     with pytest.raises(ValidationError, match="the blocks ranked 3"):
         M.StreamingEvaluation(Y.shape[1], ks=(1, 3)).add(Y, scores=top3, proba=proba).curves()
+
+
+# ---- ece_at_k_if_calibrated: the ECE@k of a calibrated model on a finite test set ------------------
+def test_ece_if_calibrated_matches_the_binomial_law_in_one_bin():
+    """Every top-1 probability 0.5 (one bin): the ECE@1 of a calibrated model is |B - n/2| / n with
+    B ~ Binomial(n, 1/2). The simulated 5%, 50% and 95% quantiles sit within one step (1/n) of the
+    exact quantiles of that law (scipy.stats)."""
+    from scipy import stats
+
+    from bayesmlc.metrics import ece_at_k_if_calibrated
+
+    n = 200
+    proba = np.full((n, 3), 0.5)
+    proba[:, 1:] = 0.2  # the top label is the first, at 0.5
+    simulated = ece_at_k_if_calibrated(proba, 1, n_draws=20000, random_state=0)
+    deviations = np.arange(n // 2 + 1)
+    law = stats.binom(n, 0.5)
+    cdf = np.cumsum([law.pmf(n // 2) if d == 0 else 2 * law.pmf(n // 2 + d) for d in deviations])
+    for level, value in zip((0.05, 0.5, 0.95), simulated):
+        exact = deviations[np.searchsorted(cdf, level)] / n
+        assert abs(value - exact) <= 1.0 / n + 1e-12
+
+
+def test_ece_if_calibrated_agrees_with_ece_at_k_on_test_sets_drawn_from_the_probabilities():
+    """Brute force: draw whole label matrices Y ~ Bernoulli(proba) and take ece_at_k(Y, proba, 2); its
+    quantiles over 4,000 draws agree with the function's (another seed) to Monte Carlo precision. The
+    same holds for a top-k pair input and with a mask."""
+    from bayesmlc.metrics import ece_at_k_if_calibrated, topk
+
+    rng = np.random.default_rng(1)
+    proba = rng.beta(2, 2, size=(50, 4))
+    brute = [M.ece_at_k(sp.csr_matrix((rng.random(proba.shape) < proba).astype(float)), proba, 2) for _ in range(4000)]
+    expected = np.quantile(brute, (0.05, 0.5, 0.95))
+    np.testing.assert_allclose(ece_at_k_if_calibrated(proba, 2, n_draws=4000, random_state=3), expected, atol=0.006)
+    np.testing.assert_array_equal(ece_at_k_if_calibrated(topk(proba, 2), 2, n_draws=500, random_state=4),
+                                  ece_at_k_if_calibrated(proba, 2, n_draws=500, random_state=4))
+    mask = np.ones(proba.shape)
+    mask[:10] = 0.0  # ten rows unobserved: their pairs drop out
+    np.testing.assert_array_equal(ece_at_k_if_calibrated(proba, 2, label_mask=mask, n_draws=500, random_state=4),
+                                  ece_at_k_if_calibrated(proba[10:], 2, n_draws=500, random_state=4))
+
+
+def test_ece_if_calibrated_is_zero_for_certain_predictions_and_checks_its_arguments():
+    from bayesmlc.metrics import ece_at_k_if_calibrated
+
+    certain = np.array([[1.0, 0.0], [0.0, 1.0], [1.0, 0.0]])
+    np.testing.assert_array_equal(ece_at_k_if_calibrated(certain, 2, n_draws=50), [0.0, 0.0, 0.0])
+    with pytest.raises(ValidationError, match="n_draws must be a positive integer, got 0"):
+        ece_at_k_if_calibrated(certain, 1, n_draws=0)
+    with pytest.raises(ValidationError, match=r"quantiles must be levels in \[0, 1\]"):
+        ece_at_k_if_calibrated(certain, 1, quantiles=(0.5, 1.5))
