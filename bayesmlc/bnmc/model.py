@@ -81,9 +81,9 @@ class BNMC(MultiLabelEstimator):
         fitted with both likelihoods (the same folds and seeds) and the one whose calibrated
         held-out probabilities give the observed labels the higher log-likelihood is kept, for about
         twice the time of the folds; elsewhere (a single split, more entries, several processes,
-        ``online=True``, ``partial_fit``) "logistic". ``classifier_`` holds the choice. The SVM wins on medical (333 text rows, 45 labels: test P@1 84.7 against 82.8, AURC
-        0.074 against 0.095), logistic on the other small sets (docs/experiments.md, "BNMC: the
-        classifier's likelihood").
+        ``online=True``, ``partial_fit``) "logistic". ``classifier_`` holds the choice. The SVM wins
+        on medical (333 text rows, 45 labels: test P@1 84.7 against 82.8, AURC 0.074 against 0.095),
+        logistic on the other small sets (docs/experiments.md, "BNMC: the classifier's likelihood").
     online : bool, default False
         False: SVI mixture + Gibbs-sampled classifiers. True: single-sweep-per-pass SVI + averaged SGD
         classifiers (eq. 7), the cost of ``partial_fit`` on the data.
