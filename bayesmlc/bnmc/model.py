@@ -684,7 +684,7 @@ class BNMC(MultiLabelEstimator):
         """sum over the ``observed`` entries of log p(y | calibrated probability) of held-out evidence
         (all (n, L)), under the fitted calibration: how ``classifier="auto"`` compares likelihoods."""
         logits = self._calibrated_logits(s_clf, s_pat, probability=True)
-        return float(np.sum((Y * logits - softplus(logits))[observed > 0]))
+        return float(np.sum(_bernoulli_log_likelihood(Y, logits)[observed > 0]))
 
     def _refit_sweeps(self) -> int:
         """Sweeps of the refit on every labelled row after calibration: max(2, n_sweeps // 2)."""
@@ -1214,7 +1214,7 @@ def fit_calibration(s_clf: np.ndarray, s_pat: np.ndarray, Y: np.ndarray, observe
         fits = _fit_rank_terms(s_clf[fit], s_pat[fit], Y[fit], observed[fit], RANK_TERM_PRECISIONS)
         for index, (theta, probability_theta, terms) in enumerate(fits):
             logits = _calibrated_probability_logits(s_clf[held], s_pat[held], theta, probability_theta, terms)
-            scores[index] += float(np.sum((Y[held] * logits - softplus(logits))[observed[held]]))
+            scores[index] += float(np.sum(_bernoulli_log_likelihood(Y[held], logits)[observed[held]]))
     return _fit_rank_terms(s_clf, s_pat, Y, observed, [RANK_TERM_PRECISIONS[int(np.argmax(scores))]])[0]
 
 
@@ -1242,8 +1242,14 @@ def apply_top_label_map(logits: np.ndarray, top_map) -> np.ndarray:
     l: the beta calibration map of Kull, Silva Filho and Flach (AISTATS 2017) on p = sigmoid(l),
     logit p' = alpha log p - beta log(1 - p) + gamma; increasing in l for alpha, beta >= 0 (not both 0),
     the identity at (1, 1, 0)."""
-    alpha, beta, gamma = top_map
-    return -alpha * softplus(-logits) + beta * softplus(logits) + gamma
+    return _top_label_features(logits) @ np.asarray(top_map, dtype=np.float64)
+
+
+def _top_label_features(logits: np.ndarray) -> np.ndarray:
+    """(log sigmoid(l), -log sigmoid(-l), 1) for each logit l of ``logits`` (n,): the map of
+    :func:`apply_top_label_map` is these (n, 3) features times (alpha, beta, gamma)."""
+    logits = np.asarray(logits, dtype=np.float64)
+    return np.stack([-softplus(-logits), softplus(logits), np.ones_like(logits)], axis=1)
 
 
 def fit_top_label_map(logits: np.ndarray, y: np.ndarray, seed: int = 0) -> np.ndarray:
@@ -1257,13 +1263,13 @@ def fit_top_label_map(logits: np.ndarray, y: np.ndarray, seed: int = 0) -> np.nd
     logits, y = np.asarray(logits, dtype=np.float64), np.asarray(y, dtype=np.float64)
     if logits.size < TOP_LABEL_MAP_MIN_ROWS or y.min() == y.max():
         return TOP_LABEL_IDENTITY.copy()
-    features = np.stack([-softplus(-logits), softplus(logits), np.ones_like(logits)], axis=1)
+    features = _top_label_features(logits)
 
     def fit(rows):
         def objective(params):
             z = features[rows] @ params
             shift = params - TOP_LABEL_IDENTITY
-            value = float(np.sum(softplus(z) - y[rows] * z)) + 1e-4 * float(shift @ shift)
+            value = -float(np.sum(_bernoulli_log_likelihood(y[rows], z))) + 1e-4 * float(shift @ shift)
             gradient = features[rows].T @ (sigmoid(z) - y[rows]) + 2e-4 * shift
             return value, gradient
 
@@ -1271,8 +1277,7 @@ def fit_top_label_map(logits: np.ndarray, y: np.ndarray, seed: int = 0) -> np.nd
         return minimize(objective, TOP_LABEL_IDENTITY, jac=True, method="L-BFGS-B", bounds=bounds).x
 
     def log_likelihood(params, rows):
-        z = features[rows] @ params
-        return y[rows] * z - softplus(z)
+        return _bernoulli_log_likelihood(y[rows], features[rows] @ params)
 
     folds = np.random.default_rng(seed).permutation(logits.size) % 5
     gains = np.zeros(logits.size)
@@ -1327,6 +1332,11 @@ def _fit_rank_terms(s_clf, s_pat, Y, observed, precisions) -> list:
     return fits
 
 
+def _bernoulli_log_likelihood(y: np.ndarray, logits: np.ndarray) -> np.ndarray:
+    """log Bernoulli(y | sigmoid(logits)) = y z - log(1 + e^z), elementwise."""
+    return y * logits - softplus(logits)
+
+
 #: Rows per block of the Hessian in :func:`_logistic_newton` (bounds its temporary array).
 NEWTON_BLOCK_ROWS = 1 << 18
 #: The (a, b, d) coefficients' positions in the calibration's parameter vector.
@@ -1342,8 +1352,7 @@ def _logistic_newton(blocks, theta: np.ndarray, ridge=1e-4) -> np.ndarray:
     def objective(t):
         total = 0.0
         for feats, target, columns in blocks:
-            logits = feats @ t[columns]
-            total += float(np.sum(target * logits - softplus(logits)))
+            total += float(np.sum(_bernoulli_log_likelihood(target, feats @ t[columns])))
         return total - 0.5 * float(ridge * t @ t)
 
     current = objective(theta)

@@ -273,15 +273,13 @@ def ece_at_k_if_calibrated(proba, k: int, n_bins: int = 15, label_mask=None, sco
     p, _ = _flat_pairs(*_topk_pairs(sp.csr_matrix(shape), proba, k, label_mask, scores))  # relevance: drawn
     rng = numpy_rng(random_state)
     bins = _bin_of(p, n_bins)
-    counts = np.bincount(bins, minlength=n_bins)
-    predicted = np.bincount(bins, weights=p, minlength=n_bins)
+    counts, predicted, _ = _pair_bin_sums(p, np.zeros(p.size, dtype=bool), n_bins)
     chunk = max(1, int(2**24 // max(p.size, 1)))  # draws per block of at most 2^24 uniforms
-    values = np.empty(n_draws)
+    values = []
     for start in range(0, n_draws, chunk):
-        draws = min(chunk, n_draws - start)
-        relevant = rng.random((draws, p.size)) < p
-        positives = np.stack([np.bincount(bins, weights=row, minlength=n_bins) for row in relevant.astype(np.float64)])
-        values[start:start + draws] = np.abs(positives - predicted).sum(axis=1) / counts.sum()
+        relevant = rng.random((min(chunk, n_draws - start), p.size)) < p
+        values += [_ece_of_bins(counts, predicted, np.bincount(bins, weights=row, minlength=n_bins))
+                   for row in relevant.astype(np.float64)]
     return np.quantile(values, levels)
 
 
