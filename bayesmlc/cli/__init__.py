@@ -19,9 +19,7 @@ import contextlib
 import json
 import os
 import resource
-import shutil
 import sys
-import tempfile
 import time
 import unicodedata
 import warnings
@@ -29,16 +27,11 @@ from pathlib import Path
 
 import numpy as np
 
-from .exceptions import BayesMLCError, ValidationError
-from .safe_io import apply_umask_mode, remove_stale_temporaries, temporary_prefix
-
-MODEL_FILE = "model.npz"
-META_FILE = "meta.json"
-METRICS_FILE = "metrics.json"
-HISTORY_FILE = "history.json"
-RELIABILITY_FILE = "reliability.json"
-#: what ``train --out`` writes; a folder holding any of them holds a run
-RUN_FILES = frozenset({MODEL_FILE, META_FILE, METRICS_FILE, HISTORY_FILE, RELIABILITY_FILE})
+from ..exceptions import BayesMLCError, ValidationError
+from ..safe_io import apply_umask_mode, temporary_prefix
+from .errors import CLIError
+from .run_directory import (HISTORY_FILE, META_FILE, METRICS_FILE, MODEL_FILE, RELIABILITY_FILE, RUN_FILES,
+                            RunDirectory)
 
 EXIT_OK = 0
 EXIT_INTERNAL = 1
@@ -58,10 +51,6 @@ DEMO_MIN_SAMPLES = 100
 #: CPU of its default 100, for a test P@1 within 1.5 standard errors of it and far above the
 #: baseline's (docs/experiments.md, "The demo")
 DEMO_SETTINGS = {"mlgpf": {"epochs": 30}}
-
-
-class CLIError(Exception):
-    """A user error reported as ``bayesmlc: error: ...`` with exit code 2."""
 
 
 def printable(text) -> str:
@@ -126,7 +115,7 @@ def dataset_name(path) -> str:
 
 def propensity_constants(name: str):
     """(A, B) of Jain et al.'s propensity model for a known dataset, else the defaults (0.55, 1.5)."""
-    from .data.registry import get_info
+    from ..data.registry import get_info
 
     try:
         info = get_info(name)
@@ -137,7 +126,7 @@ def propensity_constants(name: str):
 
 def build_model(name: str, settings, seed, device, quiet: bool, preset: str | None = None):
     """The estimator ``--model name`` with ``--set`` values (over the named ``--preset``'s, if any)."""
-    from .models import get_model_class
+    from ..models import get_model_class
 
     cls = get_model_class(name)
     valid = cls().get_params(deep=False)
@@ -152,7 +141,7 @@ def build_model(name: str, settings, seed, device, quiet: bool, preset: str | No
     if isinstance(threads, int) and not isinstance(threads, bool) and threads > max_threads():
         raise CLIError(f"--set n_threads={threads}: {_too_many_threads()}")
     if preset is not None:
-        from .presets import build_preset
+        from ..presets import build_preset
 
         return build_preset(name, preset, params)
     return cls(**params)
@@ -192,7 +181,7 @@ def command_threads(args):
     changes nothing."""
     if not getattr(args, "choose_threads", False):
         return contextlib.nullcontext()
-    from .threads import choose_threads, use_threads
+    from ..threads import choose_threads, use_threads
 
     args.thread_choice = choose_threads(args.threads)
     return use_threads(args.thread_choice.threads)
@@ -205,51 +194,6 @@ def thread_note(args) -> str:
         return ""
     return (f"; {choice.threads} thread{'s' if choice.threads > 1 else ''}: other processes keep {choice.load:.1f} "
             f"of {choice.cores} cores busy (--threads N to choose)")
-
-
-class RunDirectory:
-    """The ``--out`` folder of a run, written as a unit.
-
-    Created before training: a temporary sibling folder ``.NAME.tmp-PID-XXXX`` (so an unwritable or
-    misnamed ``--out`` fails before any work is done). :meth:`path` names a file inside it;
-    :meth:`commit` renames it to ``NAME``; :meth:`discard` removes it. A folder ``NAME`` that already
-    holds a run (any of :data:`RUN_FILES`) is refused unless ``overwrite``; then the earlier run's
-    files are dropped. Other files already in ``NAME`` (a harness's logs) are kept: they move into
-    the new folder, open handles included, just before the rename. Temporary folders of runs that
-    were killed are removed on creation.
-    """
-
-    def __init__(self, target, overwrite: bool):
-        self.target = Path(target).absolute()
-        if self.target.exists() or self.target.is_symlink():
-            if not self.target.is_dir():
-                raise CLIError(f"--out {target}: exists and is not a folder")
-            earlier = sorted(entry.name for entry in self.target.iterdir() if entry.name in RUN_FILES)
-            if earlier and not overwrite:
-                raise CLIError(f"--out {target}: already holds a run ({', '.join(earlier)}); pass --overwrite "
-                               "to replace it")
-        self.target.parent.mkdir(parents=True, exist_ok=True)
-        remove_stale_temporaries(self.target.parent)
-        self.folder = Path(tempfile.mkdtemp(dir=self.target.parent, prefix=temporary_prefix(self.target.name)))
-        apply_umask_mode(self.folder, directory=True)
-
-    def path(self, name: str) -> Path:
-        return self.folder / name
-
-    def commit(self) -> None:
-        aside = None
-        if self.target.exists():
-            for entry in self.target.iterdir():
-                if entry.name not in RUN_FILES and not (self.folder / entry.name).exists():
-                    os.replace(entry, self.folder / entry.name)
-            aside = Path(tempfile.mkdtemp(dir=self.target.parent, prefix=temporary_prefix(self.target.name)))
-            os.replace(self.target, aside / "earlier")
-        os.replace(self.folder, self.target)
-        if aside is not None:
-            shutil.rmtree(aside, ignore_errors=True)
-
-    def discard(self) -> None:
-        shutil.rmtree(self.folder, ignore_errors=True)
 
 
 def check_training_data(train, n_rows: int, path) -> None:
@@ -295,7 +239,7 @@ def evaluate_model(model, test, inv_propensity, auc_subset=None) -> tuple[dict, 
     unobserved are left out of the metrics that take a mask. A metric that is undefined on this data
     (an AUC with one class only) is ``None``. ``predict_seconds`` adds up the blocks' prediction times.
     """
-    from .metrics import StreamingEvaluation
+    from ..metrics import StreamingEvaluation
 
     n_rows, n_labels = test.Y.shape
     stream = StreamingEvaluation(n_labels, inv_propensity=inv_propensity)
@@ -361,7 +305,7 @@ def _device_name(model) -> str:
     device = getattr(model, "device", None)
     if device is None:
         return "cpu"
-    from .utils import resolve_device
+    from ..utils import resolve_device
 
     resolved = resolve_device(device)
     if resolved.type == "cuda":
@@ -392,17 +336,17 @@ def cmd_train(args) -> int:
         if args.model not in DISTRIBUTED_MODELS:
             raise CLIError(f"--distributed: only --model {' or '.join(DISTRIBUTED_MODELS)} trains data-parallel, "
                            f"not {args.model}")
-        from .distributed import DataParallel
+        from ..distributed import DataParallel
 
         parallel = DataParallel.from_env()  # under torchrun: RANK, WORLD_SIZE, MASTER_ADDR, ...
     if args.resume and args.model != "mlgpf":
         raise CLIError(f"--resume: only --model mlgpf writes checkpoints, not {args.model}")
     if args.calibration_folds is not None:
-        from .calibration import check_calibration_folds
+        from ..calibration import check_calibration_folds
 
         check_calibration_folds(args.calibrate, args.calibration_folds)
     if args.preset is not None:  # before any work: an unknown name, or an ensemble where one model is needed
-        from .presets import check_cli_preset
+        from ..presets import check_cli_preset
 
         check_cli_preset(args.model, args.preset, resume=args.resume, distributed=args.distributed)
     try:
@@ -415,11 +359,11 @@ def cmd_train(args) -> int:
 def _read_training_data(args, parallel, is_main):
     """``(train, test or None, sharded)`` as ``train`` reads them (each rank its shard under
     ``--distributed`` for npz/xc files)."""
-    from .data.io import conform_widths, infer_format, read_dataset, read_train_test
+    from ..data.io import conform_widths, infer_format, read_dataset, read_train_test
 
     sharded = parallel is not None and (args.format or infer_format(args.train)) in ("npz", "xc")
     if sharded:  # each rank reads only its rows; rank 0 alone reads the test file
-        from .data.shard import read_shard
+        from ..data.shard import read_shard
 
         train = read_shard(args.train, parallel, format=args.format)
         test = read_dataset(args.test, format=args.format) if args.test and is_main else None
@@ -433,7 +377,7 @@ def _read_training_data(args, parallel, is_main):
 
 
 def _train(args, parallel) -> int:
-    from .metrics import inverse_propensity, inverse_propensity_from_counts
+    from ..metrics import inverse_propensity, inverse_propensity_from_counts
 
     is_main = parallel is None or parallel.is_main
     quiet = args.quiet or not is_main
@@ -446,7 +390,7 @@ def _train(args, parallel) -> int:
         device = args.device if args.device is not None or parallel is None else str(parallel.device)
         model = build_model(args.model, args.set, args.seed, device, quiet, preset=args.preset)
         if args.calibrate:
-            from .calibration import CalibratedClassifier
+            from ..calibration import CalibratedClassifier
 
             model = CalibratedClassifier(model, method=args.calibrate, cv=args.calibration_folds, random_state=args.seed)
         name = dataset_name(args.train)
@@ -502,7 +446,7 @@ def _train(args, parallel) -> int:
 
 def _load_model_dir(model_dir):
     """``(model, meta)`` of a ``--model-dir``; meta is ``{}`` when there is no ``meta.json``."""
-    from .base import MultiLabelEstimator
+    from ..base import MultiLabelEstimator
 
     folder = Path(model_dir)
     if not (folder / MODEL_FILE).exists():
@@ -529,14 +473,14 @@ def _names_from_meta(meta: dict, key: str, size: int, folder) -> list | None:
 def _conform_to_model(data, model, path, labels: bool):
     """``data`` with the model's widths (see :func:`bayesmlc.data.io.conform_widths`): a narrower
     width the reader inferred is padded, a declared one that differs is refused."""
-    from .data.io import conform_widths
+    from ..data.io import conform_widths
 
     return conform_widths(data, model.n_features_in_, model.n_labels_ if labels else None, path,
                           "the model was trained with")
 
 
 def cmd_evaluate(args) -> int:
-    from .data.io import read_dataset
+    from ..data.io import read_dataset
 
     model, meta = _load_model_dir(args.model_dir)
     test = _conform_to_model(read_dataset(args.test, format=args.format), model, args.test, labels=True)
@@ -556,7 +500,7 @@ def cmd_evaluate(args) -> int:
 
 
 def cmd_predict(args) -> int:
-    from .data.io import read_dataset
+    from ..data.io import read_dataset
 
     model, meta = _load_model_dir(args.model_dir)
     names = _names_from_meta(meta, "label_names", model.n_labels_, args.model_dir) if args.names else None
@@ -596,8 +540,8 @@ def _top_labels(model, X, k: int, raw_scores: bool):
     """``(indices, values)``: each row's ``k`` best labels by the model's ranking, with their
     probabilities (``predict_proba``), or with the raw ``decision_function`` scores when
     ``raw_scores``; one batch of rows x L at a time."""
-    from .base import PREDICT_BATCH_ROWS
-    from .utils import iter_batches
+    from ..base import PREDICT_BATCH_ROWS
+    from ..utils import iter_batches
 
     indices, scores = model.predict_topk(X, k)
     if raw_scores:
@@ -617,10 +561,10 @@ def _open_output(path, option: str):
 
 
 def cmd_info(args) -> int:
-    from .data.io import read_dataset
+    from ..data.io import read_dataset
 
     if args.presets:
-        from .presets import format_presets, presets_as_dicts
+        from ..presets import format_presets, presets_as_dicts
 
         print(json.dumps(presets_as_dicts()) if args.json else format_presets())
         return EXIT_OK
@@ -635,8 +579,8 @@ def cmd_info(args) -> int:
 
 
 def cmd_demo(args) -> int:
-    from .data.synthetic import make_multilabel
-    from .metrics import inverse_propensity
+    from ..data.synthetic import make_multilabel
+    from ..metrics import inverse_propensity
 
     if args.n_samples < DEMO_MIN_SAMPLES:
         raise CLIError(f"--n-samples {args.n_samples}: the demo needs at least {DEMO_MIN_SAMPLES} rows")
@@ -668,7 +612,7 @@ def cmd_demo(args) -> int:
 def label_frequency_baseline(train_Y, test, inv_propensity) -> dict:
     """Metrics of the trivial predictor that ranks every row's labels by their frequency in
     ``train_Y`` and gives that frequency as each label's probability; ``None`` where undefined."""
-    from . import metrics
+    from .. import metrics
 
     frequency = np.asarray(train_Y.mean(axis=0), dtype=np.float64).ravel()
     proba = np.broadcast_to(frequency, (test.n_samples, frequency.size))
@@ -682,7 +626,7 @@ def _undefined_as_none(values: dict) -> dict:
 
 
 def cmd_topics(args) -> int:
-    from .bmls.topics import format_topics
+    from ..bmls.topics import format_topics
 
     model, meta = _load_model_dir(args.model_dir)
     if not hasattr(model, "topics"):
@@ -694,7 +638,7 @@ def cmd_topics(args) -> int:
 
 
 def cmd_plot_history(args) -> int:
-    from .gp.plotting import plot_history
+    from ..gp.plotting import plot_history
 
     folder = Path(args.model_dir)
     history_path = folder / HISTORY_FILE
@@ -722,7 +666,7 @@ def cmd_plot_history(args) -> int:
 
 
 def cmd_bench(args) -> int:
-    from .bench.cli import run
+    from ..bench.cli import run
 
     return run(args)
 
@@ -747,8 +691,8 @@ class _HelpFormatter(argparse.HelpFormatter):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from . import __version__
-    from .models import MODEL_CLASSES
+    from .. import __version__
+    from ..models import MODEL_CLASSES
 
     parser = _Parser(prog="bayesmlc", description="Bayesian multi-label classification at scale",
                      epilog="start with 'bayesmlc demo'; 'bayesmlc COMMAND --help' lists a command's options "
@@ -861,7 +805,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_plot_history)
 
     try:
-        from .bench.cli import add_arguments
+        from ..bench.cli import add_arguments
     except ImportError:
         add_arguments = None
     if add_arguments is not None:
