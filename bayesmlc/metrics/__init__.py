@@ -18,12 +18,14 @@ Conventions for rows without any true label (see ``docs/metrics.md``):
 * ``exact_match``: such a row matches when nothing is predicted for it.
 
 The metrics live in one module per family (:mod:`~bayesmlc.metrics.ranking`,
+:mod:`~bayesmlc.metrics.bands` (the ranking metrics by label-frequency band),
 :mod:`~bayesmlc.metrics.auc`, :mod:`~bayesmlc.metrics.set_based`, :mod:`~bayesmlc.metrics.calibration`,
 and :func:`evaluate` in :mod:`~bayesmlc.metrics.evaluation`), with the shared input checks in
 ``_checks``; every public name is importable from ``bayesmlc.metrics``.
 """
 
 from .auc import auc_instance, auc_macro, auc_micro
+from .bands import BandMetrics, FrequencyBands, frequency_bands, metrics_by_band
 from .calibration import (
     ReliabilityCurve,
     RiskCoverage,
@@ -57,6 +59,10 @@ __all__ = [
     "ndcg_at_k",
     "psprecision_at_k",
     "psndcg_at_k",
+    "FrequencyBands",
+    "frequency_bands",
+    "BandMetrics",
+    "metrics_by_band",
     "auc_micro",
     "auc_macro",
     "auc_instance",
