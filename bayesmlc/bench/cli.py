@@ -43,6 +43,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--calibration-folds", type=int, metavar="K",
                         help="with --calibrate: fit the maps on K-fold held-out predictions (every training row held "
                              "out once) and train the model on all rows, K + 1 fits (default: one 80/20 split)")
+    parser.add_argument("--bands", action="store_true",
+                        help="also split P@k, PSP@k and recall@k of every finished run into label-frequency bands "
+                             "(deciles of training frequency, head to tail; reloads each saved model to rank the test rows)")
     parser.add_argument("--resume", action="store_true", help="keep finished runs of OUT/results.jsonl, rerun the rest")
     parser.add_argument("--report-only", action="store_true", help="rebuild report and plots from OUT/results.jsonl")
     parser.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
@@ -65,6 +68,8 @@ def _command_line(args) -> str:
         parts += ["--calibrate"] + list(args.calibrate)
     if getattr(args, "calibration_folds", None) is not None:
         parts += ["--calibration-folds", str(args.calibration_folds)]
+    if getattr(args, "bands", False):
+        parts.append("--bands")
     for option, flag in (("seed", "--seed"), ("threads", "--threads"), ("device", "--device"), ("timeout", "--timeout")):
         value = getattr(args, option)
         if value is not None and not (option == "seed" and value == 0):
@@ -97,7 +102,7 @@ def run(args) -> int:
                 suite, out, datasets=args.datasets, models=args.models, repeats=args.repeats, seed=args.seed,
                 data_root=args.data_root, threads=args.threads, device=args.device, timeout_s=args.timeout,
                 resume=args.resume, log=log, calibrate=getattr(args, "calibrate", ()),
-                calibration_folds=getattr(args, "calibration_folds", None),
+                calibration_folds=getattr(args, "calibration_folds", None), bands=getattr(args, "bands", False),
             )
     except BayesMLCError as exc:
         print(f"bayesmlc bench: error: {exc}", file=sys.stderr)

@@ -47,6 +47,9 @@ CALIBRATION_COLUMNS = (
     ("P@1", "P@1", "pct"), ("P@5", "P@5", "pct"), ("ECE@1", "ECE@1", "frac"), ("ECE@5", "ECE@5", "frac"),
     ("AURC", "AURC", "frac"),
 )
+#: The band contributions of the label-frequency table (``bench --bands``), every model side by side
+#: under each.
+BAND_COLUMNS = ("P@1", "P@5", "PSP@1", "PSP@5", "R@5")
 COST_COLUMNS = (
     ("train_seconds", "train s", "sec"), ("predict_seconds", "predict s", "sec"), ("peak_rss_mb", "peak MB", "mb"),
 )
@@ -242,6 +245,9 @@ def dataset_tables(dataset: str, summaries, quality: bool = True, with_published
     if calibration:
         folds = {s.calibration_folds for s in summaries if s.dataset == dataset and s.records and s.calibrate}
         parts += ["", _calibration_sentence(folds), "", calibration]
+    bands = band_table(mine)
+    if bands:
+        parts += ["", BAND_SENTENCE, "", bands]
     return "\n".join(parts)
 
 
@@ -324,6 +330,47 @@ def _not_completed(records) -> str:
     if not rows:
         return "Every run finished."
     return _table(["run", "status", "reason", "last stderr line"], rows)
+
+
+BAND_SENTENCE = (
+    "By label-frequency band (`bench --bands`; `bayesmlc.metrics.metrics_by_band`): the labels sorted by "
+    "training frequency, head first, cut into deciles (fewer bands for fewer labels). Each cell is the band's "
+    "contribution in %: the hits in each row's top k whose label lies in the band, so a metric's bands add up "
+    "to its `all` row (P@k: hits / (k rows); PSP@k: propensity-weighted hits over the best achievable total; "
+    "R@k: mean over rows of hits / the row's true labels). `test positives %` bounds what a band can add.")
+
+
+def _count_range(low: int, high: int) -> str:
+    return f"{low}" if low == high else f"{low}-{high}"
+
+
+def band_table(summaries) -> str | None:
+    """One dataset's bands, every configuration side by side under each of :data:`BAND_COLUMNS` (in %,
+    the median over repeats), with a last row of totals; ``None`` when no run recorded bands.
+    ``summaries``: the :class:`~bayesmlc.bench.report.Summary` objects of one dataset."""
+    with_bands = [(s, [r["bands"] for r in s.records if r.get("bands")]) for s in summaries if not s.calibrate]
+    with_bands = [(s, bands) for s, bands in with_bands if bands]
+    if not with_bands:
+        return None
+    first = with_bands[0][1][0]
+    n_bands = len(first["n_labels"])
+    header = ["band", "labels", "train rows per label", "test positives %"] + [
+        f"{name} {s.label}" for name in BAND_COLUMNS for s, _ in with_bands]
+    rows = []
+    for band in list(range(n_bands)) + ["all"]:
+        if band == "all":
+            cells = ["all", str(sum(first["n_labels"])), "", "100"]
+        else:
+            cells = [str(band + 1), str(first["n_labels"][band]),
+                     _count_range(first["min_count"][band], first["max_count"][band]),
+                     f"{100 * first['positive_share'][band]:.1f}"]
+        for name in BAND_COLUMNS:
+            for _, records in with_bands:
+                values = [sum(b["values"][name]) if band == "all" else b["values"][name][band]
+                          for b in records if name in b["values"]]
+                cells.append(format_cell(values, "pct"))
+        rows.append(cells)
+    return _table(header, rows)
 
 
 def render_report(records, *, suite: str, quality: bool = True, plots: dict | None = None,

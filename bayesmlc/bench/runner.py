@@ -473,7 +473,7 @@ def run_suite(suite: Suite, out_dir, *, datasets=None, models=None, repeats: int
               data_root=None, run_one: RunOne | None = None, availability: Callable[[str], str | None] | None = None,
               threads: int | None = None, device: str | None = None, timeout_s: float | None = None,
               resume: bool = False, log: Callable[[str], None] = _stderr_log, calibrate=(),
-              calibration_folds: int | None = None) -> list[dict]:
+              calibration_folds: int | None = None, bands: bool = False) -> list[dict]:
     """Run ``suite`` and return its records (also appended, one JSON line each, to ``OUT/results.jsonl``).
 
     Parameters
@@ -484,6 +484,7 @@ def run_suite(suite: Suite, out_dir, *, datasets=None, models=None, repeats: int
     resume : keep the records already in ``results.jsonl`` and rerun only what is not ``ok`` there
     calibrate : calibration methods; each adds calibrated runs of every configuration (:func:`plan_runs`)
     calibration_folds : K: the calibrated runs cross-fit their maps, ``CalibratedClassifier(cv=K)``
+    bands : also score each finished raw run by label-frequency band (:func:`.bands.band_fields`)
     """
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -526,7 +527,7 @@ def run_suite(suite: Suite, out_dir, *, datasets=None, models=None, repeats: int
         if reason:
             record.update(status="skipped", reason=reason)
         else:
-            record.update(_run(spec, out_dir, run_one))
+            record.update(_run(spec, out_dir, run_one, bands))
         records.append(record)
         with open(results_path, "a", encoding="utf-8") as handle:
             handle.write(json.dumps(record, default=str) + "\n")
@@ -555,7 +556,7 @@ def _prepare_dataset(spec: RunSpec) -> str | None:
     return None
 
 
-def _run(spec: RunSpec, out_dir: Path, run_one: RunOne) -> dict:
+def _run(spec: RunSpec, out_dir: Path, run_one: RunOne, bands: bool = False) -> dict:
     run_dir = out_dir / "runs" / spec.dataset / f"{spec.model}-{spec.config}" / f"r{spec.repeat}"
     run_dir.mkdir(parents=True, exist_ok=True)
     fields = {"run_dir": str(run_dir.relative_to(out_dir)), "dataset_shape": _dataset_shape(spec)}
@@ -572,5 +573,9 @@ def _run(spec: RunSpec, out_dir: Path, run_one: RunOne) -> dict:
         fields.update(_history_fields(run_dir))
         if spec.calibrate is not None:
             fields.update(_calibration_fields(run_dir))
+        elif bands:
+            from .bands import band_fields
+
+            fields.update(band_fields(spec.test_path, spec.train_path, run_dir))
     fields["wall_seconds"] = time.perf_counter() - start
     return fields
