@@ -8,7 +8,7 @@ from sklearn.exceptions import NotFittedError
 
 __all__ = [
     "BayesMLCError", "DataFormatError", "ValidationError", "ModelFormatError", "NotFittedError",
-    "DownloadError", "DatasetNotFoundError",
+    "DownloadError", "DatasetNotFoundError", "OutputPathError",
 ]
 
 
@@ -58,3 +58,8 @@ class DownloadError(BayesMLCError, OSError):
 
 class DatasetNotFoundError(BayesMLCError, FileNotFoundError):
     """The files of a data set are not where :func:`bayesmlc.datasets.load` looked."""
+
+
+class OutputPathError(BayesMLCError, OSError):
+    """An output path cannot be written safely: something that is not a regular file is in the way, or
+    the path would make a run folder write into itself."""

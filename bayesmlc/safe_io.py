@@ -12,9 +12,12 @@ model files, checkpoints) goes through these checks:
 * :func:`check_width` refuses a declared number of features or labels whose per-column arrays
   (frequencies, propensities, weights) could not fit in memory.
 
-For writing, temporary names carry the writer's process id (``.NAME.tmp-PID-XXXX``), so the next
-writer in the same folder can remove what a killed process left behind without touching the
-temporaries of one still running (:func:`remove_stale_temporaries`).
+For writing, temporary names carry a bayesmlc marker and the writer's process id
+(``.NAME.bayesmlc-tmp-PID-XXXXXXXX``), so the next writer in the same folder can remove what a killed
+process left behind without touching the temporaries of one still running, nor any file bayesmlc did
+not write (:func:`remove_stale_temporaries`). Outputs replace only regular files
+(:func:`check_output_target`): a device, FIFO, socket or folder in the way is refused before anything
+is written.
 """
 
 from __future__ import annotations
@@ -22,7 +25,6 @@ from __future__ import annotations
 import os
 import re
 import tempfile
-import time
 import zipfile
 from typing import Callable, Iterator, Mapping
 
@@ -30,7 +32,7 @@ import numpy as np
 import scipy.sparse as sp
 
 __all__ = ["memory_limit_bytes", "physical_memory_bytes", "format_bytes", "check_width", "checked_csr", "LazyNpz", "BYTES_PER_COLUMN",
-           "temporary_prefix", "remove_stale_temporaries", "apply_umask_mode", "make_temporary_file", "error_factory",
+           "temporary_prefix", "remove_stale_temporaries", "check_output_target", "TEMPORARY_MARKER", "apply_umask_mode", "make_temporary_file", "error_factory",
            "MEMORY_LIMIT_ENV"]
 
 #: environment variable that caps (in bytes, or with a K/M/G/T suffix) what a reader may allocate
@@ -41,9 +43,11 @@ BYTES_PER_COLUMN = 64
 _FALLBACK_LIMIT = 16 * 2**30
 _SUFFIXES = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
 _READ_BLOCK = 1 << 20
-_TEMP_PATTERN = re.compile(r"\.tmp-(\d+)-")
-#: a temporary without a process id (written by an older bayesmlc) is stale after this many seconds
-_LEGACY_STALE_SECONDS = 3600
+#: the marker in the name of every temporary file or folder bayesmlc writes; nothing else is ever cleaned
+TEMPORARY_MARKER = "bayesmlc-tmp"
+#: a whole temporary name: hidden, the marker, the writer's pid, then tempfile's 8 random characters and
+#: an optional suffix (what :func:`temporary_prefix` and :func:`make_temporary_file` produce)
+_TEMP_PATTERN = re.compile(r"^\..+\." + TEMPORARY_MARKER + r"-(\d+)-[a-z0-9_]{8}(\.[A-Za-z0-9]+)?$")
 
 
 def format_bytes(n: float) -> str:
@@ -267,8 +271,8 @@ def error_factory(error_type, describe: Callable[[str], str] | None = None, **kw
 
 # ---- writing ----------------------------------------------------------------------------------------
 def temporary_prefix(name: str) -> str:
-    """Prefix of a temporary file or folder standing in for ``name``: ``.NAME.tmp-PID-``."""
-    return f".{name}.tmp-{os.getpid()}-"
+    """Prefix of a temporary file or folder standing in for ``name``: ``.NAME.bayesmlc-tmp-PID-``."""
+    return f".{name}.{TEMPORARY_MARKER}-{os.getpid()}-"
 
 
 def _pid_alive(pid: int) -> bool:
@@ -286,9 +290,10 @@ def _pid_alive(pid: int) -> bool:
 def remove_stale_temporaries(folder) -> list:
     """Remove the temporaries in ``folder`` whose writing process is gone; returns what was removed.
 
-    A temporary is a hidden entry whose name holds ``.tmp-PID-`` (see :func:`temporary_prefix`);
-    ones without a process id (``.tmp-XXXX.npz``, ``.NAME.XXXX.part``, from older versions) count
-    as stale an hour after their last change.
+    Only entries whose whole name is one bayesmlc writes (``.NAME.bayesmlc-tmp-PID-XXXXXXXX[.ext]``,
+    see :func:`temporary_prefix`) whose process ``PID`` no longer runs are removed, and only regular
+    files and real folders among them (never a link, a device or a FIFO): a file of the user's that
+    merely looks temporary is left alone.
     """
     import shutil
 
@@ -297,32 +302,48 @@ def remove_stale_temporaries(folder) -> list:
         entries = list(os.scandir(folder))
     except OSError:
         return removed
-    now = time.time()
     for entry in entries:
-        name = entry.name
-        if not name.startswith("."):
-            continue
-        match = _TEMP_PATTERN.search(name)
-        if match:
-            stale = not _pid_alive(int(match.group(1)))
-        elif name.startswith(".tmp-") or name.endswith(".part"):
-            try:
-                stale = now - entry.stat(follow_symlinks=False).st_mtime > _LEGACY_STALE_SECONDS
-            except OSError:
-                continue
-        else:
-            continue
-        if not stale:
+        match = _TEMP_PATTERN.match(entry.name)
+        if not match or _pid_alive(int(match.group(1))):
             continue
         try:
             if entry.is_dir(follow_symlinks=False):
                 shutil.rmtree(entry.path)
-            else:
+            elif entry.is_file(follow_symlinks=False):
                 os.unlink(entry.path)
+            else:
+                continue
             removed.append(entry.path)
         except OSError:
             pass
     return removed
+
+
+def check_output_target(path, what: str | None = None) -> None:
+    """Refuse to write ``path`` when something other than a regular file is there.
+
+    A save writes a temporary and renames it over ``path``; over a device (``/dev/null``), a FIFO, a
+    socket or a folder that rename would replace a thing that is not the user's data file. A link is
+    followed: the question is what it points to. Raises :class:`~bayesmlc.exceptions.OutputPathError`
+    naming ``what`` (the argument, if given) and the path.
+    """
+    import stat
+
+    from .exceptions import OutputPathError
+
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        raise OutputPathError(f"{what + ' ' if what else ''}{os.fspath(path)}: cannot inspect: "
+                              f"{exc.strerror or exc}") from None
+    if not stat.S_ISREG(mode):
+        kind = ("a folder" if stat.S_ISDIR(mode) else "a FIFO" if stat.S_ISFIFO(mode)
+                else "a socket" if stat.S_ISSOCK(mode) else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode)
+                else "not a regular file")
+        raise OutputPathError(f"{what + ' ' if what else ''}{os.fspath(path)}: is {kind}; bayesmlc only replaces "
+                              "regular files")
 
 
 def _umask() -> int:
@@ -338,7 +359,9 @@ def apply_umask_mode(path, directory: bool = False) -> None:
 
 
 def make_temporary_file(folder, name: str, suffix: str = "") -> tuple[int, str]:
-    """``(fd, path)`` of a new temporary for ``folder/name``, with the umask's permissions."""
+    """``(fd, path)`` of a new temporary for ``folder/name``, with the umask's permissions; refuses
+    (:func:`check_output_target`) when ``folder/name`` is there and is not a regular file."""
+    check_output_target(os.path.join(folder, name))
     fd, tmp = tempfile.mkstemp(dir=folder, prefix=temporary_prefix(name), suffix=suffix)
     try:
         apply_umask_mode(tmp)

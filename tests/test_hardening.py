@@ -343,19 +343,27 @@ def test_a_run_that_fails_midway_leaves_nothing(tmp_path, capsys, monkeypatch):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["train.txt"]
 
 
-def test_stale_temporaries_of_dead_processes_are_removed(tmp_path, capsys):
+def test_stale_temporaries_of_dead_processes_are_removed_and_look_alikes_kept(tmp_path, capsys):
     dead = 999_999_999  # above any pid_max: no such process
-    stale = [tmp_path / f".run.tmp-{dead}-abc", tmp_path / f".model.npz.tmp-{dead}-x.npz",
-             tmp_path / f".bibtex.zip.tmp-{dead}-y.part"]
+    stale = [tmp_path / f".run.bayesmlc-tmp-{dead}-abcd1234", tmp_path / f".model.npz.bayesmlc-tmp-{dead}-x_y12345.npz",
+             tmp_path / f".bibtex.zip.bayesmlc-tmp-{dead}-yyyyyyyy.part"]
     stale[0].mkdir()
     (stale[0] / "model.npz").write_bytes(b"x" * 1000)
     for path in stale[1:]:
         path.write_bytes(b"x")
-    alive = tmp_path / f".other.tmp-{os.getpid()}-z.npz"
-    alive.write_bytes(b"x")
+    # the user's files that only look temporary, and a live writer's temporary, stay
+    kept = [tmp_path / f".other.bayesmlc-tmp-{os.getpid()}-zzzzzzzz.npz", tmp_path / f".notes.tmp-{dead}-abc",
+            tmp_path / ".old-download.part", tmp_path / f"visible.bayesmlc-tmp-{dead}-abcd1234",
+            tmp_path / f".x.bayesmlc-tmp-{dead}-abcd1234.tar.gz"]
+    for path in kept:
+        path.write_bytes(b"keep")
+    os.utime(kept[2], (0, 0))  # an old hidden .part is not ours to judge
+    os.symlink(tmp_path / "train.txt", tmp_path / f".link.bayesmlc-tmp-{dead}-abcd1234")
     train = str(_write_xc(tmp_path / "train.txt"))
     assert main(["train", "--model", "logistic", "--train", train, "--out", str(tmp_path / "run"), "--quiet"]) == 0
-    assert not any(path.exists() for path in stale) and alive.exists()
+    assert not any(path.exists() for path in stale)
+    assert all(path.read_bytes() == b"keep" for path in kept)
+    assert (tmp_path / f".link.bayesmlc-tmp-{dead}-abcd1234").is_symlink()
     assert remove_stale_temporaries(tmp_path) == []
 
 

@@ -28,10 +28,9 @@ from pathlib import Path
 import numpy as np
 
 from ..exceptions import BayesMLCError, ValidationError
-from ..safe_io import apply_umask_mode, temporary_prefix
+from ..safe_io import make_temporary_file
 from .errors import CLIError
-from .run_directory import (HISTORY_FILE, META_FILE, METRICS_FILE, MODEL_FILE, RELIABILITY_FILE, RUN_FILES,
-                            RunDirectory)
+from .run_directory import HISTORY_FILE, META_FILE, METRICS_FILE, MODEL_FILE, RELIABILITY_FILE, RunDirectory
 
 EXIT_OK = 0
 EXIT_INTERNAL = 1
@@ -285,12 +284,13 @@ def _json_default(value):
 
 def _write_json(path: Path, payload) -> None:
     """Write ``payload`` as JSON (a temporary file, then a rename)."""
-    tmp = path.with_name(temporary_prefix(path.name) + "json")
+    fd, tmp = make_temporary_file(path.parent, path.name, suffix=".json")
     try:
-        tmp.write_text(json.dumps(payload, indent=1, default=_json_default))
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(json.dumps(payload, indent=1, default=_json_default))
         os.replace(tmp, path)
     except BaseException:
-        tmp.unlink(missing_ok=True)
+        Path(tmp).unlink(missing_ok=True)
         raise
 
 

@@ -19,6 +19,7 @@ from ..exceptions import ModelFormatError, ValidationError
 from ..fitted_state import check_integer, check_number
 from ..parameters import Boolean, Integer, Options, Real, check_parameters
 from ..preprocessing import STANDARDIZE_CONSTRAINT, FeaturePreprocessor, legacy_preprocessor_state
+from ..safe_io import check_output_target
 from ..utils import numpy_rng, resolve_device, torch_threads
 from ..validation import check_fit_inputs
 from .inducing import INDUCING_NAMES
@@ -236,6 +237,8 @@ class MLGPF(MultiLabelEstimator):
             raise ValidationError("early_stopping_patience needs validation_fraction > 0 (a held-out set to watch)")
         if self.checkpoint_every is not None and not self.checkpoint_path:
             raise ValidationError("checkpoint_every is set but checkpoint_path is not: say where to write checkpoints")
+        if self.checkpoint_path:
+            check_output_target(self.checkpoint_path, "checkpoint_path")  # a device or FIFO: refused before fitting
         if self.n_inducing > n_rows:
             raise ValidationError(
                 f"n_inducing={self.n_inducing} exceeds the n_samples={n_rows} training rows available to initialise "
