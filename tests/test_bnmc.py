@@ -339,7 +339,7 @@ def test_scene_reaches_the_papers_best_bnmc_row():
 def _rank_term_data(rng, n, L, terms, theta=(1.3, 0.4, -0.8)):
     """Validation entries drawn from BNMC's calibrated model itself: z = a s_clf + b s_pat + d ranks the
     labels, p = sigmoid(z + the rank terms of ``terms``), written out by hand (independent of
-    ``_rank_adjusted_logits``): the leader z + r + c z + e z_2, the runner-up z + g2 + h2 z, ranks 3-5
+    ``rank_adjusted_logits``): the leader z + r + c z + e z_2, the runner-up z + g2 + h2 z, ranks 3-5
     z + g + h z."""
     s_clf, s_pat = rng.normal(-1.0, 1.5, (n, L)), rng.normal(0.0, 1.0, (n, L))
     z = theta[0] * s_clf + theta[1] * s_pat + theta[2]
@@ -360,7 +360,7 @@ def test_fit_calibration_recovers_the_rank_terms_of_its_own_model():
     # probability of each of the top five ranks, and of the leader over the runner-up's range. (The
     # terms themselves are not compared: they multiply the fitted ranking logit, an affine map of the
     # generating z, so the offsets absorb part of the slopes.)
-    from bayesmlc.bnmc.model import _calibrated_probability_logits, fit_calibration
+    from bayesmlc.bnmc.rank_calibration import calibrated_probability_logits, fit_calibration
 
     rng = np.random.default_rng(0)
     truth = (0.9, -0.4, -0.5, 0.4, -0.2, 0.3, 0.1)
@@ -369,7 +369,7 @@ def test_fit_calibration_recovers_the_rank_terms_of_its_own_model():
     theta, probability_theta, terms = fit_calibration(s_clf, s_pat, Y, observed)
     # the ranking logit is the plain fit: it ranks as z does
     assert np.mean(np.argmax(theta[0] * s_clf + theta[1] * s_pat, axis=1) == np.argmax(z, axis=1)) > 0.99
-    fitted_p = 1.0 / (1.0 + np.exp(-_calibrated_probability_logits(s_clf, s_pat, theta, probability_theta, terms)))
+    fitted_p = 1.0 / (1.0 + np.exp(-calibrated_probability_logits(s_clf, s_pat, theta, probability_theta, terms)))
     true_p = 1.0 / (1.0 + np.exp(-logits))
     top = np.argsort(-z, axis=1)[:, :5]
     error = np.abs(np.take_along_axis(fitted_p - true_p, top, axis=1))
@@ -388,7 +388,7 @@ def test_fit_calibration_recovers_the_rank_terms_of_its_own_model():
 
 
 def test_the_rank_terms_keep_the_ranking_and_order_the_probabilities_with_it(pattern_data, fitted):
-    from bayesmlc.bnmc.model import RankTerms
+    from bayesmlc.bnmc.rank_calibration import RankTerms
 
     X = pattern_data[0]
     model = copy.deepcopy(fitted)
@@ -421,7 +421,7 @@ def test_the_rank_terms_keep_the_ranking_and_order_the_probabilities_with_it(pat
 def test_cross_validation_shrinks_the_rank_terms_on_small_validation_splits():
     # 30 small validation splits (40 rows x 6 labels) with no rank effect in the data: the fit at the
     # weakest prior finds spurious terms, the cross-validated prior pulls them towards 0
-    from bayesmlc.bnmc.model import RANK_TERM_PRECISIONS, _fit_rank_terms, fit_calibration
+    from bayesmlc.bnmc.rank_calibration import RANK_TERM_PRECISIONS, _fit_rank_terms, fit_calibration
 
     rng = np.random.default_rng(1)
     free, shrunk = [], []
@@ -480,6 +480,7 @@ def test_classifier_auto_keeps_the_likelihood_whose_held_out_probabilities_fit_b
     (recomputed here from the captured evidence with NumPy) is kept, and the model is the one that
     likelihood gives when named: logistic labels keep logistic, keyword labels the SVM."""
     import bayesmlc.bnmc.model as bnmc_model
+    from bayesmlc.bnmc.rank_calibration import calibrated_probability_logits
 
     X, Y = data
     seen = []
@@ -496,7 +497,7 @@ def test_classifier_auto_keeps_the_likelihood_whose_held_out_probabilities_fit_b
     scores = []
     for s_clf, s_pat, Y_val, observed in seen[:2]:
         theta, probability_theta, terms = original(s_clf, s_pat, Y_val, observed > 0)
-        p = 1.0 / (1.0 + np.exp(-bnmc_model._calibrated_probability_logits(s_clf, s_pat, theta, probability_theta, terms)))
+        p = 1.0 / (1.0 + np.exp(-calibrated_probability_logits(s_clf, s_pat, theta, probability_theta, terms)))
         scores.append(np.sum((Y_val * np.log(p) + (1.0 - Y_val) * np.log1p(-p))[observed > 0]))
     assert model.classifier_ == ("logistic", "svm")[int(np.argmax(scores))] == expected
     named = BNMC(**{**params, "classifier": expected}).fit(X, sp.csr_matrix(Y))
@@ -564,7 +565,7 @@ def test_top_label_map_is_the_beta_calibration_map():
     """apply_top_label_map on logits equals the beta calibration map on probabilities, logit p' =
     alpha log p - beta log(1 - p) + gamma (computed here with NumPy logs), is the identity at (1, 1, 0)
     and increases for alpha, beta >= 0."""
-    from bayesmlc.bnmc.model import TOP_LABEL_IDENTITY, apply_top_label_map
+    from bayesmlc.bnmc.rank_calibration import TOP_LABEL_IDENTITY, apply_top_label_map
 
     logits = np.linspace(-8.0, 8.0, 161)
     p = 1.0 / (1.0 + np.exp(-logits))
@@ -581,7 +582,7 @@ def test_top_label_map_recovers_a_distortion_and_keeps_calibrated_probabilities_
     seen); outcomes drawn from the model's own probabilities keep the identity in at least 17 of 20
     data sets (the rule keeps a map only above two standard errors of held-out gain: about 2% of
     calibrated sets by chance)."""
-    from bayesmlc.bnmc.model import TOP_LABEL_IDENTITY, apply_top_label_map, fit_top_label_map
+    from bayesmlc.bnmc.rank_calibration import TOP_LABEL_IDENTITY, apply_top_label_map, fit_top_label_map
 
     rng = np.random.default_rng(0)
     truth = np.array([2.3, 0.35, 1.35])
@@ -603,7 +604,7 @@ def test_top_label_map_recovers_a_distortion_and_keeps_calibrated_probabilities_
 def test_top_label_map_moves_only_the_leading_probability_and_keeps_the_top_five_order():
     """With a top-label map set, decision_function is unchanged, each row's leading probability is the
     map of its logit without it, and predict_proba's top five still follow decision_function's order."""
-    from bayesmlc.bnmc.model import apply_top_label_map
+    from bayesmlc.bnmc.rank_calibration import apply_top_label_map
 
     X, Y = make_linear_data(n=400)
     model = BNMC(truncation=6, random_state=0, **FAST).fit(X, sp.csr_matrix(Y))
