@@ -11,6 +11,10 @@ A model subclasses :class:`MultiLabelEstimator` and implements three hooks:
     more likely. Used for ranking.
 ``_predict_proba(X)``
     Probabilities for a batch: ndarray (b, L) in [0, 1]. Defaults to the logistic of the scores.
+``_scores_and_proba(X)`` (optional)
+    Both of the above for a batch, from one pass of the model where it can share the work (the
+    default calls the two hooks, or only the first when the probabilities are its logistic).
+    :meth:`~MultiLabelEstimator.score_and_proba` scores a test set with it once per row.
 
 and, when its fitted state is not plain arrays and numbers, ``_get_state`` / ``_set_state``.
 It declares what each constructor parameter may be in ``_parameter_constraints``
@@ -70,6 +74,11 @@ def at_least_one_label(proba: np.ndarray) -> np.ndarray:
     log_none = np.log1p(-np.clip(proba, 0.0, 1.0 - 1e-12)).sum(axis=1, keepdims=True)
     some = -np.expm1(log_none)  # P(at least one label) under independence, computed without cancellation
     return np.minimum(proba / np.maximum(some, np.finfo(np.float64).tiny), 1.0).astype(np.float32)
+
+
+def _labels_at_threshold(proba: np.ndarray, threshold: float) -> sp.csr_matrix:
+    """Sparse 0/1 float32: the entries of ``proba`` at or above ``threshold``."""
+    return sp.csr_matrix((proba >= threshold).astype(np.float32))
 
 
 def _warn_about_empty_rows(Y, label_mask, name: str) -> None:
@@ -156,6 +165,23 @@ class MultiLabelEstimator(BaseEstimator):
 
     def _predict_proba(self, X) -> np.ndarray:
         return sigmoid(self._decision_function(X))
+
+    def _scores_and_proba(self, X) -> tuple[np.ndarray, np.ndarray]:
+        """``(_decision_function(X), _predict_proba(X))`` for a batch; a model whose two hooks share
+        work overrides it to do that work once. The default computes the scores once when the
+        probabilities are their logistic (the default ``_predict_proba``)."""
+        if type(self)._predict_proba is MultiLabelEstimator._predict_proba:
+            scores = self._decision_function(X)
+            return scores, sigmoid(scores)
+        return self._decision_function(X), self._predict_proba(X)
+
+    def _labels_from_proba(self, proba: np.ndarray, X) -> sp.csr_matrix:
+        """``predict(X)`` from ``proba = predict_proba(X)``: the labels with probability >= 0.5. A model
+        whose ``predict`` has another rule overrides this with it; until it does, ``predict(X)`` is
+        called (a second pass of the model)."""
+        if type(self).predict is not MultiLabelEstimator.predict:
+            return self.predict(X)
+        return _labels_at_threshold(proba, 0.5)
 
     def _fitted_attribute_names(self):
         return [k for k in vars(self) if k.endswith("_") and not k.startswith("_")]
@@ -312,19 +338,26 @@ class MultiLabelEstimator(BaseEstimator):
         out = np.empty((X.shape[0], self.n_labels_), dtype=np.float32)
         for rows in iter_batches(X.shape[0], PREDICT_BATCH_ROWS):
             block = X[rows]
-            values = np.asarray(hook(block))
-            if values.shape != (block.shape[0], self.n_labels_):  # never broadcast a model's wrong-shaped output
-                raise ValueError(f"{type(self).__name__} computed an array of shape {values.shape} for {block.shape[0]} "
-                                 f"rows and {self.n_labels_} labels: its fitted state is inconsistent")
-            out[rows] = values
+            out[rows] = self._checked_block(hook(block), block.shape[0])
         if self.empty_labels_.size:
             out[:, self.empty_labels_] = fill[self.empty_labels_]
         return out
 
+    def _checked_block(self, values, n_rows: int) -> np.ndarray:
+        """A hook's output for ``n_rows`` rows, refused unless it is (n_rows, n_labels_)."""
+        values = np.asarray(values)
+        if values.shape != (n_rows, self.n_labels_):  # never broadcast a model's wrong-shaped output
+            raise ValueError(f"{type(self).__name__} computed an array of shape {values.shape} for {n_rows} "
+                             f"rows and {self.n_labels_} labels: its fitted state is inconsistent")
+        return values
+
     def decision_function(self, X) -> np.ndarray:
         """Scores, shape (n_samples, n_labels): higher is more likely. Use for ranking metrics."""
-        prior_logit = np.log(self.label_prior_) - np.log1p(-self.label_prior_) if hasattr(self, "label_prior_") else None
-        return self._batched(X, self._decision_function, prior_logit)
+        return self._batched(X, self._decision_function, self._prior_logit() if hasattr(self, "label_prior_") else None)
+
+    def _prior_logit(self) -> np.ndarray:
+        """The logit of ``label_prior_``: the score of a label without a training positive."""
+        return np.log(self.label_prior_) - np.log1p(-self.label_prior_)
 
     def predict_proba(self, X) -> np.ndarray:
         """Probabilities that each label is on, shape (n_samples, n_labels); conditioned on at least one
@@ -333,6 +366,33 @@ class MultiLabelEstimator(BaseEstimator):
         if self._conditions_on_a_label:
             proba = at_least_one_label(proba)
         return proba
+
+    def score_and_proba(self, X, return_labels: bool = False):
+        """``(decision_function(X), predict_proba(X))``, equal to what the two methods return, from
+        one pass of the model over each batch of rows (:meth:`_scores_and_proba`); with
+        ``return_labels``, ``predict(X)`` as a third element, derived from the probabilities by the
+        model's own rule. This is how :func:`bayesmlc.evaluation.evaluate_model` scores a test set.
+
+        Returns
+        -------
+        scores, proba : ndarray of float32, shape (n_samples, n_labels)
+        labels : sparse 0/1 CSR, shape (n_samples, n_labels), only with ``return_labels``
+        """
+        X = self._validated(X)
+        scores = np.empty((X.shape[0], self.n_labels_), dtype=np.float32)
+        proba = np.empty_like(scores)
+        for rows in iter_batches(X.shape[0], PREDICT_BATCH_ROWS):
+            block = X[rows]
+            for out, values in zip((scores, proba), self._scores_and_proba(block)):
+                out[rows] = self._checked_block(values, block.shape[0])
+        if self.empty_labels_.size:
+            scores[:, self.empty_labels_] = self._prior_logit()[self.empty_labels_]
+            proba[:, self.empty_labels_] = self.label_prior_[self.empty_labels_]
+        if self._conditions_on_a_label:
+            proba = at_least_one_label(proba)
+        if not return_labels:
+            return scores, proba
+        return scores, proba, self._labels_from_proba(proba, X)
 
     def predict(self, X, threshold: float = 0.5, top_k: int | None = None) -> sp.csr_matrix:
         """Sparse 0/1 predictions: labels with probability >= ``threshold``, or the ``top_k`` best."""
@@ -348,8 +408,7 @@ class MultiLabelEstimator(BaseEstimator):
         X = self._validated(X)
         parts = []
         for rows in iter_batches(X.shape[0], PREDICT_BATCH_ROWS):
-            proba = self.predict_proba(X[rows])
-            parts.append(sp.csr_matrix((proba >= threshold).astype(np.float32)))
+            parts.append(_labels_at_threshold(self.predict_proba(X[rows]), threshold))
         if not parts:
             return sp.csr_matrix((0, self.n_labels_), dtype=np.float32)
         return sp.vstack(parts, format="csr")

@@ -214,7 +214,11 @@ class KNNBaseline(_StandardisingBaseline):
         return out
 
     def _decision_function(self, X) -> np.ndarray:
-        return self._predict_proba(X) + 1e-6 * self.label_prior_.astype(np.float32)
+        return self._scores_and_proba(X)[0]
+
+    def _scores_and_proba(self, X):
+        proba = self._predict_proba(X)
+        return proba + 1e-6 * self.label_prior_.astype(np.float32), proba
 
     def _check_fitted_state(self) -> None:
         super()._check_fitted_state()
@@ -323,6 +327,10 @@ class _FileBackedModel(_StandardisingBaseline):
 
     def _decision_function(self, X) -> np.ndarray:
         return self._predict_proba(X)
+
+    def _scores_and_proba(self, X):
+        proba = self._predict_proba(X)
+        return proba, proba
 
 
 class NapkinXCPLT(_FileBackedModel):

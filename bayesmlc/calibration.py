@@ -304,6 +304,10 @@ class CalibratedClassifier(MultiLabelEstimator):
     def _predict_proba(self, X) -> np.ndarray:
         return self.calibrate(self.estimator_.predict_proba(X)).astype(np.float32)
 
+    def _scores_and_proba(self, X):
+        scores, proba = self.estimator_.score_and_proba(X)
+        return scores, self.calibrate(proba).astype(np.float32)
+
     # ---- persistence: the fitted estimator is stored whole (bayesmlc.persistence nests it) ---
     def _set_state(self, state: dict) -> None:
         super()._set_state(state)

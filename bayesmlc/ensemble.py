@@ -132,8 +132,12 @@ class AveragingEnsemble(MultiLabelEstimator):
         return self._mean_proba(X).astype(np.float32)
 
     def _decision_function(self, X) -> np.ndarray:
+        return self._scores_and_proba(X)[0]
+
+    def _scores_and_proba(self, X):
+        mean = self._mean_proba(X)
         # the logit is taken in float64, so close probabilities keep their order as float32 scores
-        return logit(self._mean_proba(X), _PROBA_FLOOR).astype(np.float32)
+        return logit(mean, _PROBA_FLOOR).astype(np.float32), mean.astype(np.float32)
 
     # ---- persistence: the members are stored whole (bayesmlc.persistence nests estimators) ------
     def _get_state(self) -> dict:

@@ -404,9 +404,19 @@ class MLGPF(MultiLabelEstimator):
     def _predict_proba(self, X) -> np.ndarray:
         """E[sigmoid(f)] under q(f), by Gauss-Hermite quadrature over the predictive variance
         (:func:`bayesmlc.gp.prediction.predictive_probabilities`)."""
-        module = self._ensure_module()
         with torch_threads(self.n_threads):
-            return predictive_probabilities(module, self.preprocessor_.transform(X), self.jitter_, self.quadrature_points)
+            return self._predictive_probabilities(self.preprocessor_.transform(X))
+
+    def _predictive_probabilities(self, prepared) -> np.ndarray:
+        return predictive_probabilities(self._ensure_module(), prepared, self.jitter_, self.quadrature_points)
+
+    def _scores_and_proba(self, X):
+        """The scores and probabilities of a batch with the rows prepared once (and, with ``rank_by=
+        "proba"``, the probabilities computed once)."""
+        with torch_threads(self.n_threads):
+            prepared = self.preprocessor_.transform(X)
+            proba = self._predictive_probabilities(prepared)
+            return (proba if self.rank_by == "proba" else self._mean_utilities(prepared)), proba
 
     # ---- persistence --------------------------------------------------------------------------
     def _set_state(self, state: dict) -> None:
