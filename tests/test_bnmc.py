@@ -637,3 +637,38 @@ def test_calibration_folds_auto_cross_fits_small_sets_only():
     assert BNMC(calibration_folds=1)._calibration_fold_count(100) == 1
     X, Y = make_linear_data(n=120)
     assert BNMC(truncation=4, random_state=0, **FAST).fit(X, Y).calibration_folds_ == 5
+
+
+def test_label_set_tuning_matches_a_brute_force_search_with_scikit_learn():
+    """choose_threshold: among the 37 grid thresholds within 0.01 of the best example-F1 on the observed
+    entries, the highest of those with the best exact match; choose_count_rule: the rule with the best
+    example-F1 + exact match. Recomputed here with scikit-learn's f1_score(average="samples") and
+    accuracy_score (subset accuracy) on the observed entries only."""
+    from sklearn.metrics import accuracy_score, f1_score
+
+    from bayesmlc.bnmc.label_sets import choose_count_rule, choose_threshold, rule_predictions, threshold_rows
+
+    rng = np.random.default_rng(3)
+    proba = rng.random((80, 7)) ** 2
+    Y = (rng.random(proba.shape) < proba).astype(np.float64)
+    observed = (rng.random(proba.shape) < 0.8).astype(np.float64)
+    observed[:5] = 1.0
+
+    def by_sklearn(pred):
+        """(example F1, exact match) on the observed entries: unobserved ones set to 0 in both."""
+        true, guess = (Y * observed).astype(int), (pred * observed).astype(int)
+        return f1_score(true, guess, average="samples", zero_division=1.0), accuracy_score(true, guess)
+
+    grid = np.linspace(0.05, 0.95, 37)
+    scores = np.array([by_sklearn(threshold_rows(proba, t)) for t in grid])
+    near = scores[:, 0] >= scores[:, 0].max() - 0.01
+    best_exact = scores[near, 1].max()
+    expected = grid[near & (scores[:, 1] == best_exact)].max()
+    assert choose_threshold(proba, Y, observed) == pytest.approx(expected, abs=1e-12)
+    quality = {rule: sum(by_sklearn(rule_predictions(proba, rule, 0.3, 2.0, 0.0, None)))
+               for rule in ("threshold", "count", "expected")}
+    assert choose_count_rule(proba, Y, observed, 0.3, 2.0) == max(quality, key=quality.get)
+    # the rules themselves: "expected" keeps round(mean) labels, "count" round(sum p) (at least 1)
+    assert np.all(rule_predictions(proba, "expected", 0.3, 2.4, 0.0, None).sum(axis=1) == 2)
+    counts = rule_predictions(proba, "count", 0.3, 2.0, 0.0, None).sum(axis=1)
+    np.testing.assert_array_equal(counts, np.clip(np.rint(proba.sum(axis=1)), 1, 7))

@@ -23,6 +23,7 @@ from ..utils import iter_batches, logit, numpy_rng, resolve_device, sigmoid
 from ..validation import check_features, check_fit_inputs
 from ..linalg import top_singular_vectors
 from .classifiers import Design, LowRankDesign, SGDClassifier, choose_low_rank, choose_solver, gibbs_classifier
+from .label_sets import COUNT_RULES, choose_count_rule, choose_threshold, rule_predictions
 from .mixture import DirichletEmission, DPMixture, GaussianEmission
 from .rank_calibration import (
     TOP_LABEL_IDENTITY, RankTerms, bernoulli_log_likelihood, calibrated_probability_logits, fit_calibration,
@@ -31,7 +32,6 @@ from .rank_calibration import (
 
 __all__ = ["BNMC"]
 
-_COUNT_RULES = ("threshold", "count", "expected", "sample")
 #: Dense (rows x labels) entries a label block of the low-rank classifiers, and the validation
 #: split, may hold: label blocks have at most BLOCK_ENTRIES / n labels; the validation split at most
 #: VALIDATION_ENTRIES / L rows.
@@ -53,7 +53,7 @@ CLASSIFIER_CHOICES = ("logistic", "svm")
 #: most this many: a second cross-fit costs about as much as the first (on hmc_cellcycle_go's 2,473 x
 #: 4,125 entries it added about six minutes to 3.5).
 CLASSIFIER_CHOICE_MAX_ENTRIES = 2**22
-_RULE_CHOICES = ("auto",) + _COUNT_RULES
+_RULE_CHOICES = ("auto",) + COUNT_RULES
 #: The fitted attributes holding :class:`RankTerms`, in its order.
 _RANK_TERM_ATTRIBUTES = ("top_label_offset_", "top_label_slope_", "top_label_runner_up_", "second_label_offset_",
                          "second_label_slope_", "next_labels_offset_", "next_labels_slope_")
@@ -758,22 +758,9 @@ class BNMC(MultiLabelEstimator):
             observed = mask_val[rows, leading] > 0
             self.top_label_map_ = fit_top_label_map(logits[observed], Y_val[rows, leading][observed])
         proba = sigmoid(self._calibrated_logits(s_clf, s_pat, probability=True))
-
-        def quality(pred):  # the selection criterion: example-F1 + exact match
-            return _example_f1(Y_val, mask_val, pred) + _exact_match(Y_val, mask_val, pred)
-
-        # the threshold: among those within 0.01 of the best validation example-F1, the one with the
-        # best exact match (ties: the highest threshold, the smallest label sets)
-        grid = np.linspace(0.05, 0.95, 37)
-        f1, exact = np.zeros(grid.size), np.zeros(grid.size)
-        for index, t in enumerate(grid):
-            pred = _threshold_rows(proba, t)
-            f1[index], exact[index] = _example_f1(Y_val, mask_val, pred), _exact_match(Y_val, mask_val, pred)
-        near = np.flatnonzero(f1 >= f1.max() - 0.01)
-        self.threshold_ = float(grid[near[np.lexsort((grid[near], exact[near]))[-1]]])
+        self.threshold_ = choose_threshold(proba, Y_val, mask_val)
         if self.count_rule == "auto":
-            candidates = {rule: quality(self._rule_predictions(proba, rule, None)) for rule in ("threshold", "count", "expected")}
-            self.count_rule_ = max(candidates, key=candidates.get)
+            self.count_rule_ = choose_count_rule(proba, Y_val, mask_val, self.threshold_, self.label_count_mean_)
 
     def _raw_from_classifier(self, Z):
         """Classifier features back to raw features (for the mixture) in the validation step."""
@@ -863,8 +850,8 @@ class BNMC(MultiLabelEstimator):
         if getattr(self, "classifier_", CLASSIFIER_CHOICES[0]) not in CLASSIFIER_CHOICES:
             raise ModelFormatError(f"classifier_ must be one of {', '.join(CLASSIFIER_CHOICES)}, got "
                                    f"{str(self.classifier_)[:40]!r}")
-        if self.count_rule_ not in _COUNT_RULES:
-            raise ModelFormatError(f"count_rule_ must be one of {', '.join(_COUNT_RULES)}, got {str(self.count_rule_)[:40]!r}")
+        if self.count_rule_ not in COUNT_RULES:
+            raise ModelFormatError(f"count_rule_ must be one of {', '.join(COUNT_RULES)}, got {str(self.count_rule_)[:40]!r}")
 
     def _set_rank_terms(self, terms: RankTerms) -> None:
         for name, value in zip(_RANK_TERM_ATTRIBUTES, terms):
@@ -885,36 +872,18 @@ class BNMC(MultiLabelEstimator):
             return super().predict(X, threshold=0.5 if threshold is None else threshold, top_k=top_k)
         self._check_is_fitted()
         rule = self.count_rule_ if rule is None else rule
-        if rule not in _COUNT_RULES:
-            raise ValidationError(f"rule must be one of {_COUNT_RULES}, got {rule!r}")
+        if rule not in COUNT_RULES:
+            raise ValidationError(f"rule must be one of {COUNT_RULES}, got {rule!r}")
         X = self._validated(X)
         rng = numpy_rng(random_state)
         parts = [
-            sp.csr_matrix(self._rule_predictions(self.predict_proba(X[rows]).astype(np.float64), rule, rng))
+            sp.csr_matrix(rule_predictions(self.predict_proba(X[rows]).astype(np.float64), rule, self.threshold_,
+                                           self.label_count_mean_, self.label_count_std_, rng))
             for rows in iter_batches(X.shape[0], 2048)
         ]
         if not parts:
             return sp.csr_matrix((0, self.n_labels_), dtype=np.float32)
         return sp.vstack(parts, format="csr")
-
-    def _rule_predictions(self, proba: np.ndarray, rule: str, rng) -> np.ndarray:
-        """0/1 (b, L) label sets from calibrated probabilities by one of the count rules."""
-        if rule == "threshold":
-            return _threshold_rows(proba, self.threshold_)
-        if rule == "count":
-            counts = np.clip(np.rint(proba.sum(axis=1)), 1, self.n_labels_).astype(int)
-            return _top_counts(proba, counts)
-        if rule == "expected":
-            counts = np.full(proba.shape[0], int(np.clip(round(self.label_count_mean_), 1, self.n_labels_)))
-            return _top_counts(proba, counts)
-        # eq. (9): T ~ N(mean, std) rounded, labels ~ Mult(nu, T), nu = normalised probabilities (eq. 8)
-        nu = proba / proba.sum(axis=1, keepdims=True)
-        pred = np.zeros(proba.shape, dtype=np.float32)
-        draws = np.rint(rng.normal(self.label_count_mean_, self.label_count_std_, size=proba.shape[0]))
-        for i, t in enumerate(np.clip(draws, 0, None).astype(int)):
-            if t:
-                pred[i, np.flatnonzero(rng.multinomial(t, nu[i]))] = 1.0
-        return pred
 
     # ---- online ---------------------------------------------------------------------------------
     def partial_fit(self, X, Y, label_mask=None, classes=None):
@@ -1085,36 +1054,3 @@ def _pad_columns(matrix, n_cols: int, name: str):
     if matrix.shape[1] > n_cols:
         raise ValidationError(f"{name} has {matrix.shape[1]} columns but the model has {n_cols} labels")
     return sp.csr_matrix((matrix.data, matrix.indices, matrix.indptr), shape=(matrix.shape[0], n_cols))
-
-
-def _top_counts(scores: np.ndarray, counts: np.ndarray) -> np.ndarray:
-    """0/1 rows with the ``counts[i]`` highest ``scores`` of row i set."""
-    order = np.argsort(-scores, axis=1, kind="stable")
-    ranks = np.empty_like(order)
-    np.put_along_axis(ranks, order, np.arange(scores.shape[1])[None, :].repeat(scores.shape[0], 0), axis=1)
-    return (ranks < counts[:, None]).astype(np.float32)
-
-
-def _threshold_rows(proba: np.ndarray, threshold: float) -> np.ndarray:
-    """proba >= threshold, and the most probable label for rows that would otherwise be empty."""
-    pred = (proba >= threshold).astype(np.float32)
-    empty = pred.sum(axis=1) == 0
-    if empty.any():
-        pred[np.flatnonzero(empty), np.argmax(proba[empty], axis=1)] = 1.0
-    return pred
-
-
-def _exact_match(Y: np.ndarray, mask: np.ndarray, pred: np.ndarray) -> float:
-    """Share of rows whose observed entries are predicted exactly."""
-    observed = mask > 0
-    return float(np.mean(np.all(((pred > 0) & observed) == ((Y > 0) & observed), axis=1)))
-
-
-def _example_f1(Y: np.ndarray, mask: np.ndarray, pred: np.ndarray) -> float:
-    """Example-based F1 over the rows' observed entries (empty/empty rows score 1)."""
-    observed = mask > 0
-    pred = (pred > 0) & observed
-    true = (Y > 0) & observed
-    inter = np.count_nonzero(pred & true, axis=1)
-    denom = np.count_nonzero(pred, axis=1) + np.count_nonzero(true, axis=1)
-    return float(np.mean(np.where(denom > 0, 2 * inter / np.maximum(denom, 1e-12), 1.0)))
