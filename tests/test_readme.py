@@ -1,4 +1,5 @@
-"""The README's commands and examples, run as written in a scratch folder, with their outputs checked.
+"""The README's and docs/cli.md's commands and examples, run as written in a scratch folder, with their
+outputs checked; the README's figures checked against the reports they quote.
 
 The bash blocks run through bash itself, with ``bayesmlc`` replaced by a shell function that records
 each call's arguments (expanded by bash: variables, ``~``, continuation lines, comments); the
@@ -27,11 +28,14 @@ from bayesmlc.data.synthetic import make_multilabel
 from conftest import REPO_ROOT, SHARED_DATASETS
 
 README = (REPO_ROOT / "README.md").read_text(encoding="utf-8")
+CLI_DOC = (REPO_ROOT / "docs" / "cli.md").read_text(encoding="utf-8")
+#: the generated report the README's results table and calibration figures quote
+CALIBRATION_REPORT = (REPO_ROOT / "docs" / "benchmarks-calibration.md").read_text(encoding="utf-8")
 RECORD_SEPARATOR = "\x1e"
 
 
-def code_blocks(language: str) -> list[str]:
-    return re.findall(rf"^```{language}\n(.*?)^```", README, flags=re.M | re.S)
+def code_blocks(language: str, text: str = README) -> list[str]:
+    return re.findall(rf"^```{language}\n(.*?)^```", text, flags=re.M | re.S)
 
 
 def recorded_calls(block: str, env: dict) -> list[list[str]]:
@@ -57,7 +61,11 @@ def test_the_readme_opens_with_the_install_and_the_test_commands():
     assert ci_lines == [test]  # .ci/run runs exactly the README's test command
     assert re.fullmatch(r'python -m pip install -q torch==[\d.]+ -e "\.\[test\]" && python -m pytest -q', test)
     pins = set(re.findall(r"torch==([\d.]+)", install + test))
-    assert len(pins) == 1 and f"`torch=={pins.pop()}` is the PyTorch build the project is tested with" in README
+    assert len(pins) == 1
+    pin = pins.pop()
+    assert f"`torch=={pin}` is the PyTorch release the project is tested with" in README
+    # the CPU build: the same release from PyTorch's own CPU index, the command its docs give
+    assert f"`python -m pip install torch=={pin} --index-url https://download.pytorch.org/whl/cpu`" in README
     dependencies = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
     (bound,) = [d.split(">=")[1] for d in dependencies if d.startswith("torch>=")]
     assert f"torch >= {bound}, CPU or CUDA" in README
@@ -93,52 +101,64 @@ def _stand_in_data_home(folder: Path) -> Path:
     return folder
 
 
-def _run_examples(data_home: Path, work: Path, monkeypatch, capsys, with_bench: bool) -> None:
-    monkeypatch.setenv("BAYESMLC_DATA", str(data_home))
-    monkeypatch.chdir(work)
-    python_blocks = code_blocks("python")
-    assert len(python_blocks) == 2
-
-    # first Python example: logistic regression, metrics, a saved model
-    namespace: dict = {}
-    exec(compile(python_blocks[0], "README.md (python 1)", "exec"), namespace)
-    train, test = namespace["train"], namespace["test"]
-    printed = capsys.readouterr().out
-    metrics = eval(printed.strip(), {"nan": float("nan")})  # the printed dict of metrics
-    assert {"P@1", "P@5", "AUC_micro", "ECE"} <= set(metrics)
-    assert 0.0 <= metrics["P@1"] <= 1.0
-    from bayesmlc import LogisticRegression
-
-    saved = LogisticRegression.load(work / "runs" / "bibtex-logistic.npz")
-    np.testing.assert_allclose(saved.predict_proba(test.X), namespace["proba"], rtol=1e-6)
-
-    # second: the three models, each with its top 5 labels per row
-    exec(compile(python_blocks[1], "README.md (python 2)", "exec"), namespace)
-    for model in (namespace["mlgpf"], namespace["bmls"], namespace["bnmc"]):
-        labels, scores = model.predict_topk(test.X, k=5)
-        assert labels.shape == scores.shape == (test.n_samples, 5)
-        assert np.all(np.diff(scores, axis=1) <= 0)  # best first
-
-    # the command line block
-    (cli_block,) = [block for block in code_blocks("bash") if "bayesmlc train" in block]
-    env = {"PATH": "/usr/bin:/bin", "HOME": str(work), "BAYESMLC_DATA": str(data_home)}
-    calls = recorded_calls(cli_block, env)
-    assert [call[0] for call in calls] == ["info", "train", "evaluate", "predict", "predict", "train", "topics",
-                                           "train", "plot-history", "bench", "info"]
-    data = data_home / "bibtex_xc"
-    assert calls[0] == ["info", str(data / "train.txt")]
+def _run_calls(calls: list[list[str]], work: Path, train, test, capsys, with_bench: bool) -> None:
+    """Run recorded ``bayesmlc`` calls in order through :func:`main`, checking each output."""
     capsys.readouterr()
     for call in calls:
         if call[0] == "bench" and not with_bench:
             from bayesmlc.cli import build_parser
 
-            assert build_parser().parse_args(call).data_root == str(data_home)
+            assert Path(build_parser().parse_args(call).data_root).is_dir()
             continue
         assert main(call) == 0, call
         out = capsys.readouterr().out
         check = CHECKS.get(" ".join(call[:2]) if call[0] in ("train", "predict") or call[1:] == ["--presets"] else call[0])
         if check is not None:
             check(call, out, work, train, test)
+
+
+def _run_examples(data_home: Path, work: Path, monkeypatch, capsys, with_bench: bool) -> None:
+    monkeypatch.setenv("BAYESMLC_DATA", str(data_home))
+    monkeypatch.chdir(work)
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(work), "BAYESMLC_DATA": str(data_home)}
+    data = data_home / "bibtex_xc"
+
+    # the README's Python example: BNMC, its top 5 labels, metrics, a saved model
+    (python_block,) = code_blocks("python")
+    namespace: dict = {}
+    exec(compile(python_block, "README.md (python)", "exec"), namespace)
+    train, test, model = namespace["train"], namespace["test"], namespace["model"]
+    metrics = eval(capsys.readouterr().out.strip(), {"nan": float("nan")})  # the printed dict of metrics
+    assert {"P@1", "P@5", "AUC_micro", "ECE"} <= set(metrics)
+    assert 0.0 <= metrics["P@1"] <= 1.0
+    labels, scores = namespace["labels"], namespace["scores"]
+    assert labels.shape == scores.shape == (test.n_samples, 5)
+    assert np.all(np.diff(scores, axis=1) <= 0)  # best first
+    from bayesmlc import BNMC
+
+    saved = BNMC.load(work / "bibtex-bnmc.npz")
+    np.testing.assert_allclose(saved.predict_proba(test.X), model.predict_proba(test.X), rtol=1e-6)
+
+    # the README's command-line example
+    (readme_block,) = [block for block in code_blocks("bash") if "bayesmlc train" in block]
+    calls = recorded_calls(readme_block, env)
+    assert [call[:2] for call in calls] == [["train", "--model"], ["predict", "--model-dir"]]
+    _run_calls(calls, work, train, test, capsys, with_bench)
+
+    # docs/cli.md: every command
+    (cli_block,) = code_blocks("bash", CLI_DOC)
+    calls = recorded_calls(cli_block, env)
+    assert [call[0] for call in calls] == ["info", "train", "evaluate", "predict", "predict", "train", "topics",
+                                           "train", "plot-history", "bench", "info"]
+    assert calls[0] == ["info", str(data / "train.txt")]
+    assert all(call[call.index("--data-root") + 1] == str(data_home) for call in calls if call[0] == "bench")
+    _run_calls(calls, work, train, test, capsys, with_bench)
+
+    # docs/cli.md: threads from Python
+    (threads_block,) = code_blocks("python", CLI_DOC)
+    namespace = {}
+    exec(compile(threads_block, "docs/cli.md (python)", "exec"), namespace)
+    assert namespace["model"].predict_proba(test.X).shape == (test.n_samples, test.n_labels)
 
 
 def _check_info(call, out, work, train, test):
@@ -154,17 +174,21 @@ def _check_presets(call, out, work, train, test):
 
 def _check_train(call, out, work, train, test):
     run = work / call[call.index("--out") + 1]
-    assert (run / "model.npz").exists() and (run / "meta.json").exists()
+    assert (run / "model.npz").exists() and (run / "meta.json").exists() and (run / "history.json").exists()
+    assert (run / "metrics.json").exists() == ("--test" in call)  # as docs/cli.md lists the run folder
     if "--json" in call:
         record = json.loads(out.strip().splitlines()[-1])
-        assert record["model"] == "logistic" and record["params"]["C"] == 4
+        assert record["model"] == call[call.index("--model") + 1]
+        for setting in call[call.index("--set") + 1:call.index("--set") + 2] if "--set" in call else []:
+            key, value = setting.split("=")
+            assert record["params"][key] == json.loads(value)
         assert all(0.0 <= v <= 1.0 for v in record["metrics"].values() if v is not None)
 
 
 def _check_evaluate(call, out, work, train, test):
     rows = dict(line.split() for line in out.strip().splitlines())
-    logistic = json.loads((work / "runs" / "bibtex-lr" / "metrics.json").read_text())
-    assert float(rows["P@1"]) == pytest.approx(logistic["P@1"], abs=5e-5)
+    at_training = json.loads((work / call[call.index("--model-dir") + 1] / "metrics.json").read_text())
+    assert float(rows["P@1"]) == pytest.approx(at_training["P@1"], abs=5e-5)
 
 
 def _check_predict(call, out, work, train, test):
@@ -216,3 +240,93 @@ def test_the_readme_examples_run_on_the_real_bibtex_with_the_bench(tmp_path, mon
     work = tmp_path / "work"
     work.mkdir()
     _run_examples(SHARED_DATASETS, work, monkeypatch, capsys, with_bench=True)
+
+
+# ---- the README's figures and claims ---------------------------------------------------------------
+#: the README's model names -> the report's configuration names
+REPORT_NAMES = {"MLGPF": "mlgpf (default)", "BMLS": "bmls (default)", "BNMC": "bnmc (default)",
+                "logistic": "logistic (default)", "omikuji Parabel": "omikuji_parabel (default)"}
+
+
+def report_row(dataset: str, model: str, table: int) -> list[str]:
+    """Cells of ``model``'s row in the generated report's ``table``-th table of ``dataset`` (0: ranking,
+    1: probabilities and cost, 2: raw against calibrated)."""
+    generated = CALIBRATION_REPORT[CALIBRATION_REPORT.index("<!-- begin: generated"):]
+    section = generated.split(f"\n### {dataset}\n", 1)[1].split("\n### ", 1)[0]
+    rows = [line for line in section.splitlines() if line.startswith(f"| {REPORT_NAMES[model]} |")]
+    return [cell.strip().strip("*") for cell in rows[table].strip("|").split("|")]
+
+
+def report_header(dataset: str, table: int) -> list[str]:
+    generated = CALIBRATION_REPORT[CALIBRATION_REPORT.index("<!-- begin: generated"):]
+    section = generated.split(f"\n### {dataset}\n", 1)[1].split("\n### ", 1)[0]
+    headers = [line for line in section.splitlines() if line.startswith("| model |")]
+    return [cell.strip() for cell in headers[table].strip("|").split("|")]
+
+
+def readme_results() -> dict:
+    """{(model, dataset): (P@1, ECE@1, train s)} as the README's results table states them."""
+    table = README[README.index("## Results"):README.index("## Documentation")]
+    header, _, *rows = [line for line in table.splitlines() if line.startswith("|")]
+    datasets = [cell.split()[0] for cell in header.strip("|").split("|")[1::3]]
+    results = {}
+    for row in rows:
+        model, *cells = (cell.strip() for cell in row.strip("|").split("|"))
+        for i, dataset in enumerate(datasets):
+            results[model, dataset] = tuple(cells[3 * i:3 * i + 3])
+    return results
+
+
+def test_the_results_table_quotes_the_report_it_links():
+    results = readme_results()
+    assert {dataset for _, dataset in results} == {"bibtex_xc", "goemotions"}
+    assert {"MLGPF", "BMLS", "BNMC"} <= {model for model, _ in results}
+    for (model, dataset), (p1, ece1, seconds) in results.items():
+        ranking, probabilities = report_row(dataset, model, 0), report_row(dataset, model, 1)
+        p1_column = report_header(dataset, 0).index("P@1")
+        ece_column, seconds_column = (report_header(dataset, 1).index(name) for name in ("ECE@1", "train s"))
+        assert (p1, ece1, seconds) == (ranking[p1_column], probabilities[ece_column],
+                                       probabilities[seconds_column]), (model, dataset)
+
+
+def test_the_calibration_sentence_holds_in_the_report():
+    results = readme_results()
+    # "BNMC ... is well calibrated raw; MLGPF, BMLS and logistic regression are less so"
+    for dataset in ("bibtex_xc", "goemotions"):
+        raw = {model: float(results[model, dataset][1]) for model in ("MLGPF", "BMLS", "BNMC", "logistic")}
+        assert min(raw, key=raw.get) == "BNMC", dataset
+    # "... which brings bibtex_xc's ECE@1 to A, B and C" for MLGPF, BMLS and logistic, with isotonic maps
+    found = re.search(r"brings\s+bibtex_xc's ECE@1 to (\d\.\d+), (\d\.\d+) and (\d\.\d+)", README)
+    assert found, "the README gives the recalibrated ECE@1 of MLGPF, BMLS and logistic regression"
+    header = report_header("bibtex_xc", 2)
+    for model, stated in zip(("MLGPF", "BMLS", "logistic"), found.groups()):
+        row = report_row("bibtex_xc", model, 2)
+        assert row[header.index("calibration")] == "isotonic"
+        assert row[header.index("ECE@1 cal")] == stated, model
+        assert float(stated) < float(row[header.index("ECE@1 raw")])
+
+
+def test_the_threads_import_in_the_readme_works_as_written():
+    """``from bayesmlc.threads import use_threads`` then ``with use_threads(1):`` (issue: the older text
+    used ``bayesmlc.threads`` after a bare ``import bayesmlc``, an AttributeError)."""
+    (statement,) = set(re.findall(r"`(from bayesmlc\.threads import use_threads)`", README))
+    (block,) = set(re.findall(r"`with (use_threads\(1\)):`", README))
+    namespace: dict = {}
+    exec(statement, namespace)
+    import torch
+
+    before = torch.get_num_threads()
+    with eval(block, namespace):
+        assert torch.get_num_threads() == 1
+    assert torch.get_num_threads() == before
+
+
+@pytest.mark.parametrize("model", ["mlgpf", "bnmc"])
+def test_the_same_seed_and_thread_count_give_the_same_result(model, capsys):
+    """The README's reproducibility sentence: same seed, same thread count, the same figures."""
+    call = ["demo", "--model", model, "--n-samples", "400", "--threads", "1", "--seed", "3", "--json", "--quiet"]
+    records = []
+    for _ in range(2):
+        assert main(call) == 0
+        records.append(json.loads(capsys.readouterr().out.strip().splitlines()[-1])["metrics"])
+    assert records[0] == records[1]
