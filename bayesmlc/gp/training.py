@@ -13,7 +13,6 @@ import math
 import os
 import time
 import warnings
-import zipfile
 from dataclasses import dataclass
 from types import SimpleNamespace
 
@@ -23,8 +22,8 @@ import torch
 
 from ..distributed import ONE_PROCESS, ParallelContext
 from ..exceptions import ModelFormatError, ValidationError
-from ..persistence import decode, encode, read_npz, write_npz_atomically
-from .initialisation import ProjectionCache, feature_batch, initial_module, module_from_parameters, training_projection
+from .checkpoints import load_checkpoint, module_from_checkpoint, optimizer_state_from_checkpoint, save_checkpoint
+from .initialisation import ProjectionCache, feature_batch, initial_module, training_projection
 from .likelihoods import BernoulliLogit
 from .objective import (
     LabelEntries, StageClock, VariationalELBO, resolve_negative_samples, sample_label_entries, sample_shared_negatives,
@@ -48,10 +47,6 @@ __all__ = [
     "load_checkpoint",
     "optimizer_state_from_checkpoint",
 ]
-
-CHECKPOINT_FORMAT = "bayesmlc-mlgpf-checkpoint"
-CHECKPOINT_VERSION = 1
-
 
 class TrainingDivergedError(FloatingPointError):
     """The bound or its gradient became NaN or infinite; the model keeps the last good parameters."""
@@ -152,33 +147,6 @@ def early_stop(scores: list[float], patience: int) -> bool:
         return False
     best = int(np.argmax(evaluated))
     return len(evaluated) - 1 - best >= patience
-
-
-def save_checkpoint(path, payload: dict) -> None:
-    """Write ``payload`` (tensors, arrays, dicts, numbers) atomically: temporary file, then rename."""
-    arrays: dict = {}
-    meta = {"format": CHECKPOINT_FORMAT, "version": CHECKPOINT_VERSION, "payload": encode(payload, arrays, "c")}
-    write_npz_atomically(path, meta, arrays)
-
-
-def load_checkpoint(path) -> dict:
-    """Read a checkpoint written by :func:`save_checkpoint`."""
-    path = os.fspath(path)
-    try:
-        meta, arrays = read_npz(path)
-    except (OSError, ValueError, KeyError, UnicodeDecodeError, zipfile.BadZipFile) as exc:
-        raise ModelFormatError(f"{path}: not a readable MLGPF checkpoint ({exc})") from None
-    if meta.get("format") != CHECKPOINT_FORMAT or meta.get("version", 0) > CHECKPOINT_VERSION:
-        raise ModelFormatError(f"{path}: not an MLGPF checkpoint this version can read")
-    return decode(meta["payload"], arrays)
-
-
-def optimizer_state_from_checkpoint(state: dict) -> dict:
-    """Undo the string keys JSON gave the optimizer's per-parameter state."""
-    return {
-        "state": {int(k): v for k, v in state["state"].items()},
-        "param_groups": state["param_groups"],
-    }
 
 
 # ---- the trainer ------------------------------------------------------------------------------------
@@ -413,7 +381,7 @@ class Trainer:
         n_val = int(round(settings.validation_fraction * n_all))
         order = self.rng.permutation(n_all)
         val_rows, train_rows = np.sort(order[:n_val]), np.sort(order[n_val:])
-        checkpoint = self._checkpoint_to_resume(n_all, X.shape[1], Y.shape[1]) if resume else None
+        checkpoint = self._checkpoint_to_resume(n_all, X.shape[1], Y.shape[1], n_val) if resume else None
         if checkpoint is not None:
             val_rows = np.asarray(checkpoint["val_rows"], dtype=np.int64)
             train_rows = np.setdiff1d(np.arange(n_all), val_rows)
@@ -423,7 +391,7 @@ class Trainer:
         if checkpoint is None:
             projection = self.initialise(X_train, Y_train, train_context)
         else:
-            self.start(module_from_parameters(settings, checkpoint["parameters"], self.device, self.dtype))
+            self.start(module_from_checkpoint(settings, checkpoint, settings.checkpoint_path, self.device, self.dtype))
             projection = training_projection(self.module, X_train)
         train = TrainingRows(X_train, Y_train, None if label_mask is None else label_mask[local_train], projection,
                              train_context)
@@ -533,9 +501,10 @@ class Trainer:
     def _plain_settings(self) -> dict:
         return {k: v for k, v in vars(self.settings).items() if v is None or isinstance(v, (bool, int, float, str))}
 
-    def _checkpoint_to_resume(self, n_rows: int, n_features: int, n_labels: int) -> dict | None:
-        """The checkpoint at ``settings.checkpoint_path``, checked against these settings and data; None
-        (with a warning) when there is none yet."""
+    def _checkpoint_to_resume(self, n_rows: int, n_features: int, n_labels: int, n_val: int) -> dict | None:
+        """The checkpoint at ``settings.checkpoint_path`` (its fields checked by :func:`load_checkpoint`),
+        checked against these settings and data (``n_val`` validation rows of ``n_rows``, an epoch
+        within ``epochs``); None (with a warning) when there is none yet."""
         path = self.settings.checkpoint_path
         if not path:
             raise ValidationError("resume=True needs checkpoint_path (the checkpoint to continue from)")
@@ -559,12 +528,19 @@ class Trainer:
                 f"features={checkpoint['n_features']}, labels={checkpoint['n_labels']}, not "
                 f"{n_rows}, {n_features}, {n_labels}"
             )
+        if checkpoint["epoch"] > self.settings.epochs:
+            raise ValidationError(f"{path}: checkpoint is at epoch {checkpoint['epoch']}, beyond epochs="
+                                  f"{self.settings.epochs}; resume with at least that many epochs")
+        if len(checkpoint["val_rows"]) != n_val:
+            raise ModelFormatError(f"{path}: checkpoint field val_rows holds {len(checkpoint['val_rows'])} rows, "
+                                   f"validation_fraction={self.settings.validation_fraction} of {n_rows} makes {n_val}")
         return checkpoint
 
     def _restore(self, checkpoint: dict):
         """Optimizer, random stream, history, jitter and clock from ``checkpoint``; returns (the epoch
         to start at, the best validated parameters or None)."""
-        self.optimizer.load_state_dict(optimizer_state_from_checkpoint(checkpoint["optimizer"]))
+        self.optimizer.load_state_dict(
+            optimizer_state_from_checkpoint(self.optimizer, checkpoint["optimizer"], self.settings.checkpoint_path))
         self.rng.bit_generator.state = checkpoint["rng_state"]
         self.history = {k: list(v) for k, v in checkpoint["history"].items()}
         self.steps = {k: list(v) for k, v in checkpoint["steps"].items()}
