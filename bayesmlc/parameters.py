@@ -20,6 +20,7 @@ parameter and the data, stay in the estimator's ``fit``.
 
 from __future__ import annotations
 
+import ast
 import math
 import numbers
 
@@ -27,7 +28,7 @@ import numpy as np
 
 from .exceptions import ValidationError
 
-__all__ = ["Boolean", "InstanceOf", "Integer", "Options", "Real", "check_parameters", "describe"]
+__all__ = ["Boolean", "InstanceOf", "Integer", "Options", "Real", "check_parameters", "describe", "parse_set_values"]
 
 
 def _is_integer(value) -> bool:
@@ -143,3 +144,30 @@ def check_parameters(estimator) -> None:
         value = getattr(estimator, name)
         if not any(_constraint(entry).accepts(value) for entry in constraints):
             raise ValidationError(f"{name} must be {describe(constraints)}, got {value!r}")
+
+
+def parse_set_values(pairs, valid_keys) -> dict:
+    """Parameter values from ``"key=value"`` strings (``bayesmlc train --set``, the benchmark scripts):
+    a dict ``{key: value}``. A value is a Python literal (int, float, list, ...), ``true``/``false``,
+    ``none``/``null`` (any case), else the string itself. Raises :class:`ValidationError` for a string
+    without ``=`` or a key not in ``valid_keys``."""
+    params = {}
+    for pair in pairs or []:
+        key, sep, raw = pair.partition("=")
+        key = key.strip()
+        if not sep or not key:
+            raise ValidationError(f"expects key=value, got {pair!r}")
+        if key not in valid_keys:
+            raise ValidationError(f"{key}: unknown parameter; valid keys: {', '.join(sorted(valid_keys))}")
+        lowered = raw.strip().lower()
+        if lowered in ("true", "false"):
+            value = lowered == "true"
+        elif lowered in ("none", "null"):
+            value = None
+        else:
+            try:
+                value = ast.literal_eval(raw)
+            except (ValueError, SyntaxError):
+                value = raw
+        params[key] = value
+    return params

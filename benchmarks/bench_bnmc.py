@@ -52,7 +52,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_mlgpf import synchronize  # noqa: E402
 
 from bayesmlc.bnmc import BNMC  # noqa: E402
-from bayesmlc.cli import parse_set_values  # noqa: E402
+from bayesmlc.parameters import parse_set_values  # noqa: E402
 from bayesmlc.data.io import read_dataset  # noqa: E402
 from bayesmlc.metrics import evaluate  # noqa: E402
 

@@ -30,7 +30,7 @@ import scipy.sparse as sp
 
 from bayesmlc.metrics import StreamingEvaluation, evaluate
 
-LIMIT = 1 << 26  # bayesmlc.cli.MAX_EVALUATION_ENTRIES
+LIMIT = 1 << 26  # bayesmlc.evaluation.MAX_EVALUATION_ENTRIES
 
 
 def block_outputs(rng, n_rows: int, n_labels: int, labels_per_row: float = 5.04):

@@ -31,7 +31,7 @@ import numpy as np
 import torch
 
 from bayesmlc.bench.runner import default_data_root
-from bayesmlc.cli import parse_set_values
+from bayesmlc.parameters import parse_set_values
 from bayesmlc.data.io import read_dataset
 from bayesmlc.gp import MLGPF, Trainer
 from bayesmlc.gp.initialisation import resolved_structure

@@ -406,7 +406,7 @@ def test_plan_runs_selection_and_errors(tmp_path):
 
 
 def test_cli_runner_set_values_round_trip_through_the_cli_parser(tmp_path):
-    from bayesmlc.cli import parse_set_values
+    from bayesmlc.parameters import parse_set_values
 
     params = {"C": 2.0, "max_iter": 7, "name": "two words", "flag": True, "nothing": None, "sizes": [1, 2]}
     spec = RunSpec("s", "d", "logistic", "c", params, 3, 0, True, 5.0, tmp_path / "train.txt", tmp_path / "test.txt")
@@ -415,6 +415,25 @@ def test_cli_runner_set_values_round_trip_through_the_cli_parser(tmp_path):
     assert parse_set_values(pairs, params.keys()) == params
     assert command[command.index("--seed") + 1] == "3" and command[-2:] == ["--device", "cpu"]
     assert CLIRunner(threads=2).environment()["OMP_NUM_THREADS"] == "2"
+
+
+def test_cli_runner_gives_a_registered_set_its_propensity_constants_by_name(tmp_path):
+    """A real registered set passes its registry name to --propensity (so WikiLSHTC-325K gets A=0.5,
+    B=0.4 wherever its files lie); synthetic sets and a user's files pass nothing: the defaults."""
+    from bayesmlc.cli import build_parser
+
+    def command(name, dataset_spec):
+        spec = RunSpec("s", name, "logistic", "c", {}, 0, 0, True, 5.0, tmp_path / "a" / "train.txt",
+                       tmp_path / "a" / "test.txt", dataset_spec=dataset_spec)
+        return CLIRunner(threads=1).command(spec, tmp_path / "run")
+
+    registered = command("wikilshtc-325k", DatasetSpec("wikilshtc-325k"))
+    assert registered[registered.index("--propensity") + 1] == "wikilshtc-325k"
+    assert build_parser().parse_args(registered[3:]).propensity == (0.5, 0.4)
+    for name, dataset_spec in (("eurlex-4k-0.1", DatasetSpec("eurlex-4k-0.1", {"preset": "eurlex-4k", "scale": 0.1})),
+                               ("bibtex", DatasetSpec("bibtex", files=("x/train.txt", "x/test.txt"))),
+                               ("mine", DatasetSpec("mine"))):
+        assert "--propensity" not in command(name, dataset_spec), name
 
 
 def _fake_python(tmp_path, body: str) -> str:

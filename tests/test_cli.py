@@ -7,7 +7,9 @@ import pytest
 import scipy.sparse as sp
 from sklearn import metrics as skm
 
-from bayesmlc.cli import main, parse_set_values, CLIError
+from bayesmlc.cli import main
+from bayesmlc.exceptions import ValidationError
+from bayesmlc.parameters import parse_set_values
 from bayesmlc.linear import LogisticRegression
 
 from conftest import shared_dataset_dir
@@ -46,11 +48,10 @@ def _last_json(capsys):
 
 def test_a_test_set_above_the_score_limit_is_scored_in_blocks_with_its_aucs_on_a_named_subset(tiny_files, capsys,
                                                                                                   monkeypatch):
-    import bayesmlc.cli as cli
-    from bayesmlc import metrics
+    from bayesmlc import evaluation, metrics
     from bayesmlc.data.io import read_dataset
 
-    monkeypatch.setattr(cli, "MAX_EVALUATION_ENTRIES", 100)  # 40 test rows x 5 labels = 200 scores: blocks of 20
+    monkeypatch.setattr(evaluation, "MAX_EVALUATION_ENTRIES", 100)  # 40 test rows x 5 labels = 200 scores: blocks of 20
     out = tiny_files / "run"
     assert main(["train", "--model", "logistic", "--train", str(tiny_files / "train.txt"), "--test",
                  str(tiny_files / "test.txt"), "--out", str(out), "--json", "--quiet"]) == 0
@@ -134,6 +135,35 @@ def test_train_json_line_evaluate_and_predict(tiny_files, capsys):
     assert not capsys.readouterr().out.startswith("#")
 
 
+def test_propensity_constants_come_from_the_option_never_from_the_folder_name(tiny_files, capsys):
+    """A training file in a folder named like a registered set with its own constants (WikiLSHTC-325K:
+    A=0.5, B=0.4) gets the defaults; --propensity takes two numbers or a registered set's name."""
+    from bayesmlc import metrics
+    from bayesmlc.data.io import read_dataset
+
+    folder = tiny_files / "wikilshtc-325k"
+    folder.mkdir()
+    for name in ("train.txt", "test.txt"):
+        (folder / name).write_bytes((tiny_files / name).read_bytes())
+    train, test = read_dataset(folder / "train.txt"), read_dataset(folder / "test.txt")
+    base = ["train", "--model", "logistic", "--train", str(folder / "train.txt"), "--test", str(folder / "test.txt"),
+            "--json", "--quiet"]
+    for option, (a, b) in (([], (0.55, 1.5)), (["--propensity", "0.5,0.4"], (0.5, 0.4)),
+                           (["--propensity", "wikilshtc-325k"], (0.5, 0.4)), (["--propensity", "2,3"], (2.0, 3.0))):
+        out = tiny_files / f"run-{len(option)}-{option[-1] if option else ''}"
+        assert main(base + option + ["--out", str(out)]) == 0
+        record = _last_json(capsys)
+        assert json.loads((out / "meta.json").read_text())["propensity"] == {"A": a, "B": b}
+        model = LogisticRegression.load(out / "model.npz")
+        expected = metrics.psprecision_at_k(test.Y, model.decision_function(test.X), k=3,
+                                            propensities=metrics.inverse_propensity(train.Y, A=a, B=b))
+        assert record["metrics"]["PSP@3"] == pytest.approx(expected, abs=1e-12), option
+    for bad in ("nope", "0.5", "0,1", "a,b"):
+        with pytest.raises(SystemExit) as stop:
+            main(base + ["--propensity", bad])
+        assert stop.value.code == 2 and "--propensity" in capsys.readouterr().err
+
+
 def test_errors_exit_with_code_two(tiny_files, capsys):
     train = str(tiny_files / "train.txt")
     assert main(["train", "--model", "logistic", "--train", train, "--set", "bogus=1", "--quiet"]) == 2
@@ -156,7 +186,7 @@ def test_errors_exit_with_code_two(tiny_files, capsys):
 def test_parse_set_values():
     assert parse_set_values(["a=3", "b=0.5", "c=true", "d=none", "e=linear+se", "f=[1, 2]"], set("abcdef")) == {
         "a": 3, "b": 0.5, "c": True, "d": None, "e": "linear+se", "f": [1, 2]}
-    with pytest.raises(CLIError, match="key=value"):
+    with pytest.raises(ValidationError, match="key=value"):
         parse_set_values(["novalue"], {"a"})
 
 

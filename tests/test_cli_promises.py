@@ -109,7 +109,7 @@ def test_demo_gives_mlgpf_its_demo_epochs_unless_set(monkeypatch):
         built.append(model)
         raise KeyboardInterrupt  # stop before fitting: only the settings matter here
 
-    monkeypatch.setattr(cli, "build_model", spy)
+    monkeypatch.setattr(cli.commands.demo, "build_model", spy)
     assert main(["demo", "--quiet", "--threads", "1"]) == cli.EXIT_INTERRUPTED
     assert main(["demo", "--quiet", "--threads", "1", "--set", "epochs=3"]) == cli.EXIT_INTERRUPTED
     assert [m.epochs for m in built] == [cli.DEMO_SETTINGS["mlgpf"]["epochs"], 3]
@@ -175,7 +175,7 @@ def test_threads_reach_torch_and_a_busy_machine_backs_off(fitted_run, capsys, mo
         return real_train(args)
 
     real_train = cli.cmd_train
-    monkeypatch.setattr(cli, "cmd_train", train_records_threads)
+    monkeypatch.setattr(cli.parser, "cmd_train", train_records_threads)
     for name in threads.THREAD_VARIABLES:
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3}, raising=False)

@@ -331,12 +331,12 @@ def test_out_keeps_files_that_are_not_part_of_a_run(tmp_path):
 
 
 def test_a_run_that_fails_midway_leaves_nothing(tmp_path, capsys, monkeypatch):
-    import bayesmlc.cli as cli
+    from bayesmlc.cli.commands import train as train_command
 
     def broken(path, payload):
         raise OSError(28, "No space left on device", str(path))
 
-    monkeypatch.setattr(cli, "_write_json", broken)  # fails after model.npz is written
+    monkeypatch.setattr(train_command, "write_json", broken)  # fails after model.npz is written
     train = str(_write_xc(tmp_path / "train.txt"))
     _one_line_error(capsys, argv=["train", "--model", "logistic", "--train", train, "--out",
                                   str(tmp_path / "run"), "--quiet"])

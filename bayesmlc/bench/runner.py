@@ -207,6 +207,16 @@ def _tail(text: str) -> str:
     return text[-STDERR_TAIL_CHARS:]
 
 
+def _is_registered(spec: RunSpec) -> bool:
+    """Whether ``spec``'s dataset is a real set of the data registry, read from the data root by its
+    registry name (not a synthetic set, nor a user's files)."""
+    from ..data.registry import REGISTRY
+
+    dataset_spec = spec.dataset_spec
+    real = dataset_spec is None or (dataset_spec.synthetic is None and dataset_spec.files is None)
+    return real and spec.dataset in REGISTRY
+
+
 class CLIRunner:
     """Run a configuration as ``python -m bayesmlc train ... --json`` in a fresh process.
 
@@ -230,6 +240,8 @@ class CLIRunner:
                    "--test", str(spec.test_path), "--out", str(run_dir), "--overwrite", "--json", "--quiet", "--seed", str(spec.seed)]
         for key, value in spec.params.items():
             command += ["--set", f"{key}={_format_value(value)}"]
+        if _is_registered(spec):  # the set's own propensity constants (the CLI never reads them from a path)
+            command += ["--propensity", spec.dataset]
         if self.device is not None:
             command += ["--device", self.device]
         if spec.calibrate is not None:

@@ -37,6 +37,7 @@ from ..safe_io import remove_stale_temporaries, temporary_prefix
 __all__ = [
     "DataFile",
     "DatasetInfo",
+    "DEFAULT_PROPENSITY",
     "DownloadError",
     "DatasetNotFoundError",
     "REGISTRY",
@@ -56,6 +57,8 @@ MULAN_URL = "http://mulan.sourceforge.net/datasets-mlc.html"
 JAIN_2016 = "Jain, Prabhu, Varma, KDD 2016 (propensity model); pyxclib and napkinXC defaults"
 
 _DEFAULT_A, _DEFAULT_B = 0.55, 1.5
+#: (A, B) of a data set the registry does not name (Jain et al.'s pair for most sets)
+DEFAULT_PROPENSITY = (_DEFAULT_A, _DEFAULT_B)
 
 
 @dataclass(frozen=True)
