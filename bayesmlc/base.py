@@ -76,9 +76,70 @@ def at_least_one_label(proba: np.ndarray) -> np.ndarray:
     return np.minimum(proba / np.maximum(some, np.finfo(np.float64).tiny), 1.0).astype(np.float32)
 
 
-def _labels_at_threshold(proba: np.ndarray, threshold: float) -> sp.csr_matrix:
-    """Sparse 0/1 float32: the entries of ``proba`` at or above ``threshold``."""
+def _labels_at_threshold(proba: np.ndarray, threshold) -> sp.csr_matrix:
+    """Sparse 0/1 float32: the entries of ``proba`` at or above ``threshold`` (a number, or one per
+    label column: an (L,) array broadcast over the rows)."""
     return sp.csr_matrix((proba >= threshold).astype(np.float32))
+
+
+def check_threshold(threshold, n_labels: int):
+    """``predict``'s ``threshold``: a number in [0, 1], returned as a float, or an array-like of
+    ``n_labels`` numbers in [0, 1] (one per label column), returned as a float32 (L,) array (so that
+    an array of equal entries selects what that one number selects from the float32
+    probabilities). Anything else is a ValidationError naming ``threshold``."""
+    values = np.asarray(threshold) if not isinstance(threshold, (str, bytes)) else None
+    if values is None or values.dtype.kind not in "iuf" or values.ndim > 1:
+        shown = f"shape {values.shape}" if values is not None and values.dtype.kind in "iuf" else repr(threshold)[:80]
+        raise ValidationError(f"threshold must be a number in [0, 1] or a 1-D array of {n_labels} numbers in "
+                              f"[0, 1] (one per label), got {shown}")
+    if values.ndim == 1 and values.shape[0] != n_labels:
+        raise ValidationError(f"threshold has {values.shape[0]} entries but the model has {n_labels} labels: give "
+                              "one number, or one per label column")
+    bad = ~((values >= 0.0) & (values <= 1.0))  # NaN fails both comparisons
+    if np.any(bad):
+        where = "" if values.ndim == 0 else f" at label {int(np.flatnonzero(bad)[0])}"
+        raise ValidationError(f"threshold must be in [0, 1], got {values[bad].ravel()[0]}{where}")
+    return float(values) if values.ndim == 0 else values.astype(np.float32)
+
+
+def label_names_of(Y) -> np.ndarray | None:
+    """The column names of a pandas DataFrame ``Y`` as an object array when they are all strings,
+    else None (an array or sparse matrix, or pandas' default integer names). Names of mixed types
+    are refused with a ValidationError naming ``Y``."""
+    columns = getattr(Y, "columns", None)
+    if columns is None or sp.issparse(Y):
+        return None
+    names = np.asarray(list(columns), dtype=object)
+    is_string = np.array([isinstance(name, str) for name in names], dtype=bool)
+    if names.size and is_string.all():
+        return names
+    if is_string.any():
+        types = sorted({type(name).__name__ for name in names})
+        raise ValidationError(f"Y's column names (the label names) must all be strings, got {types}; convert them, "
+                              "e.g. Y.columns = Y.columns.astype(str)")
+    return None
+
+
+def _frame_values(Y):
+    """A DataFrame ``Y`` whose columns are all of pandas' sparse dtype as a scipy COO matrix (never
+    densified); anything else unchanged."""
+    try:
+        accessor = Y.sparse  # pandas: only a DataFrame of sparse columns has it (else AttributeError)
+    except AttributeError:
+        return Y
+    return accessor.to_coo() if hasattr(accessor, "to_coo") and hasattr(Y, "columns") else Y
+
+
+def _topk_csr(indices: np.ndarray, values: np.ndarray, n_labels: int) -> sp.csr_matrix:
+    """(n, k) label indices and values as a canonical float32 CSR (n, L): k stored entries per row
+    (zero probabilities included), the columns of each row in ascending order."""
+    n, k = indices.shape
+    order = np.argsort(indices, axis=1)
+    return sp.csr_matrix(
+        (np.take_along_axis(values, order, axis=1).ravel().astype(np.float32),
+         np.take_along_axis(indices, order, axis=1).ravel(), np.arange(0, n * k + 1, k, dtype=np.int64)),
+        shape=(n, n_labels),
+    )
 
 
 def _warn_about_empty_rows(Y, label_mask, name: str) -> None:
@@ -102,6 +163,9 @@ class MultiLabelEstimator(BaseEstimator):
     feature_names_in_ : ndarray of str objects (n_features_in_,), the column names of a DataFrame ``X``
         whose names are all strings; absent otherwise. Predicting on other names, or the same names in
         another order, is refused.
+    label_names_ : ndarray of str objects (L,), the column names of a pandas DataFrame ``Y`` whose
+        names are all strings (:func:`label_names_of`); absent otherwise. Saved and loaded with the
+        model.
     classes_ : ndarray (L,), ``arange(n_labels_)``: the label columns, as in scikit-learn's multi-label
         estimators.
     n_labels_ : int
@@ -189,15 +253,17 @@ class MultiLabelEstimator(BaseEstimator):
     def _get_state(self) -> dict:
         """Fitted state to save: by default every public attribute ending in ``_``."""
         state = {k: getattr(self, k) for k in self._fitted_attribute_names()}
-        if "feature_names_in_" in state:  # an object array cannot be stored without pickle
-            state["feature_names_in_"] = [str(name) for name in state["feature_names_in_"]]
+        for name in ("feature_names_in_", "label_names_"):  # an object array cannot be stored without pickle
+            if name in state:
+                state[name] = [str(value) for value in state[name]]
         return state
 
     def _set_state(self, state: dict) -> None:
         for key, value in state.items():
             setattr(self, key, value)
-        if "feature_names_in_" in state:
-            self.feature_names_in_ = np.asarray(state["feature_names_in_"], dtype=object)
+        for name in ("feature_names_in_", "label_names_"):
+            if name in state:
+                setattr(self, name, np.asarray(state[name], dtype=object))
 
     # ---- load-time checks (bayesmlc.persistence.load_model, after _set_state) -----------------
     def _check_loaded(self) -> None:
@@ -233,6 +299,11 @@ class MultiLabelEstimator(BaseEstimator):
             if not (isinstance(names, np.ndarray) and names.shape == (n_features,)
                     and all(isinstance(name, str) for name in names)):
                 raise ModelFormatError(f"feature_names_in_ must be {n_features} strings")
+        if hasattr(self, "label_names_"):
+            names = self.label_names_
+            if not (isinstance(names, np.ndarray) and names.shape == (n_labels,)
+                    and all(isinstance(name, str) for name in names)):
+                raise ModelFormatError(f"label_names_ must be {n_labels} strings (one per label)")
         if hasattr(self, "preprocessor_"):
             preprocessor = self.preprocessor_
             if not isinstance(preprocessor, FeaturePreprocessor) or not hasattr(preprocessor, "n_features_in_"):
@@ -273,6 +344,8 @@ class MultiLabelEstimator(BaseEstimator):
         ----------
         X : array-like or sparse, shape (n_samples, n_features)
         Y : array-like or sparse 0/1, shape (n_samples, n_labels)
+            A pandas DataFrame whose column names are all strings sets ``label_names_``; one whose
+            columns are all of pandas' sparse dtype is read without densifying it.
         label_mask : array-like or sparse 0/1, shape (n_samples, n_labels), optional
             1 where the label entry is observed. Unobserved entries are missing, not negative,
             whatever ``Y`` holds there.
@@ -284,6 +357,7 @@ class MultiLabelEstimator(BaseEstimator):
         check_parameters(self)
         self._check_fit_params(fit_params)
         names = feature_names(X)
+        Y = self._take_label_names(Y, first=True)
         X, Y, label_mask = check_fit_inputs(X, Y, label_mask, estimator_name=type(self).__name__)
         n_labels = Y.shape[1]
         self.n_features_in_ = X.shape[1]
@@ -306,6 +380,22 @@ class MultiLabelEstimator(BaseEstimator):
         self.history_ = {"wall_time": [], "objective": []}
         self._fit(X, Y, label_mask, **fit_params)
         return self
+
+    def _take_label_names(self, Y, first: bool):
+        """Record the label names of a DataFrame ``Y`` (:func:`label_names_of`) as ``label_names_``
+        when ``first`` (a fit, or the first ``partial_fit``), forgetting earlier ones when it has none;
+        a later ``partial_fit`` batch with other names is refused. Returns ``Y``'s values, a sparse
+        DataFrame as a scipy matrix."""
+        names = label_names_of(Y)
+        if first:
+            if names is None:
+                self.__dict__.pop("label_names_", None)
+            else:
+                self.label_names_ = names
+        elif names is not None and hasattr(self, "label_names_") and not np.array_equal(names, self.label_names_):
+            raise ValidationError(f"Y's column names differ from the label names of the first call "
+                                  f"(label_names_, {len(self.label_names_)} names): the label columns are fixed")
+        return _frame_values(Y)
 
     def _check_fit_params(self, fit_params) -> None:
         """Refuse keyword arguments ``_fit`` does not take before any work, with the TypeError Python
@@ -359,13 +449,53 @@ class MultiLabelEstimator(BaseEstimator):
         """The logit of ``label_prior_``: the score of a label without a training positive."""
         return np.log(self.label_prior_) - np.log1p(-self.label_prior_)
 
-    def predict_proba(self, X) -> np.ndarray:
-        """Probabilities that each label is on, shape (n_samples, n_labels); conditioned on at least one
-        label per row when the model's ``label_cardinality`` is "at_least_one" (:func:`at_least_one_label`)."""
+    def predict_proba(self, X, top_k: int | None = None):
+        """Probabilities that each label is on; conditioned on at least one label per row when the
+        model's ``label_cardinality`` is "at_least_one" (:func:`at_least_one_label`).
+
+        Parameters
+        ----------
+        X : array-like or sparse, shape (n_samples, n_features)
+        top_k : int >= 1 or None
+            None: every label's probability, dense. An int: only each row's ``top_k`` most probable
+            labels, as a sparse matrix computed ``PREDICT_BATCH_ROWS`` rows at a time, so that at
+            most one batch of dense probabilities is held (at 13,330 labels a dense row is 53 kB).
+            Ties go to the lower label index (as in :meth:`predict_topk` and
+            :func:`bayesmlc.metrics.topk`); ``top_k`` above ``n_labels_`` is lowered to it. The
+            ranking is by probability: for a model whose ``decision_function`` ranks otherwise
+            (MLGPF with ``rank_by="mean"``) :meth:`predict_topk` may choose other labels.
+
+        Returns
+        -------
+        ndarray of float32, shape (n_samples, n_labels), when ``top_k`` is None; otherwise a
+        ``scipy.sparse.csr_matrix`` of float32, shape (n_samples, n_labels), with exactly
+        ``min(top_k, n_labels_)`` stored entries per row (their probabilities, zeros included, in
+        ascending column order; every other entry is absent).
+        """
+        if top_k is not None:
+            return self._top_probabilities(X, top_k)
         proba = self._batched(X, self._predict_proba, getattr(self, "label_prior_", None))
         if self._conditions_on_a_label:
             proba = at_least_one_label(proba)
         return proba
+
+    def _top_probabilities(self, X, top_k) -> sp.csr_matrix:
+        """``predict_proba(X, top_k=top_k)``: the dense probabilities of one batch of rows at a time,
+        cut to each row's ``top_k`` largest."""
+        k = self._checked_k(top_k, "top_k")
+        X = self._validated(X)
+        indices = np.empty((X.shape[0], k), dtype=np.int64)
+        values = np.empty((X.shape[0], k), dtype=np.float32)
+        for rows in iter_batches(X.shape[0], PREDICT_BATCH_ROWS):
+            indices[rows], values[rows] = topk(self.predict_proba(X[rows]), k)
+        return _topk_csr(indices, values, self.n_labels_)
+
+    def _checked_k(self, k, name: str = "k") -> int:
+        """A positive integer ``k`` (named ``name`` in the error), lowered to ``n_labels_``."""
+        self._check_is_fitted()
+        if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
+            raise ValidationError(f"{name} must be a positive integer, got {k!r}")
+        return min(int(k), self.n_labels_)
 
     def score_and_proba(self, X, return_labels: bool = False):
         """``(decision_function(X), predict_proba(X))``, equal to what the two methods return, from
@@ -394,8 +524,14 @@ class MultiLabelEstimator(BaseEstimator):
             return scores, proba
         return scores, proba, self._labels_from_proba(proba, X)
 
-    def predict(self, X, threshold: float = 0.5, top_k: int | None = None) -> sp.csr_matrix:
-        """Sparse 0/1 predictions: labels with probability >= ``threshold``, or the ``top_k`` best."""
+    def predict(self, X, threshold=0.5, top_k: int | None = None) -> sp.csr_matrix:
+        """Sparse 0/1 predictions: labels with probability >= ``threshold``, or the ``top_k`` best
+        (by :meth:`decision_function`, as :meth:`predict_topk`).
+
+        ``threshold``: one number in [0, 1] for every label, or an array-like of ``n_labels_``
+        numbers in [0, 1], one per label column (tuned per label, for example); anything else is a
+        ``ValidationError`` naming ``threshold`` (:func:`check_threshold`).
+        """
         if top_k is not None:
             indices, _ = self.predict_topk(X, top_k)
             n, k = indices.shape
@@ -403,8 +539,8 @@ class MultiLabelEstimator(BaseEstimator):
                 (np.ones(n * k, dtype=np.float32), indices.ravel(), np.arange(0, n * k + 1, k)),
                 shape=(n, self.n_labels_),
             )
-        if not 0.0 <= threshold <= 1.0:
-            raise ValidationError(f"threshold must be in [0, 1], got {threshold}")
+        self._check_is_fitted()
+        threshold = check_threshold(threshold, self.n_labels_)
         X = self._validated(X)
         parts = []
         for rows in iter_batches(X.shape[0], PREDICT_BATCH_ROWS):
@@ -422,10 +558,7 @@ class MultiLabelEstimator(BaseEstimator):
         indices : ndarray of int64, shape (n_samples, k)
         scores : ndarray of float32, shape (n_samples, k)
         """
-        self._check_is_fitted()
-        if not isinstance(k, (int, np.integer)) or k < 1:
-            raise ValidationError(f"k must be a positive integer, got {k!r}")
-        k = min(int(k), self.n_labels_)
+        k = self._checked_k(k)
         X = self._validated(X)
         indices = np.empty((X.shape[0], k), dtype=np.int64)
         scores = np.empty((X.shape[0], k), dtype=np.float32)
