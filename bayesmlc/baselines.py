@@ -63,6 +63,12 @@ OPTIONAL_DEPENDENCIES = {
 
 _INSTALL_HINT = "install it with: pip install 'bayesmlc[compare]'"
 _SCORE_ROWS = 512  # rows of test-by-train similarities held at once by the kNN baseline
+#: Labels the tree baselines score per row by default: far more than the top 5 that P@k, nDCG@k, PSP@k
+#: and the calibration figures read, so those figures are the ones of scoring every label; the AUCs
+#: rank the scored labels above the others, which all score 0 (tied). omikuji's beam of 10 may reach
+#: fewer. Scoring every label (``predict_top_k=None``) made prediction cost more than training
+#: (omikuji on 5,177 rows x 8,311 labels: 289 s against 27 s).
+DEFAULT_PREDICT_TOP_K = 100
 
 
 def missing_dependency(model_name: str) -> str | None:
@@ -87,6 +93,11 @@ def _resolve_threads(n_threads) -> int:
         from_env = os.environ.get("OMP_NUM_THREADS", "")
         return int(from_env) if from_env.isdigit() and int(from_env) > 0 else (os.cpu_count() or 1)
     return int(n_threads)
+
+
+def _labels_scored(predict_top_k, n_labels: int) -> int:
+    """How many labels a tree baseline scores per row: ``predict_top_k``, at most every label."""
+    return n_labels if predict_top_k is None else min(int(predict_top_k), n_labels)
 
 
 def _warn_missing_labels(name: str, label_mask) -> None:
@@ -337,7 +348,7 @@ class NapkinXCPLT(_FileBackedModel):
     """napkinXC probabilistic label tree (PLT) with logistic node classifiers.
 
     Scores are the tree's label probabilities for the ``predict_top_k`` most likely labels of each
-    row (all labels by default); labels left out score 0.
+    row (100 by default, :data:`DEFAULT_PREDICT_TOP_K`; None: every label); labels left out score 0.
 
     Parameters
     ----------
@@ -349,7 +360,8 @@ class NapkinXCPLT(_FileBackedModel):
     ensemble : int, default 1
     standardize : {"auto", True, False}, default "auto"
         Centre and scale dense real features first (as :class:`KNNBaseline`).
-    predict_top_k : int or None, default None (every label)
+    predict_top_k : int or None, default 100
+        Labels scored per row; None scores every label (so that the AUCs rank them all).
     n_threads : int or None, default None (``OMP_NUM_THREADS``, else every core)
     random_state : int or None
     device, verbose : the estimator contract; napkinXC runs on the CPU.
@@ -367,7 +379,7 @@ class NapkinXCPLT(_FileBackedModel):
     }
 
     def __init__(self, tree_type="hierarchicalKmeans", arity=2, max_leaves=100, liblinear_c=10.0, loss="log",
-                 ensemble=1, standardize="auto", predict_top_k=None, n_threads=None, random_state=None,
+                 ensemble=1, standardize="auto", predict_top_k=DEFAULT_PREDICT_TOP_K, n_threads=None, random_state=None,
                  device="auto", verbose=False):
         self.tree_type = tree_type
         self.arity = arity
@@ -404,8 +416,7 @@ class NapkinXCPLT(_FileBackedModel):
         return model
 
     def _proba_batch(self, X) -> np.ndarray:
-        top_k = self.n_labels_ if self.predict_top_k is None else min(int(self.predict_top_k), self.n_labels_)
-        pairs = self._model().predict_proba(X, top_k=top_k, threshold=0)
+        pairs = self._model().predict_proba(X, top_k=_labels_scored(self.predict_top_k, self.n_labels_), threshold=0)
         return _scores_from_pairs(pairs, self.n_labels_)
 
 
@@ -439,9 +450,9 @@ def _write_xc_file(path: str, X: sp.csr_matrix, Y: sp.csr_matrix) -> None:
 class _OmikujiTrees(_FileBackedModel):
     """omikuji partitioned label trees; subclasses fix the clustering preset.
 
-    Scores are omikuji's beam-search label scores for the ``predict_top_k`` best labels per row (all
-    labels by default, with a beam wide enough to reach them all); labels the beam never reaches
-    score 0. omikuji takes no seed, so repeated
+    Scores are omikuji's beam-search label scores for the ``predict_top_k`` best labels per row (100
+    by default, :data:`DEFAULT_PREDICT_TOP_K`; every label when that covers them all or is None, with
+    a beam wide enough to reach them all); labels the beam never reaches score 0. omikuji takes no seed, so repeated
     fits can differ slightly whatever ``random_state`` says.
     """
 
@@ -454,7 +465,7 @@ class _OmikujiTrees(_FileBackedModel):
         "n_threads": [None, Integer(1)],
     }
 
-    def __init__(self, n_trees=3, linear_c=1.0, beam_size=None, standardize="auto", predict_top_k=None,
+    def __init__(self, n_trees=3, linear_c=1.0, beam_size=None, standardize="auto", predict_top_k=DEFAULT_PREDICT_TOP_K,
                  n_threads=None, random_state=None, device="auto", verbose=False):
         self.n_trees = n_trees
         self.linear_c = linear_c
@@ -500,10 +511,9 @@ class _OmikujiTrees(_FileBackedModel):
 
     def _proba_batch(self, X) -> np.ndarray:
         model = self._model()
-        top_k = self.n_labels_ if self.predict_top_k is None else min(int(self.predict_top_k), self.n_labels_)
+        top_k = _labels_scored(self.predict_top_k, self.n_labels_)
         # scoring every label needs a beam as wide as the widest tree level (at most L nodes)
-        beam_size = int(self.beam_size) if self.beam_size is not None else (
-            self.n_labels_ if self.predict_top_k is None else 10)
+        beam_size = int(self.beam_size) if self.beam_size is not None else (self.n_labels_ if top_k == self.n_labels_ else 10)
         rows = []
         with _stdout_to_stderr():
             for i in range(X.shape[0]):
@@ -522,10 +532,12 @@ class OmikujiParabel(_OmikujiTrees):
     linear_c : float, default 1.0
     beam_size : int or None, default None
         Beam width of the tree search. None: wide enough to reach every label when
-        ``predict_top_k`` is None (so AUC ranks all labels), else omikuji's default 10.
+        ``predict_top_k`` is None or at least the number of labels (so AUC ranks all labels), else
+        omikuji's default 10.
     standardize : {"auto", True, False}, default "auto"
         Centre and scale dense real features first (as :class:`KNNBaseline`).
-    predict_top_k : int or None, default None (every label)
+    predict_top_k : int or None, default 100
+        Labels scored per row; None scores every label (so that the AUCs rank them all).
     n_threads : int or None, default None (``OMP_NUM_THREADS``, else every core)
     random_state, device, verbose : the estimator contract (omikuji takes no seed; CPU only).
     """

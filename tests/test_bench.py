@@ -558,6 +558,37 @@ def test_napkinxc_plt_learns_and_round_trips(tmp_path):
     np.testing.assert_array_equal(baselines.NapkinXCPLT.load(tmp_path / "plt.npz").decision_function(X[150:]), scores)
 
 
+@pytest.mark.skipif(missing_dependency("napkinxc_plt") is not None, reason="napkinxc not installed")
+@pytest.mark.parametrize("name", ["napkinxc_plt", "omikuji_parabel"])
+def test_tree_baselines_score_the_top_100_labels_by_default(name):
+    """With more labels than DEFAULT_PREDICT_TOP_K, a row scores at most that many (the rest 0); napkinXC's
+    top-k search is exact, so its 100 are the 100 best of scoring every label, with the same values;
+    on L <= 100 labels the default scores every label, beam included (omikuji: as predict_top_k=None)."""
+    if missing_dependency(name) is not None:
+        pytest.skip(f"{name}: optional package missing")
+    from bayesmlc.models import get_model_class
+
+    rng = np.random.default_rng(2)
+    X = sp.csr_matrix((rng.random((300, 20)) < 0.3) * rng.random((300, 20)))
+    Y = (np.asarray(X @ rng.normal(size=(20, 140))) + rng.normal(size=(300, 140)) > 1.2).astype(np.float32)
+    Y[np.arange(300), rng.integers(0, 140, 300)] = 1.0
+    model = get_model_class(name)(n_threads=1).fit(X[:250], Y[:250])
+    assert model.predict_top_k == baselines.DEFAULT_PREDICT_TOP_K == 100
+    top = model.predict_proba(X[250:])
+    scored = (top > 0).sum(axis=1)
+    every = model.set_params(predict_top_k=None).predict_proba(X[250:])
+    if name == "napkinxc_plt":
+        np.testing.assert_array_equal(scored, 100)
+        kept = top > 0
+        np.testing.assert_array_equal(top[kept], every[kept])
+        for row_top, row_every in zip(top, every):  # the 100 kept are the 100 best (up to ties)
+            assert row_every[row_top > 0].min() >= np.sort(row_every)[-100] - 1e-7
+    else:  # omikuji's default beam of 10 reaches fewer than 100 labels here, always the 5 the metrics rank
+        assert np.all((scored >= 5) & (scored <= 100)) and (every > 0).sum(axis=1).min() > scored.max()
+    small = get_model_class(name)(n_threads=1).fit(X[:250], Y[:250, :30])
+    np.testing.assert_array_equal(small.predict_proba(X[250:]), small.set_params(predict_top_k=None).predict_proba(X[250:]))
+
+
 def test_xc_file_for_omikuji_round_trips_and_fills_empty_rows(tmp_path):
     from bayesmlc.data.io import read_dataset
 
