@@ -321,12 +321,31 @@ def test_the_threads_import_in_the_readme_works_as_written():
     assert torch.get_num_threads() == before
 
 
-@pytest.mark.parametrize("model", ["mlgpf", "bnmc"])
-def test_the_same_seed_and_thread_count_give_the_same_result(model, capsys):
-    """The README's reproducibility sentence: same seed, same thread count, the same figures."""
-    call = ["demo", "--model", model, "--n-samples", "400", "--threads", "1", "--seed", "3", "--json", "--quiet"]
+def test_the_same_seed_and_thread_count_give_the_same_demo(capsys):
+    """The README's reproducibility sentence, through the command line: same seed, same thread count,
+    the same figures."""
+    call = ["demo", "--n-samples", "400", "--threads", "1", "--seed", "3", "--json", "--quiet"]
     records = []
     for _ in range(2):
         assert main(call) == 0
         records.append(json.loads(capsys.readouterr().out.strip().splitlines()[-1])["metrics"])
     assert records[0] == records[1]
+
+
+@pytest.mark.parametrize("name, params", [
+    ("BNMC", {"n_passes": 2}),
+    ("BMLS", {"n_topics": 10, "max_sweeps": 60}),
+])
+def test_the_same_seed_and_thread_count_give_the_same_probabilities(name, params):
+    """The same sentence for the other two models, from Python inside ``use_threads(1)``."""
+    import bayesmlc
+    from bayesmlc.threads import use_threads
+
+    data = make_multilabel(300, 60, 8, feature_kind="binary", random_state=5)
+    train, test = data.subset(np.arange(200)), data.subset(np.arange(200, 300))
+    probabilities = []
+    for _ in range(2):
+        with use_threads(1):
+            model = getattr(bayesmlc, name)(random_state=7, **params).fit(train.X, train.Y)
+            probabilities.append(model.predict_proba(test.X))
+    np.testing.assert_array_equal(probabilities[0], probabilities[1])
