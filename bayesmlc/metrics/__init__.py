@@ -20,7 +20,8 @@ Conventions for rows without any true label (see ``docs/metrics.md``):
 The metrics live in one module per family (:mod:`~bayesmlc.metrics.ranking`,
 :mod:`~bayesmlc.metrics.bands` (the ranking metrics by label-frequency band),
 :mod:`~bayesmlc.metrics.auc`, :mod:`~bayesmlc.metrics.set_based`, :mod:`~bayesmlc.metrics.calibration`,
-and :func:`evaluate` in :mod:`~bayesmlc.metrics.evaluation`), with the shared input checks in
+:func:`evaluate` in :mod:`~bayesmlc.metrics.evaluation`, and scikit-learn scorers of the ranking metrics in
+:mod:`~bayesmlc.metrics.scorers`), with the shared input checks in
 ``_checks``; every public name is importable from ``bayesmlc.metrics``.
 """
 
@@ -49,6 +50,7 @@ from .ranking import (
     psprecision_at_k,
     topk,
 )
+from .scorers import TopKScorer, get_topk_scorer, make_topk_scorer, training_inverse_propensity
 from .set_based import exact_match, f1_example, f1_macro, f1_micro, hamming_loss
 
 __all__ = [
@@ -84,4 +86,8 @@ __all__ = [
     "calibration_curves",
     "evaluate",
     "StreamingEvaluation",
+    "TopKScorer",
+    "make_topk_scorer",
+    "get_topk_scorer",
+    "training_inverse_propensity",
 ]
