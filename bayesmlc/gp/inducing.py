@@ -253,6 +253,17 @@ def subspace_kmeans_centres(X: sp.csr_matrix, basis: np.ndarray, n_clusters: int
     return kmeans_centres(projected, n_clusters, seed, max_rows, context if used is None else used)
 
 
+def padding_centres(rows: np.ndarray, n_centres: int, rng: np.random.Generator) -> np.ndarray:
+    """``n_centres`` starting points beside the dense ``rows`` (all the rows there are): each a
+    random row plus Gaussian noise with the rows' per-column standard deviations (the absolute
+    values of the rows' entries when they are all alike), so the points are distinct, lie where the
+    rows spread, and keep the columns no row uses at zero."""
+    spread = rows.std(axis=0)
+    if not np.any(spread):  # one row, or copies of one
+        spread = np.abs(rows).max(axis=0)
+    return rows[rng.integers(rows.shape[0], size=n_centres)] + spread * rng.standard_normal((n_centres, rows.shape[1]))
+
+
 def kmeans_centres(points, n_clusters: int, seed: int, max_rows: int = KMEANS_MAX_ROWS, context: ParallelContext | None = None,
                    n_iter: int = 5) -> np.ndarray:
     """``n_clusters`` k-means centres of the rows of ``points`` (dense or sparse).
@@ -260,6 +271,8 @@ def kmeans_centres(points, n_clusters: int, seed: int, max_rows: int = KMEANS_MA
     Lloyd's algorithm on at most ``max_rows`` random rows, from distinct random rows as initial
     centres (k-means++ seeding took 10 s of the 11 s on Bibtex with M=500, R=1000 and gave an
     objective within 1.5%), ``n_iter`` iterations; a centre that loses all its points stays put.
+    With fewer rows than centres (the first batch of ``MLGPF.partial_fit``), every row is a centre
+    and the others start at :func:`padding_centres`.
     Every iteration needs only the per-centre sums and counts of the points assigned to it, sums
     over rows: with the rows split over processes (``context``, see :func:`truncated_svd`), they
     are summed over processes, as the initial rows are, and every process gets the one-process
@@ -270,7 +283,9 @@ def kmeans_centres(points, n_clusters: int, seed: int, max_rows: int = KMEANS_MA
     if context.n_total > max_rows:
         local, context = context.select(np.sort(rng.choice(context.n_total, max_rows, replace=False)))
         points = points[local]
-    centres = context.gather(points, rng.choice(context.n_total, n_clusters, replace=False))
+    centres = context.gather(points, rng.choice(context.n_total, min(n_clusters, context.n_total), replace=False))
+    if centres.shape[0] < n_clusters:
+        centres = np.vstack([centres, padding_centres(centres, n_clusters - centres.shape[0], rng)])
     sq_norms = np.asarray(points.multiply(points).sum(axis=1)).ravel() if sp.issparse(points) else (points**2).sum(1)
     for _ in range(n_iter):
         distances = sq_norms[:, None] - 2.0 * np.asarray(points @ centres.T) + (centres**2).sum(1)[None, :]

@@ -230,16 +230,23 @@ class MLGPF(MultiLabelEstimator):
         "validation_fraction": [Real(0, 1, high_open=True)],
     }
 
-    def _check_against_data(self, n_rows: int):
+    def _check_against_data(self, n_rows: int, first_batch: bool = False):
         """The checks between parameters, and between ``n_inducing`` and the ``n_rows`` training rows
-        (``fit`` checked the declared constraints)."""
+        (``fit`` checked the declared constraints). The ``first_batch`` of ``partial_fit`` may have
+        fewer rows than ``n_inducing`` unless the inducing inputs are a fixed subset of its rows."""
         if self.early_stopping_patience is not None and self.validation_fraction == 0:
             raise ValidationError("early_stopping_patience needs validation_fraction > 0 (a held-out set to watch)")
         if self.checkpoint_every is not None and not self.checkpoint_path:
             raise ValidationError("checkpoint_every is set but checkpoint_path is not: say where to write checkpoints")
         if self.checkpoint_path:
             check_output_target(self.checkpoint_path, "checkpoint_path")  # a device or FIFO: refused before fitting
-        if self.n_inducing > n_rows:
+        if self.n_inducing > n_rows and first_batch and self.inducing == "fixed":
+            raise ValidationError(
+                f"inducing='fixed' keeps n_inducing={self.n_inducing} of the first partial_fit batch's rows as "
+                f"inducing inputs, but it has {n_rows}: pass at least {self.n_inducing} rows first, lower "
+                "n_inducing, or use inducing='subspace' or 'free'"
+            )
+        if self.n_inducing > n_rows and not first_batch:
             raise ValidationError(
                 f"n_inducing={self.n_inducing} exceeds the n_samples={n_rows} training rows available to initialise "
                 "the inducing inputs; lower n_inducing"
@@ -289,8 +296,13 @@ class MLGPF(MultiLabelEstimator):
         The first call on an unfitted model fixes the features and the label set (the columns of
         ``Y``, as scikit-learn's ``partial_fit(classes=...)`` does) and sets the model up from this
         batch as ``fit`` does (feature statistics, subspace basis, k-means, bias, Phi, ridge warm
-        start: ``n_inducing`` must not exceed its rows). On a fitted model (``fit``, a loaded model
-        or an earlier ``partial_fit``) it continues from the fitted parameters.
+        start). A first batch may have fewer rows than ``n_inducing``: every row is then an inducing
+        input (or, for subspace ones, its projection) and the others start at random rows plus
+        Gaussian noise of the rows' spread (:func:`~bayesmlc.gp.inducing.padding_centres`), which
+        training moves (except with ``inducing="subspace-fixed"``); the subspace basis then has
+        rank at most the batch's rows, and ``inducing="fixed"`` (a fixed subset of the rows) is
+        refused. On a fitted model (``fit``, a loaded model or an earlier ``partial_fit``) it
+        continues from the fitted parameters.
 
         Each call takes one pass over the given rows in random minibatches of ``batch_size`` rows
         (``"auto"`` resolved on this call's rows), with Adam at ``learning_rate`` and
@@ -316,8 +328,12 @@ class MLGPF(MultiLabelEstimator):
         self
         """
         self._check_partial_fit_classes(classes)
-        X, Y, label_mask = check_fit_inputs(X, Y, label_mask)
         first = not hasattr(self, "n_labels_")
+        Y = self._take_label_names(Y, first)
+        X, Y, label_mask = check_fit_inputs(X, Y, label_mask)
+        if first:  # before the model takes any fitted attribute, so a refused first batch leaves it unfitted
+            check_parameters(self)
+            self._check_against_data(X.shape[0], first_batch=True)
         if not first and X.shape[1] != self.n_features_in_:
             raise ValidationError(f"X has {X.shape[1]} features, but MLGPF is expecting {self.n_features_in_} "
                                   "features as input (fixed by its first fit)")
@@ -340,8 +356,6 @@ class MLGPF(MultiLabelEstimator):
         start = time.perf_counter()
         with torch_threads(self.n_threads):
             if first:
-                check_parameters(self)
-                self._check_against_data(X.shape[0])
                 self.preprocessor_ = self._preprocessor().fit(X)
                 self.kernel_, self.n_latent_ = resolved_structure(self.get_params(), X, Y.shape[1])
             if first or getattr(self, "_stream", None) is None:  # kept between calls, with its optimizer
