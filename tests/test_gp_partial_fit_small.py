@@ -79,3 +79,21 @@ def test_fixed_inducing_inputs_need_n_inducing_rows_and_a_refused_batch_leaves_t
     assert model.parameters_["inducing.Z"].shape == (25, 20)
     with pytest.raises(ValidationError, match="n_inducing=25 exceeds the n_samples=10"):
         MLGPF(inducing="free", **SETTINGS).fit(X[:10], Y[:10])  # fit keeps its rule
+
+
+def test_partial_fit_takes_label_names_on_its_first_call_and_refuses_others_later():
+    class Frame:
+        def __init__(self, values, columns):
+            self.values, self.columns = np.asarray(values), list(columns)
+
+        def __array__(self, dtype=None, copy=None):
+            return self.values if dtype is None else self.values.astype(dtype)
+
+    X, Y, _ = _planted(seed=9, n=60, L=3)
+    names = ["a", "b", "c"]
+    model = MLGPF(inducing="free", **SETTINGS).partial_fit(X[:20], Frame(Y[:20].toarray(), names))
+    assert model.label_names_.tolist() == names
+    model.partial_fit(X[20:40], Y[20:40])  # unnamed later batches are fine
+    with pytest.raises(ValidationError, match="differ from the label names of the first call"):
+        model.partial_fit(X[40:], Frame(Y[40:].toarray(), ["a", "c", "b"]))
+    assert model.label_names_.tolist() == names
