@@ -119,12 +119,21 @@ def test_a_model_with_its_own_predict_rule_and_no_labels_hook_gets_predict_itsel
     assert (labels != model.predict(X_test)).nnz == 0
 
 
+#: the method that does a model's costly work, which score_and_proba must call once per row
+COSTLY_WORK = {
+    "mlgpf": (_small_mlgpf, MLGPF, "_predictive_probabilities"),
+    "bmls": (MODELS["bmls"], BMLS, "_mean_probability"),
+}
+
+
 @pytest.mark.filterwarnings("ignore::UserWarning")
-def test_mlgpf_computes_its_probabilities_once_per_row(problem, monkeypatch):
+@pytest.mark.parametrize("name", sorted(COSTLY_WORK))
+def test_the_costly_work_is_done_once_per_row(name, problem, monkeypatch):
+    build, cls, method = COSTLY_WORK[name]
     X, Y, X_test = problem
-    model = _small_mlgpf().fit(X, Y)
+    model = build().fit(X, Y)
     seen = []
-    real = MLGPF._predictive_probabilities
-    monkeypatch.setattr(MLGPF, "_predictive_probabilities", lambda self, rows: seen.append(rows.shape[0]) or real(self, rows))
+    real = getattr(cls, method)
+    monkeypatch.setattr(cls, method, lambda self, rows, *rest: seen.append(rows.shape[0]) or real(self, rows, *rest))
     model.score_and_proba(X_test, return_labels=True)
     assert sum(seen) == X_test.shape[0]

@@ -624,6 +624,10 @@ class BMLS(MultiLabelEstimator):
         """Log-odds of the posterior predictive probability (same ranking, the scale of the base's prior logit)."""
         return logit(self._mean_probability(X), 1e-12).astype(np.float32)
 
+    def _scores_and_proba(self, X):
+        mean = self._mean_probability(X)  # once for both
+        return logit(mean, 1e-12).astype(np.float32), mean.astype(np.float32)
+
     def predict_interval(self, X, coverage: float = 0.9, batch_size: int = 256):
         """Equal-tailed posterior interval of Pr(y_l = 1 | x, phi, h) over the kept draws.
 
