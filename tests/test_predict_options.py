@@ -17,6 +17,9 @@ from bayesmlc.base import MultiLabelEstimator, check_threshold
 from bayesmlc.exceptions import ModelFormatError, ValidationError
 from bayesmlc.linear import LogisticRegression
 
+# the fits are cut short on purpose: LogisticRegression's ConvergenceWarning says so, and is not under test
+pytestmark = pytest.mark.filterwarnings("ignore::sklearn.exceptions.ConvergenceWarning")
+
 NAMES = ["sport", "politics", "science", "art", "music", "travel"]
 
 
@@ -69,6 +72,20 @@ def test_a_per_label_threshold_selects_what_each_label_s_comparison_selects(prob
 def test_a_wrong_threshold_is_a_validation_error_naming_it(problem, fitted, threshold, message):
     with pytest.raises(ValidationError, match=message):
         fitted.predict(problem[0], threshold=threshold)
+
+
+def test_bnmc_whose_predict_has_its_own_rules_takes_a_per_label_threshold_and_top_k(problem):
+    from bayesmlc.bnmc import BNMC
+
+    X, Y = problem
+    model = BNMC(random_state=0).fit(X, Y)
+    proba = model.predict_proba(X)
+    thresholds = np.linspace(0.1, 0.9, 6)
+    np.testing.assert_array_equal(model.predict(X, threshold=thresholds).toarray(),
+                                  (proba >= thresholds.astype(np.float32)).astype(np.float32))
+    np.testing.assert_array_equal(model.predict_proba(X, top_k=2).toarray(), _dense_top_k(proba, 2))
+    with pytest.raises(ValidationError, match="threshold has 2 entries"):
+        model.predict(X, threshold=[0.5, 0.5])
 
 
 def test_check_threshold_returns_a_float_or_a_float32_array():

@@ -17,6 +17,9 @@ from bayesmlc.exceptions import ValidationError
 from bayesmlc.linear import LogisticRegression
 from bayesmlc.metrics import TopKScorer, get_topk_scorer, make_topk_scorer, training_inverse_propensity
 
+# the fits are cut short on purpose: LogisticRegression's ConvergenceWarning says so, and is not under test
+pytestmark = pytest.mark.filterwarnings("ignore::sklearn.exceptions.ConvergenceWarning")
+
 GRID = {"C": [0.05, 5.0]}
 
 
