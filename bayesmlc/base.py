@@ -19,12 +19,18 @@ A model subclasses :class:`MultiLabelEstimator` and implements three hooks:
 and, when its fitted state is not plain arrays and numbers, ``_get_state`` / ``_set_state``.
 It declares what each constructor parameter may be in ``_parameter_constraints``
 (:mod:`bayesmlc.parameters`), checked at the start of ``fit``.
-The base class does validation, batching, label columns without positives, top-k, save and load.
+The base class does validation, batching, label columns without positives, top-k, save and load,
+and runs every public method that computes (:data:`COMPUTING_METHODS`, a subclass's own included)
+inside :func:`bayesmlc.threads.compute_threads`: with the model's ``n_threads`` when it has one and
+it is set, else with the count of an enclosing ``use_threads`` block, else with one thread per idle
+core.
 """
 
 from __future__ import annotations
 
+import functools
 import inspect
+import numbers
 import warnings
 
 import numpy as np
@@ -38,12 +44,38 @@ from .fitted_state import check_array, check_integer, probe_predictions
 from .metrics import precision_at_k, topk
 from .parameters import check_parameters
 from .preprocessing import FeaturePreprocessor
+from .threads import compute_threads
 from .utils import iter_batches, resolve_device, sigmoid
 from .validation import check_feature_names, check_features, check_fit_inputs, feature_names
 
 __all__ = ["MultiLabelEstimator"]
 
 PREDICT_BATCH_ROWS = 2048
+
+#: the public methods that fit or predict; each runs inside :func:`bayesmlc.threads.compute_threads`
+#: (:func:`computes_with_threads`), in this class and in every subclass that defines one of them
+COMPUTING_METHODS = ("fit", "partial_fit", "decision_function", "predict_proba", "predict", "predict_topk", "score",
+                     "score_and_proba", "predict_interval")
+
+
+def computes_with_threads(method):
+    """``method`` (of an estimator) run inside :func:`bayesmlc.threads.compute_threads` with the
+    estimator's ``n_threads``: that count when it is a positive integer, else (``None``, no such
+    parameter, or a bad value that ``fit``'s parameter check reports) the count of an enclosing
+    ``use_threads`` block or one thread per idle core. A nested call (``predict`` calling
+    ``predict_proba``) keeps the count of the outer one."""
+    if getattr(method, "computes_with_threads", False):
+        return method
+
+    @functools.wraps(method)
+    def with_threads(self, *args, **kwargs):
+        threads = getattr(self, "n_threads", None)
+        valid = isinstance(threads, numbers.Integral) and not isinstance(threads, bool) and threads >= 1
+        with compute_threads(int(threads) if valid else None):
+            return method(self, *args, **kwargs)
+
+    with_threads.computes_with_threads = True
+    return with_threads
 
 
 def label_counts(Y, label_mask=None) -> tuple[np.ndarray, np.ndarray]:
@@ -179,6 +211,14 @@ class MultiLabelEstimator(BaseEstimator):
 
     #: parameter name -> list of allowed values or constraints (bayesmlc.parameters)
     _parameter_constraints: dict = {}
+
+    def __init_subclass__(cls, **kwargs):
+        """Run the :data:`COMPUTING_METHODS` a subclass defines inside ``compute_threads`` too."""
+        super().__init_subclass__(**kwargs)
+        for name in COMPUTING_METHODS:
+            method = cls.__dict__.get(name)
+            if inspect.isfunction(method):
+                setattr(cls, name, computes_with_threads(method))
 
     # ---- scikit-learn: tags (a multi-label classifier on sparse or dense X, 2-D 0/1 Y only) ----
     def __sklearn_tags__(self):
@@ -337,6 +377,7 @@ class MultiLabelEstimator(BaseEstimator):
         return all(member._devices_available() for _, member in self._fitted_members())
 
     # ---- public API -------------------------------------------------------------------------
+    @computes_with_threads
     def fit(self, X, Y, label_mask=None, **fit_params):
         """Fit the model.
 
@@ -441,6 +482,7 @@ class MultiLabelEstimator(BaseEstimator):
                              f"rows and {self.n_labels_} labels: its fitted state is inconsistent")
         return values
 
+    @computes_with_threads
     def decision_function(self, X) -> np.ndarray:
         """Scores, shape (n_samples, n_labels): higher is more likely. Use for ranking metrics."""
         return self._batched(X, self._decision_function, self._prior_logit() if hasattr(self, "label_prior_") else None)
@@ -449,6 +491,7 @@ class MultiLabelEstimator(BaseEstimator):
         """The logit of ``label_prior_``: the score of a label without a training positive."""
         return np.log(self.label_prior_) - np.log1p(-self.label_prior_)
 
+    @computes_with_threads
     def predict_proba(self, X, top_k: int | None = None):
         """Probabilities that each label is on; conditioned on at least one label per row when the
         model's ``label_cardinality`` is "at_least_one" (:func:`at_least_one_label`).
@@ -497,6 +540,7 @@ class MultiLabelEstimator(BaseEstimator):
             raise ValidationError(f"{name} must be a positive integer, got {k!r}")
         return min(int(k), self.n_labels_)
 
+    @computes_with_threads
     def score_and_proba(self, X, return_labels: bool = False):
         """``(decision_function(X), predict_proba(X))``, equal to what the two methods return, from
         one pass of the model over each batch of rows (:meth:`_scores_and_proba`); with
@@ -524,6 +568,7 @@ class MultiLabelEstimator(BaseEstimator):
             return scores, proba
         return scores, proba, self._labels_from_proba(proba, X)
 
+    @computes_with_threads
     def predict(self, X, threshold=0.5, top_k: int | None = None) -> sp.csr_matrix:
         """Sparse 0/1 predictions: labels with probability >= ``threshold``, or the ``top_k`` best
         (by :meth:`decision_function`, as :meth:`predict_topk`).
@@ -549,6 +594,7 @@ class MultiLabelEstimator(BaseEstimator):
             return sp.csr_matrix((0, self.n_labels_), dtype=np.float32)
         return sp.vstack(parts, format="csr")
 
+    @computes_with_threads
     def predict_topk(self, X, k: int = 5, batch_size: int = PREDICT_BATCH_ROWS):
         """The ``k`` highest-scoring labels per row, best first (ties to the lower label index),
         one batch of scores at a time.
@@ -567,6 +613,7 @@ class MultiLabelEstimator(BaseEstimator):
             indices[rows], scores[rows] = topk(self.decision_function(X[rows]), k)
         return indices, scores
 
+    @computes_with_threads
     def score(self, X, y) -> float:
         """Precision at 1 on (X, y), the field's headline number; ``y`` is the (n, L) 0/1 label
         matrix, dense or sparse (named ``y`` as scikit-learn's model selection passes it)."""

@@ -34,6 +34,7 @@ from .exceptions import ModelFormatError, ValidationError
 from .fitted_state import check_sparse
 from .parameters import Integer, Options, Real
 from .preprocessing import STANDARDIZE_CONSTRAINT, FeaturePreprocessor, legacy_preprocessor_state
+from .threads import choose_threads, enclosing_threads
 from .utils import iter_batches, numpy_rng
 
 __all__ = [
@@ -88,11 +89,12 @@ def _import_optional(package: str):
 
 
 def _resolve_threads(n_threads) -> int:
-    """``None`` -> the ``OMP_NUM_THREADS`` the bench harness sets, else every core."""
-    if n_threads is None:
-        from_env = os.environ.get("OMP_NUM_THREADS", "")
-        return int(from_env) if from_env.isdigit() and int(from_env) > 0 else (os.cpu_count() or 1)
-    return int(n_threads)
+    """The threads of the package's own pool: ``n_threads``, else the count the fit runs with
+    (:func:`bayesmlc.threads.compute_threads`: an enclosing ``use_threads`` block's, an
+    ``OMP_NUM_THREADS`` count, or one per idle core)."""
+    if n_threads is not None:
+        return int(n_threads)
+    return enclosing_threads() or choose_threads().threads
 
 
 def _labels_scored(predict_top_k, n_labels: int) -> int:
@@ -362,7 +364,7 @@ class NapkinXCPLT(_FileBackedModel):
         Centre and scale dense real features first (as :class:`KNNBaseline`).
     predict_top_k : int or None, default 100
         Labels scored per row; None scores every label (so that the AUCs rank them all).
-    n_threads : int or None, default None (``OMP_NUM_THREADS``, else every core)
+    n_threads : int or None, default None (one per idle core, :func:`bayesmlc.threads.compute_threads`)
     random_state : int or None
     device, verbose : the estimator contract; napkinXC runs on the CPU.
     """
@@ -538,7 +540,7 @@ class OmikujiParabel(_OmikujiTrees):
         Centre and scale dense real features first (as :class:`KNNBaseline`).
     predict_top_k : int or None, default 100
         Labels scored per row; None scores every label (so that the AUCs rank them all).
-    n_threads : int or None, default None (``OMP_NUM_THREADS``, else every core)
+    n_threads : int or None, default None (one per idle core, :func:`bayesmlc.threads.compute_threads`)
     random_state, device, verbose : the estimator contract (omikuji takes no seed; CPU only).
     """
 

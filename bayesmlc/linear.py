@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import sys
 import time
+import warnings
 
 import numpy as np
 import scipy.optimize
 import torch
+from sklearn.exceptions import ConvergenceWarning
 from tqdm.auto import tqdm
 
 from .base import MultiLabelEstimator
@@ -41,12 +43,16 @@ class LogisticRegression(MultiLabelEstimator):
     C : float, default=1.0
         Inverse regularisation strength (as in scikit-learn).
     max_iter : int, default=100
-        L-BFGS iterations.
+        L-BFGS iterations per block of labels. A block that reaches it before ``tol`` is met gives
+        one ``sklearn.exceptions.ConvergenceWarning`` per fit (as scikit-learn's lbfgs solver does).
     tol : float, default=1e-6
         L-BFGS-B stops when the largest gradient entry of the objective / (C n) falls below it.
     standardize : bool, default=False
         Divide each feature by its standard deviation (without centring, so sparsity is kept;
         ``preprocessor_``). Useful for dense real-valued features (emotions, scene, yeast).
+    n_threads : int or None, default=None
+        CPU threads of torch and the BLAS during fit and prediction; None: one per idle core, fewer
+        when other processes keep the cores busy (:func:`bayesmlc.threads.compute_threads`).
     random_state : int, Generator or None
         Unused by the deterministic solver; kept for the common contract.
     device : {"auto", "cpu", "cuda"}
@@ -69,11 +75,13 @@ class LogisticRegression(MultiLabelEstimator):
     [[1, 0], [0, 1], [1, 1], [0, 0]]
     """
 
-    def __init__(self, C=1.0, max_iter=100, tol=1e-6, standardize=False, random_state=None, device="auto", verbose=False):
+    def __init__(self, C=1.0, max_iter=100, tol=1e-6, standardize=False, n_threads=None, random_state=None, device="auto",
+                 verbose=False):
         self.C = C
         self.max_iter = max_iter
         self.tol = tol
         self.standardize = standardize
+        self.n_threads = n_threads
         self.random_state = random_state
         self.device = device
         self.verbose = verbose
@@ -83,6 +91,7 @@ class LogisticRegression(MultiLabelEstimator):
         "max_iter": [Integer(1)],
         "tol": [Real(0)],
         "standardize": [Boolean()],
+        "n_threads": [None, Integer(1)],
     }
 
     def _preprocessor(self) -> FeaturePreprocessor:
@@ -121,6 +130,7 @@ class LogisticRegression(MultiLabelEstimator):
         self.coef_ = np.zeros((d, n_labels), dtype=np.float32)
         self.intercept_ = np.zeros(n_labels, dtype=np.float32)
         self.n_iter_ = 0
+        unconverged = []  # labels of the blocks that stopped at max_iter
         bar = tqdm(total=self.max_iter * len(blocks), desc="L-BFGS", unit="it", disable=not self.verbose, file=sys.stderr)
         with bar:
             for index, labels in enumerate(blocks):
@@ -130,13 +140,27 @@ class LogisticRegression(MultiLabelEstimator):
                     self.history_["objective"].append(-sum(block_values) * n)  # log posterior up to a constant
                     self.history_["wall_time"].append(time.perf_counter() - start)
 
-                weights, bias, n_iter = self._solve_block(chunks, labels, initial_bias[labels], n, d, device, record, bar)
+                weights, bias, n_iter, converged = self._solve_block(chunks, labels, initial_bias[labels], n, d, device,
+                                                                     record, bar)
                 self.coef_[:, labels] = weights
                 self.intercept_[labels] = bias
                 self.n_iter_ = max(self.n_iter_, n_iter)
+                if not converged:
+                    unconverged.append(labels)
+        if unconverged:
+            self._warn_not_converged(np.concatenate(unconverged), n_labels)
+
+    def _warn_not_converged(self, labels: np.ndarray, n_labels: int) -> None:
+        """One ConvergenceWarning for the labels whose L-BFGS-B stopped at ``max_iter``."""
+        shown = ", ".join(map(str, labels[:5])) + (" ..." if labels.size > 5 else "")
+        warnings.warn(
+            f"LogisticRegression: L-BFGS-B stopped at max_iter={self.max_iter} iterations before the gradient met "
+            f"tol={self.tol:g} for {labels.size} of {n_labels} labels ({shown}); increase max_iter or tol, or "
+            "scale the features (standardize=True)", ConvergenceWarning, stacklevel=5)
 
     def _solve_block(self, chunks, labels, initial_bias, n, d, device, record, bar):
-        """L-BFGS-B on the labels ``labels``; returns their weights (D, |labels|), biases and iterations."""
+        """L-BFGS-B on the labels ``labels``; returns their weights (D, |labels|), biases, iterations and
+        whether the solver converged (False when it stopped at ``max_iter``)."""
         n_block = labels.size
         n_weights = d * n_block
         columns = torch.from_numpy(labels).to(device)
@@ -172,7 +196,8 @@ class LogisticRegression(MultiLabelEstimator):
             callback=lambda _: bar.update(1),
         )
         weights = result.x[:n_weights].reshape(d, n_block).astype(np.float32)
-        return weights, result.x[n_weights:].astype(np.float32), int(result.nit)
+        stopped_at_limit = not result.success and int(result.nit) >= self.max_iter
+        return weights, result.x[n_weights:].astype(np.float32), int(result.nit), not stopped_at_limit
 
     def _decision_function(self, X):
         return np.asarray(self.preprocessor_.transform(X) @ self.coef_) + self.intercept_

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import warnings
 
 import numpy as np
@@ -52,19 +51,13 @@ def torch_generator(rng: np.random.Generator, device="cpu") -> torch.Generator:
     return gen
 
 
-@contextlib.contextmanager
 def torch_threads(n_threads: int | None):
-    """Run the ``with`` block with ``torch.set_num_threads(n_threads)``, restoring the previous setting
-    after it; ``None`` leaves torch's setting alone."""
-    if n_threads is None:
-        yield
-        return
-    previous = torch.get_num_threads()
-    torch.set_num_threads(int(n_threads))
-    try:
-        yield
-    finally:
-        torch.set_num_threads(previous)
+    """:func:`bayesmlc.threads.compute_threads`: the ``with`` block computes with ``n_threads``
+    threads (torch and the BLAS pools), or with the count of an enclosing ``use_threads`` block, or
+    with one thread per idle core (``None``)."""
+    from .threads import compute_threads
+
+    return compute_threads(n_threads)
 
 
 def csr_to_torch(matrix: sp.csr_matrix, device="cpu", dtype=torch.float32) -> torch.Tensor:

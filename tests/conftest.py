@@ -41,6 +41,18 @@ def linear_multilabel_problem(n=240, d=30, n_labels=6, seed=0, density=0.25):
     return X, Y
 
 
+@pytest.fixture(autouse=True, scope="session")
+def fixed_thread_count():
+    """Every test computes with the thread count set above (torch's and the BLAS pools'), inside one
+    ``use_threads`` block, instead of the count the estimators choose from the machine's load: a
+    figure a test compares against must not change with what else runs. Tests of the adaptive
+    choice run outside it, in a fresh ``contextvars.Context()``."""
+    from bayesmlc.threads import use_threads
+
+    with use_threads(torch.get_num_threads()):
+        yield
+
+
 @pytest.fixture(autouse=True)
 def keep_torch_threads():
     """Every test ends with torch's thread count as it began: the benchmark scripts under test set it for
