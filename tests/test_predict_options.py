@@ -213,3 +213,18 @@ def test_pandas_dataframes_dense_and_sparse(problem):
     sparse = model.fit(X, frame)
     assert sparse.label_names_.tolist() == NAMES
     np.testing.assert_array_equal(sparse.predict_proba(X), dense.predict_proba(X))
+
+
+@pytest.mark.parametrize("name", ["logistic", "mlgpf", "bmls", "bnmc", "knn", "ensemble", "calibration"])
+def test_every_model_keeps_label_names_through_save_and_load_and_cuts_its_own_probabilities(problem, tmp_path,
+                                                                                            name):
+    from test_sklearn_checks import FAST
+
+    X, Y = problem
+    model = FAST[name]().set_params(random_state=0).fit(X, Frame(Y.toarray(), NAMES))
+    assert model.label_names_.tolist() == NAMES
+    model.save(tmp_path / "model.npz")
+    loaded = MultiLabelEstimator.load(tmp_path / "model.npz")
+    assert loaded.label_names_.tolist() == NAMES
+    dense = loaded.predict_proba(X)
+    np.testing.assert_array_equal(loaded.predict_proba(X, top_k=3).toarray(), _dense_top_k(dense, 3))
