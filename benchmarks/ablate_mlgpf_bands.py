@@ -117,7 +117,7 @@ def main(argv=None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out")
     args = parser.parse_args(argv)
-    from bayesmlc.data.io import read_dataset
+    from bayesmlc.data.io import conform_widths, read_dataset
     from bayesmlc.data.synthetic import split
 
     overrides = {key: ast.literal_eval(value) for key, value in (item.split("=", 1) for item in args.set)}
@@ -125,7 +125,9 @@ def main(argv=None) -> int:
     if args.final:
         if not args.test:
             parser.error("--final needs --test")
-        fit, evaluate = data, read_dataset(args.test, n_labels=data.n_labels)
+        evaluate = conform_widths(read_dataset(args.test), data.n_features, data.n_labels, args.test,
+                                  "the training file has")
+        fit = data
     else:
         fit, evaluate = split(data, 0.2, random_state=0)
     for name in args.configs:
