@@ -123,6 +123,7 @@ def test_a_model_with_its_own_predict_rule_and_no_labels_hook_gets_predict_itsel
 COSTLY_WORK = {
     "mlgpf": (_small_mlgpf, MLGPF, "_predictive_probabilities"),
     "bmls": (MODELS["bmls"], BMLS, "_mean_probability"),
+    "bnmc": (MODELS["bnmc"], BNMC, "_evidence"),
 }
 
 

@@ -806,6 +806,20 @@ class BNMC(MultiLabelEstimator):
         s_clf, s_pat = self._evidence(self._classifier_features(X), X)
         return sigmoid(self._calibrated_logits(s_clf, s_pat, probability=True))
 
+    def _scores_and_proba(self, X):
+        """Both hooks' outputs for a batch from one computation of the evidence."""
+        s_clf, s_pat = self._evidence(self._classifier_features(X), X)
+        return (self._calibrated_logits(s_clf, s_pat).astype(np.float32),
+                sigmoid(self._calibrated_logits(s_clf, s_pat, probability=True)))
+
+    def _labels_from_proba(self, proba, X) -> sp.csr_matrix:
+        """``predict(X)``'s label sets (``count_rule_``, batches of 2048 rows) from ``predict_proba(X)``."""
+        rng = numpy_rng(None)
+        parts = [sp.csr_matrix(rule_predictions(proba[rows].astype(np.float64), self.count_rule_, self.threshold_,
+                                                self.label_count_mean_, self.label_count_std_, rng))
+                 for rows in iter_batches(proba.shape[0], 2048)]
+        return sp.vstack(parts, format="csr") if parts else sp.csr_matrix((0, self.n_labels_), dtype=np.float32)
+
     def _calibrated_logits(self, s_clf, s_pat, probability: bool = False) -> np.ndarray:
         """The ranking score z = a s_clf + b s_pattern + d, + r for each row's leading label (r >= 0 keeps
         it in the lead), or, with ``probability``, the logits of the calibrated probabilities
