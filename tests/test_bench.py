@@ -142,17 +142,17 @@ def test_report_tables_medians_spreads_ratios_and_published_rows(tiny_records):
     assert ranking[2] == "66.00 ±10.00"
     other = _row(text, "Probabilities and cost", "slowmodel (small)")
     # columns: AUC micro, AUC macro, F1, exact, ECE all pairs, ECE@1, ECE@5, AURC, train s, predict s,
-    # peak MB, ratio
+    # peak MB, run s, run CPU s, ratio
     assert other[2] == "0.9000 ±0.0000" and other[3] == "–" and other[6] == "0.0500 ±0.0000"
     assert other[7] == "0.2000 ±0.0000" and other[8] == "–" and other[9] == "0.3000 ±0.0000"
     assert other[10] == "7 ±3"
     # ratios to the fastest baseline's median (2 s): 10/2, 4/2, 7/2 -> 3.5 ±1.5
-    assert other[13] == "3.5 ±1.5×"
-    assert _row(text, "Probabilities and cost", "logistic (default)")[13] == "1 ±0.5×"
+    assert other[15] == "3.5 ±1.5×"
+    assert _row(text, "Probabilities and cost", "logistic (default)")[15] == "1 ±0.5×"
     # beta: identical repeats show a zero spread; 5 s / 0.5 s = 10x
     beta = text[text.index("## beta"):]
     assert _row(beta, "Ranking", "slowmodel (small)")[2] == "40.00 ±0.00"
-    assert _row(beta, "Probabilities and cost", "slowmodel (small)")[13] == "10 ±0×"
+    assert _row(beta, "Probabilities and cost", "slowmodel (small)")[15] == "10 ±0×"
     assert "Calibration, raw and recalibrated" not in text  # no calibrated runs, no calibration table
     assert "fastest baseline: logistic (default)" in beta
     # not completed: skipped optional baseline and failed model are listed with their reasons
@@ -351,7 +351,7 @@ def test_scale_plot_and_table(tmp_path):
     assert (tmp_path / "plots" / "scale.png").stat().st_size > 0
     text = render_report(records, suite="scale", quality=False, plots=plots)
     assert "### n400 (N=400, D=20, L=5)" in text
-    assert _row(text[text.index("### n400"):], "### n400", "mlgpf (speed)")[2:] == ["2", "2", "12", "–", "450", "3×"]
+    assert _row(text[text.index("### n400"):], "### n400", "mlgpf (speed)")[2:] == ["2", "2", "12", "–", "450", "–", "–", "3×"]
 
 
 @pytest.mark.parametrize("suite_name", sorted(SUITES))
@@ -455,6 +455,33 @@ def test_cli_runner_failures_are_recorded(tmp_path, tiny_data_root, body, status
     (record,) = records
     assert record["status"] == status and record["reason"].startswith(reason)
     assert record["stderr_tail"].strip() == tail
+
+
+def test_a_run_records_its_wall_and_cpu_seconds_and_the_threads_it_chose(tmp_path, tiny_data_root, monkeypatch):
+    """A child that burns 0.4 s of CPU (by its own clock, which it prints) and says it used 1 thread:
+    the record holds at least that CPU time (the child's interpreter start adds some), its wall time,
+    and, with no --threads, the child's count; the child's environment sets no thread count."""
+    import sys
+
+    for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+        monkeypatch.delenv(name, raising=False)
+    script = tmp_path / "burn.py"
+    script.write_text("import json, os, time\n"
+                      "while time.process_time() < 0.4:\n    pass\n"
+                      "print(json.dumps({'metrics': {}, 'threads': 1, 'own_cpu': time.process_time(),\n"
+                      "                  'omp': os.environ.get('OMP_NUM_THREADS')}))\n")
+    body = f"exec {sys.executable} {script}"
+    suite = Suite("t", "", (DatasetSpec("alpha"),), (ModelConfig("logistic", "default"),), timeout_s=60)
+    (record,) = run_suite(suite, tmp_path / "out", data_root=tiny_data_root, log=lambda m: None,
+                          run_one=CLIRunner(python=_fake_python(tmp_path, body)))
+    assert record["status"] == "ok" and record["omp"] is None
+    assert record["own_cpu"] <= record["cpu_seconds"] <= record["own_cpu"] + 5.0
+    assert record["wall_seconds"] >= record["cpu_seconds"] - 0.05  # one thread: CPU cannot outrun the clock
+    assert record["threads"] == 1 and record["threads_requested"] is None
+    text = render_report([record], suite="t", command="bayesmlc bench --suite t")
+    assert "threads per run: one per idle core when each run started (1 chosen)" in text
+    row = _row(text, "Probabilities and cost", "logistic (default)")
+    assert row[13] == format_cell([record["wall_seconds"]], "sec") and row[14] == format_cell([record["cpu_seconds"]], "sec")
 
 
 def test_missing_dataset_is_skipped_with_its_path(tmp_path):

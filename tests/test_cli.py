@@ -89,7 +89,7 @@ def test_train_json_line_evaluate_and_predict(tiny_files, capsys):
     assert code == 0
     record = _last_json(capsys)
     assert set(record) == {"model", "dataset", "params", "metrics", "train_seconds", "predict_seconds", "peak_rss_mb", "device",
-                           "evaluated_rows", "auc_rows"}
+                           "threads", "evaluated_rows", "auc_rows"}
     assert record["evaluated_rows"] == record["auc_rows"] == 40  # every test row
     assert record["params"]["C"] == 2.0 and record["device"] == "cpu"
     assert set(record["metrics"]) == METRIC_KEYS

@@ -35,7 +35,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", help="output folder (default: bench-SUITE)")
     parser.add_argument("--data-root", help="folder of the real datasets (default: ../shared/datasets beside the repository)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the first repeat (default 0)")
-    parser.add_argument("--threads", type=int, help="threads per run, via OMP_NUM_THREADS and friends (default: all cores)")
+    parser.add_argument("--threads", type=int, help="threads per run, via OMP_NUM_THREADS and friends (default: each run "
+                        "takes one per idle core when it starts, fewer when other processes keep the cores busy)")
     parser.add_argument("--device", help="--device passed to every run (default: each model's own)")
     parser.add_argument("--timeout", type=float, help="seconds per run (default: the suite's and configuration's)")
     parser.add_argument("--calibrate", nargs="+", metavar="METHOD", default=(),

@@ -52,12 +52,13 @@ CALIBRATION_COLUMNS = (
 BAND_COLUMNS = ("P@1", "P@5", "PSP@1", "PSP@5", "R@5")
 COST_COLUMNS = (
     ("train_seconds", "train s", "sec"), ("predict_seconds", "predict s", "sec"), ("peak_rss_mb", "peak MB", "mb"),
+    ("wall_seconds", "run s", "sec"), ("cpu_seconds", "run CPU s", "sec"),
 )
 SCALE_COLUMNS = (
     ("n_epochs", "epochs", "int"), ("seconds_per_epoch", "s / epoch", "sec"),
 ) + COST_COLUMNS
 _TOP_LEVEL = {"train_seconds", "predict_seconds", "peak_rss_mb", "n_epochs", "seconds_per_epoch", "calibration_seconds",
-              "cpu_seconds"}
+              "cpu_seconds", "wall_seconds"}
 
 
 def _value(record: dict, key: str):
@@ -237,7 +238,8 @@ def dataset_tables(dataset: str, summaries, quality: bool = True, with_published
     sources = sorted({f"{e.method}: {e.source}" + (f" ({e.note})" if e.note else "") for e in published})
     parts = [
         "Ranking (%):", "", _table(ranking_header, ranking_rows), "",
-        "Probabilities and cost (AUC and ECE as fractions, F1 and exact match in %):", "",
+        "Probabilities and cost (AUC and ECE as fractions, F1 and exact match in %; `run s` and `run CPU s`: the "
+        "whole run's wall and CPU seconds, reading and writing included):", "",
         _table(other_header, other_rows), "", f"({fastest_note}.)",
     ]
     if sources:
@@ -280,7 +282,8 @@ def _environment_lines(records) -> list[str]:
     lines = [
         f"- machine: {machine.get('cpu')}, {machine.get('cpu_count')} cores, {machine.get('memory_gb')} GB"
         + (f", GPU {machine['gpu']}" if machine.get("gpu") else ", no GPU") + f" ({machine.get('platform')})",
-        f"- threads per run: {first.get('threads')}; device requested: {first.get('device_requested') or 'model default'}",
+        f"- threads per run: {_threads_text(records, first)}; device requested: "
+        f"{first.get('device_requested') or 'model default'}",
         "- versions: " + ", ".join(f"{k} {v}" for k, v in versions.items() if v),
     ]
     commits = list(dict.fromkeys(
@@ -295,6 +298,16 @@ def _environment_lines(records) -> list[str]:
     if devices:
         lines.append("- devices used: " + ", ".join(devices))
     return lines
+
+
+def _threads_text(records, first: dict) -> str:
+    """The threads of the runs: the ``--threads`` count, or the counts the runs chose (records written
+    before ``threads_requested`` existed hold the requested count in ``threads``)."""
+    requested = first.get("threads_requested", first.get("threads"))
+    if requested is not None:
+        return f"{requested} (--threads)"
+    chosen = sorted({r["threads"] for r in records if r.get("status") == "ok" and isinstance(r.get("threads"), int)})
+    return "one per idle core when each run started" + (f" ({', '.join(map(str, chosen))} chosen)" if chosen else "")
 
 
 def _settings_text(settings: dict) -> str:

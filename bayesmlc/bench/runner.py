@@ -3,7 +3,8 @@
 A run is ``python -m bayesmlc train --model M --train .. --test .. --set k=v .. --out RUN_DIR --json
 --quiet --seed S`` (:class:`CLIRunner`); the last line of its stdout is the CLI's JSON record. The
 harness adds what is needed to reproduce and compare it (machine, library versions, git commit, seed,
-threads, device, load average) and appends it to ``OUT/results.jsonl`` as soon as it finishes, so an
+threads, device, load average, and the run's wall and CPU seconds, its child processes included, so
+that a reader can tell a slow run from a run on a busy machine) and appends it to ``OUT/results.jsonl`` as soon as it finishes, so an
 interrupted suite keeps what it measured. A run that fails or times out is recorded with its status
 and the tail of its stderr; it never stops the suite. A model that is not installed (not importable,
 or its optional package missing) is recorded as ``skipped``.
@@ -28,6 +29,7 @@ import importlib.metadata
 import json
 import os
 import platform
+import resource
 import subprocess
 import sys
 import time
@@ -165,9 +167,11 @@ def _gpu_name() -> str | None:
     return torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
 
 
-def environment_info(threads: int, device: str | None) -> dict:
+def environment_info(threads: int | None, device: str | None) -> dict:
     """Machine, library versions, threads and requested device, for every record (the git commit is
-    taken per run, see :func:`run_suite`)."""
+    taken per run, see :func:`run_suite`). ``threads_requested`` is ``--threads`` (``None``: each run
+    chooses one thread per idle core when it starts); ``threads`` is replaced by the count a run
+    reports it used."""
     return {
         "machine": {
             "platform": platform.platform(),
@@ -178,6 +182,7 @@ def environment_info(threads: int, device: str | None) -> dict:
         },
         "versions": _versions(),
         "threads": threads,
+        "threads_requested": threads,
         "device_requested": device,
     }
 
@@ -222,15 +227,16 @@ class CLIRunner:
 
     Parameters
     ----------
-    threads : int
-        Exported as ``OMP_NUM_THREADS`` and friends in the child's environment.
+    threads : int or None
+        Exported as ``OMP_NUM_THREADS`` and friends in the child's environment; ``None``: not set, so
+        the child chooses one thread per idle core when it starts (:mod:`bayesmlc.threads`).
     device : str or None
         Passed as ``--device`` when given.
     python : str
         The interpreter (default: the one running the harness).
     """
 
-    def __init__(self, threads: int, device: str | None = None, python: str = sys.executable):
+    def __init__(self, threads: int | None = None, device: str | None = None, python: str = sys.executable):
         self.threads = threads
         self.device = device
         self.python = python
@@ -252,8 +258,9 @@ class CLIRunner:
 
     def environment(self) -> dict:
         env = dict(os.environ)
-        for variable in _THREAD_VARIABLES:
-            env[variable] = str(self.threads)
+        if self.threads is not None:
+            for variable in _THREAD_VARIABLES:
+                env[variable] = str(self.threads)
         return env
 
     def __call__(self, spec: RunSpec, run_dir: Path) -> dict:
@@ -492,7 +499,7 @@ def run_suite(suite: Suite, out_dir, *, datasets=None, models=None, repeats: int
     ----------
     run_one : callable ``(RunSpec, run_dir) -> dict``, default :class:`CLIRunner`
     availability : callable ``model -> reason or None``, default :func:`model_unavailable_reason`
-    threads : threads per run (default: every core)
+    threads : threads per run (default: each run chooses one per idle core when it starts)
     resume : keep the records already in ``results.jsonl`` and rerun only what is not ``ok`` there
     calibrate : calibration methods; each adds calibrated runs of every configuration (:func:`plan_runs`)
     calibration_folds : K: the calibrated runs cross-fit their maps, ``CalibratedClassifier(cv=K)``
@@ -500,7 +507,7 @@ def run_suite(suite: Suite, out_dir, *, datasets=None, models=None, repeats: int
     """
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    threads = int(threads or os.cpu_count() or 1)
+    threads = None if threads is None else int(threads)
     run_one = run_one or CLIRunner(threads=threads, device=device)
     availability = availability or model_unavailable_reason
     runs = plan_runs(suite, out_dir, datasets=datasets, models=models, repeats=repeats, seed=seed,
@@ -572,13 +579,18 @@ def _run(spec: RunSpec, out_dir: Path, run_one: RunOne, bands: bool = False) -> 
     run_dir = out_dir / "runs" / spec.dataset / f"{spec.model}-{spec.config}" / f"r{spec.repeat}"
     run_dir.mkdir(parents=True, exist_ok=True)
     fields = {"run_dir": str(run_dir.relative_to(out_dir)), "dataset_shape": _dataset_shape(spec)}
-    start = time.perf_counter()
+    start, cpu_start = time.perf_counter(), _cpu_seconds()
+    result = None
     try:
         result = run_one(spec, run_dir)
     except RunFailure as failure:
         fields.update(status="timeout" if failure.timed_out else "failed", reason=str(failure),
                       returncode=failure.returncode, stderr_tail=failure.stderr_tail)
-    else:
+    # the run alone (a --bands scoring below is the harness's work): a CPU / wall ratio well below the
+    # threads a run used says that other processes took the cores
+    fields["wall_seconds"] = time.perf_counter() - start
+    fields["cpu_seconds"] = _cpu_seconds() - cpu_start
+    if result is not None:
         fields.update({key: value for key, value in result.items() if key not in ("dataset", "model")})
         fields["cli_dataset"] = result.get("dataset")
         fields["status"] = "ok"
@@ -589,5 +601,11 @@ def _run(spec: RunSpec, out_dir: Path, run_one: RunOne, bands: bool = False) -> 
             from .bands import band_fields
 
             fields.update(band_fields(spec.test_path, spec.train_path, run_dir))
-    fields["wall_seconds"] = time.perf_counter() - start
     return fields
+
+
+def _cpu_seconds() -> float:
+    """CPU seconds (user and system) of this process and of its finished child processes so far: the
+    difference over a run is the run's CPU time, in the harness or in the child it waited for."""
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime

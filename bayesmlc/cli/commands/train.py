@@ -128,9 +128,11 @@ def _train(args, parallel) -> int:
             return EXIT_OK
         record = {"model": args.model, "dataset": name, "params": model.get_params(deep=False), "metrics": {},
                   "train_seconds": train_seconds, "predict_seconds": None, "peak_rss_mb": None,
-                  "device": device_name(model)}
+                  "device": device_name(model), "threads": _threads_used(args, model)}
         if run_dir is not None:
             _write_model(run_dir, args, model, train, name, constants, inv_prop)
+        else:
+            progress("the model is not kept: give --out DIR to save it", quiet)
         table = f"trained in {train_seconds:.2f} s"
         if test is not None:
             table = _score_test_set(args, model, test, inv_prop, record, run_dir)
@@ -143,6 +145,14 @@ def _train(args, parallel) -> int:
     record["peak_rss_mb"] = peak_rss_mb()
     emit(args, record, table)
     return EXIT_OK
+
+
+def _threads_used(args, model) -> int | None:
+    """The CPU threads the fit ran with: the model's own ``n_threads`` when set, else the command's
+    (``--threads``, or one per idle core)."""
+    own = model.get_params(deep=False).get("n_threads")
+    choice = getattr(args, "thread_choice", None)
+    return own if isinstance(own, int) else (choice.threads if choice is not None else None)
 
 
 def _training_model(args, parallel, quiet: bool):
