@@ -438,7 +438,7 @@ def test_cross_validation_shrinks_the_rank_terms_on_small_validation_splits():
 def test_cross_fitted_calibration_sees_every_labelled_row_once(monkeypatch):
     """calibration_folds=K: the calibration is fitted on one held-out evidence row per labelled
     training row (each exactly once, in some order), and only on observed entries."""
-    import bayesmlc.bnmc.model as bnmc_model
+    import bayesmlc.bnmc.classifier_fitting as classifier_fitting
 
     X, Y = make_linear_data(n=240)
     mask = np.ones_like(Y)
@@ -446,13 +446,13 @@ def test_cross_fitted_calibration_sees_every_labelled_row_once(monkeypatch):
     Y[:10] = 0.0
     mask[20:30, 0] = Y[20:30, 0] = 0.0  # entries not observed
     seen = []
-    original = bnmc_model.fit_calibration
+    original = classifier_fitting.fit_calibration
 
     def capture(s_clf, s_pat, Y_val, observed, *args, **kwargs):
         seen.append((np.asarray(Y_val).copy(), np.asarray(observed).copy()))
         return original(s_clf, s_pat, Y_val, observed, *args, **kwargs)
 
-    monkeypatch.setattr(bnmc_model, "fit_calibration", capture)
+    monkeypatch.setattr(classifier_fitting, "fit_calibration", capture)
     model = BNMC(truncation=6, calibration_folds=4, classifier="logistic", random_state=0,
                  **FAST).fit(X, sp.csr_matrix(Y), label_mask=mask)
     assert model.calibration_folds_ == 4 and len(seen) == 1
@@ -479,18 +479,18 @@ def test_classifier_auto_keeps_the_likelihood_whose_held_out_probabilities_fit_b
     whose calibrated held-out probabilities give the labels the higher Bernoulli log-likelihood
     (recomputed here from the captured evidence with NumPy) is kept, and the model is the one that
     likelihood gives when named: logistic labels keep logistic, keyword labels the SVM."""
-    import bayesmlc.bnmc.model as bnmc_model
+    import bayesmlc.bnmc.classifier_fitting as classifier_fitting
     from bayesmlc.bnmc.rank_calibration import calibrated_probability_logits
 
     X, Y = data
     seen = []
-    original = bnmc_model.fit_calibration
+    original = classifier_fitting.fit_calibration
 
     def capture(s_clf, s_pat, Y_val, observed, *args, **kwargs):
         seen.append(tuple(np.array(part, dtype=np.float64) for part in (s_clf, s_pat, Y_val, observed)))
         return original(s_clf, s_pat, Y_val, observed, *args, **kwargs)
 
-    monkeypatch.setattr(bnmc_model, "fit_calibration", capture)
+    monkeypatch.setattr(classifier_fitting, "fit_calibration", capture)
     params = dict(truncation=6, calibration_folds=4, random_state=0, **FAST)
     model = BNMC(**params).fit(X, sp.csr_matrix(Y))
     assert len(seen) == (3 if model.classifier_ == "logistic" else 2)  # the kept maps are fitted again
@@ -510,20 +510,20 @@ def test_classifier_auto_is_logistic_without_cross_fitting_or_above_the_entry_bu
     """A single validation split, online fits and cross-fits over more than
     CLASSIFIER_CHOICE_MAX_ENTRIES labelled rows x labels keep the logistic likelihood without comparing,
     on data where the comparison picks the SVM (the test above)."""
-    import bayesmlc.bnmc.model as bnmc_model
+    import bayesmlc.bnmc.classifier_fitting as classifier_fitting
 
     X, Y = make_keyword_data()
     labelled = int((Y.sum(axis=1) > 0).sum())
     split = BNMC(truncation=6, calibration_folds=1, random_state=0, **FAST).fit(X, sp.csr_matrix(Y))
     online = BNMC(truncation=6, online=True, n_passes=1, random_state=0, device="cpu").fit(X, sp.csr_matrix(Y))
-    monkeypatch.setattr(bnmc_model, "CLASSIFIER_CHOICE_MAX_ENTRIES", labelled * Y.shape[1] - 1)
+    monkeypatch.setattr(classifier_fitting, "CLASSIFIER_CHOICE_MAX_ENTRIES", labelled * Y.shape[1] - 1)
     over_budget = BNMC(truncation=6, calibration_folds=4, random_state=0, **FAST).fit(X, sp.csr_matrix(Y))
     assert split.classifier_ == online.classifier_ == over_budget.classifier_ == "logistic"
     for model, folds in ((split, 1), (over_budget, 4)):
         named = BNMC(truncation=6, calibration_folds=folds, classifier="logistic", random_state=0,
                      **FAST).fit(X, sp.csr_matrix(Y))
         np.testing.assert_array_equal(model.predict_proba(X[:20]), named.predict_proba(X[:20]))
-    monkeypatch.setattr(bnmc_model, "CLASSIFIER_CHOICE_MAX_ENTRIES", labelled * Y.shape[1])
+    monkeypatch.setattr(classifier_fitting, "CLASSIFIER_CHOICE_MAX_ENTRIES", labelled * Y.shape[1])
     at_budget = BNMC(truncation=6, calibration_folds=4, random_state=0, **FAST).fit(X, sp.csr_matrix(Y))
     assert at_budget.classifier_ == "svm"
 
@@ -625,16 +625,16 @@ def test_top_label_map_moves_only_the_leading_probability_and_keeps_the_top_five
 
 
 def test_calibration_folds_auto_cross_fits_small_sets_only():
-    from bayesmlc.bnmc.model import CROSS_FIT_FOLDS, CROSS_FIT_MAX_ROWS
+    from bayesmlc.bnmc.classifier_fitting import CROSS_FIT_FOLDS, CROSS_FIT_MAX_ROWS, calibration_fold_count
 
     auto = BNMC()
-    assert auto._calibration_fold_count(CROSS_FIT_MAX_ROWS - 1) == CROSS_FIT_FOLDS == 5
-    assert auto._calibration_fold_count(CROSS_FIT_MAX_ROWS) == 1
-    assert auto._calibration_fold_count(100, world_size=2) == 1  # the data-parallel fit keeps the split
-    assert BNMC(online=True)._calibration_fold_count(100) == 1
-    assert BNMC(validation_fraction=0.0)._calibration_fold_count(100) == 1  # no calibration at all
-    assert BNMC(calibration_folds=3)._calibration_fold_count(10_000) == 3
-    assert BNMC(calibration_folds=1)._calibration_fold_count(100) == 1
+    assert calibration_fold_count(auto, CROSS_FIT_MAX_ROWS - 1) == CROSS_FIT_FOLDS == 5
+    assert calibration_fold_count(auto, CROSS_FIT_MAX_ROWS) == 1
+    assert calibration_fold_count(auto, 100, world_size=2) == 1  # the data-parallel fit keeps the split
+    assert calibration_fold_count(BNMC(online=True), 100) == 1
+    assert calibration_fold_count(BNMC(validation_fraction=0.0), 100) == 1  # no calibration at all
+    assert calibration_fold_count(BNMC(calibration_folds=3), 10_000) == 3
+    assert calibration_fold_count(BNMC(calibration_folds=1), 100) == 1
     X, Y = make_linear_data(n=120)
     assert BNMC(truncation=4, random_state=0, **FAST).fit(X, Y).calibration_folds_ == 5
 

@@ -5,11 +5,10 @@ import pytest
 import scipy.sparse as sp
 import torch
 
-import bayesmlc.bnmc.model as bnmc_model
+import bayesmlc.bnmc.classifier_fitting as classifier_fitting
 from bayesmlc.bnmc import BNMC
 from bayesmlc.bnmc.classifiers import LowRankDesign, _sample_cg, choose_solver
 from bayesmlc.bnmc.mixture import _centred_unit_gram
-from bayesmlc.bnmc.model import ObservedEntries
 from bayesmlc.metrics import auc_micro, precision_at_k
 
 FAST = dict(n_passes=2, n_mode_steps=4, n_sweeps=2, n_keep=1, device="cpu")
@@ -87,7 +86,7 @@ def test_label_blocks_give_the_one_block_fit(monkeypatch):
     X, Y = _low_rank_problem(n=300, L=12)
     params = dict(solver="lowrank", low_rank=8, random_state=0, **FAST)
     whole = BNMC(**params).fit(X, Y)
-    monkeypatch.setattr(bnmc_model, "BLOCK_ENTRIES", 300 * 5)  # blocks of 5, 5 and 2 labels (240 rows)
+    monkeypatch.setattr(classifier_fitting, "BLOCK_ENTRIES", 300 * 5)  # blocks of 5, 5 and 2 labels (240 rows)
     blocked = BNMC(**params).fit(X, Y)
     # equal up to the CG tolerance (1e-3 relative residual; the shared preconditioner is per block)
     np.testing.assert_allclose(blocked.classifier_samples_, whole.classifier_samples_, rtol=0, atol=2e-3)
@@ -117,7 +116,7 @@ def test_low_rank_model_saves_and_loads(tmp_path):
 
 
 def test_online_sgd_on_the_basis_when_dense_weights_would_be_too_many(monkeypatch):
-    monkeypatch.setattr(bnmc_model, "SGD_DENSE_WEIGHTS", 100)
+    monkeypatch.setattr(classifier_fitting, "SGD_DENSE_WEIGHTS", 100)
     X, Y = _low_rank_problem(n=800, L=20)
     stream = BNMC(random_state=0, low_rank=10, **FAST)
     for start in range(0, 600, 100):
@@ -144,13 +143,13 @@ def test_centred_unit_gram_matches_the_dense_computation():
 def test_observed_entries_blocks_equal_the_dense_mask():
     rng = np.random.default_rng(5)
     mask = (rng.random((9, 7)) < 0.6).astype(float)
-    entries = ObservedEntries(sp.csr_matrix(mask), mask.sum(axis=1) > 0, 7)
+    entries = classifier_fitting.ObservedEntries(sp.csr_matrix(mask), mask.sum(axis=1) > 0, 7)
     rows = np.array([0, 3, 8])
     np.testing.assert_array_equal(entries.block(rows, slice(2, 5)), mask[rows][:, 2:5])
     np.testing.assert_array_equal(entries.per_label(), mask.sum(axis=0))
     np.testing.assert_array_equal(entries.complete_rows(), mask.sum(axis=1) == 7)
     labelled = np.array([True, False, True])
-    no_mask = ObservedEntries(None, labelled, 4)
+    no_mask = classifier_fitting.ObservedEntries(None, labelled, 4)
     np.testing.assert_array_equal(no_mask.block(), np.repeat(labelled[:, None], 4, axis=1).astype(float))
     np.testing.assert_array_equal(no_mask.per_label(), [2, 2, 2, 2])
 

@@ -5,7 +5,6 @@ Multi-label Classification", ACML 2016). See docs/bnmc.md for every choice the p
 
 from __future__ import annotations
 
-import copy
 import time
 
 import numpy as np
@@ -21,38 +20,15 @@ from ..parameters import Boolean, Integer, Options, Real, check_parameters
 from ..preprocessing import STANDARDIZE_CONSTRAINT, FeaturePreprocessor, legacy_preprocessor_state
 from ..utils import iter_batches, logit, numpy_rng, resolve_device, sigmoid
 from ..validation import check_features, check_fit_inputs
-from ..linalg import top_singular_vectors
-from .classifiers import Design, LowRankDesign, SGDClassifier, choose_low_rank, choose_solver, gibbs_classifier
-from .label_sets import COUNT_RULES, choose_count_rule, choose_threshold, rule_predictions
+from .classifiers import SGDClassifier
+from .classifier_fitting import CLASSIFIER_CHOICES, ClassifierFitter, ObservedEntries, classifier_steps
+from .label_sets import COUNT_RULES, rule_predictions
 from .mixture import DirichletEmission, DPMixture, GaussianEmission
-from .rank_calibration import (
-    TOP_LABEL_IDENTITY, RankTerms, bernoulli_log_likelihood, calibrated_probability_logits, fit_calibration,
-    fit_top_label_map, rank_adjusted_logits, top_positions,
-)
+from .rank_calibration import TOP_LABEL_IDENTITY, RankTerms, calibrated_probability_logits, rank_adjusted_logits
+from .svi import MixtureFitter
 
 __all__ = ["BNMC"]
 
-#: Dense (rows x labels) entries a label block of the low-rank classifiers, and the validation
-#: split, may hold: label blocks have at most BLOCK_ENTRIES / n labels; the validation split at most
-#: VALIDATION_ENTRIES / L rows.
-BLOCK_ENTRIES = 2**22
-VALIDATION_ENTRIES = 2**22
-#: Online SGD keeps two (D+1) x L float64 weight matrices; above this many weights per matrix it
-#: works on the shared low-rank representation instead.
-SGD_DENSE_WEIGHTS = 2e7
-#: ``calibration_folds="auto"``: cross-fit the calibration over this many folds when fewer than
-#: CROSS_FIT_MAX_ROWS rows are labelled (the 20% split then holds under 500 rows: 67 on medical, 78 on
-#: emotions), else fit it on the single validation split (docs/experiments.md, "Calibration: BNMC's
-#: cross-fitted evidence").
-CROSS_FIT_FOLDS = 5
-CROSS_FIT_MAX_ROWS = 2500
-#: ``classifier="auto"``: the likelihoods compared on the cross-fitted evidence, the first also the
-#: choice where they are not compared (docs/experiments.md, "BNMC: the classifier's likelihood").
-CLASSIFIER_CHOICES = ("logistic", "svm")
-#: ``classifier="auto"`` compares the likelihoods only when the labelled rows times the labels are at
-#: most this many: a second cross-fit costs about as much as the first (on hmc_cellcycle_go's 2,473 x
-#: 4,125 entries it added about six minutes to 3.5).
-CLASSIFIER_CHOICE_MAX_ENTRIES = 2**22
 _RULE_CHOICES = ("auto",) + COUNT_RULES
 #: The fitted attributes holding :class:`RankTerms`, in its order.
 _RANK_TERM_ATTRIBUTES = ("top_label_offset_", "top_label_slope_", "top_label_runner_up_", "second_label_offset_",
@@ -361,7 +337,7 @@ class BNMC(MultiLabelEstimator):
         return DPMixture(self.truncation, emission, self.n_labels_, self.label_prior, self.concentration, reduce)
 
     # ---- label bookkeeping ----------------------------------------------------------------------
-    def _entry_mask(self, Y: sp.csr_matrix, label_mask) -> tuple["ObservedEntries", np.ndarray]:
+    def _entry_mask(self, Y: sp.csr_matrix, label_mask) -> tuple[ObservedEntries, np.ndarray]:
         """The observed entries (kept sparse) and the boolean vector of rows with a label vector."""
         n, L = Y.shape
         if label_mask is not None:
@@ -372,7 +348,7 @@ class BNMC(MultiLabelEstimator):
                 labelled = np.diff(Y.indptr) > 0
         return ObservedEntries(label_mask, labelled, L), labelled
 
-    def _update_count_stats(self, Y, entries: "ObservedEntries", labelled, parallel=ONE_PROCESS):
+    def _update_count_stats(self, Y, entries: ObservedEntries, labelled, parallel=ONE_PROCESS):
         complete = labelled & entries.complete_rows()
         counts = np.diff(Y.indptr)[complete].astype(np.float64)
         self.count_sums_ = self.count_sums_ + parallel.reduce_sum(np.array([counts.size, counts.sum(), (counts**2).sum()]))
@@ -380,27 +356,6 @@ class BNMC(MultiLabelEstimator):
         if n > 0:
             self.label_count_mean_ = float(total / n)
             self.label_count_std_ = float(np.sqrt(max(total_sq / n - (total / n) ** 2, 0.0) * n / max(n - 1, 1)))
-
-    def _new_sgd(self, inputs, alpha_default: float) -> SGDClassifier:
-        """SGD classifiers on ``inputs`` (classifier features, or their projections on the basis)."""
-        alpha = float(self.sgd_alpha) if self.sgd_alpha is not None else alpha_default
-        mean_sq_norm = _mean_sq_norm(inputs) + 1.0  # + the bias column
-        return SGDClassifier(inputs.shape[1], self.n_labels_, self._classifier_kind(), alpha,
-                             float(self.sgd_eta0) / mean_sq_norm)
-
-    # ---- the shared low-rank representation -----------------------------------------------------
-    def _set_basis(self, Z, rng, n_rows: int, parallel=None) -> None:
-        """``classifier_basis_`` (D, r) float32: the top-r right singular vectors of the classifier
-        features of the given rows (:func:`~bayesmlc.linalg.top_singular_vectors`, summed over
-        processes by ``parallel.reduce_sum``; None: one process); r is ``low_rank``, or with "auto"
-        :func:`~bayesmlc.bnmc.classifiers.choose_low_rank` for the ``n_rows`` rows of all processes."""
-        rank = self.low_rank
-        if rank == "auto":
-            rank = choose_low_rank(n_rows, Z.shape[1], self.n_labels_)
-        rank = int(min(rank, Z.shape[1]))
-        seed = int(rng.integers(0, 2**31 - 1))
-        Vt, _ = top_singular_vectors(Z, rank, seed, parallel, dtype=np.float32)
-        self.classifier_basis_ = np.ascontiguousarray(Vt.T)
 
     def _classifier_inputs(self, Z):
         """What the classifiers see: Z itself, or its projection Z V on the basis (dense (n, r))."""
@@ -458,68 +413,16 @@ class BNMC(MultiLabelEstimator):
         self.n_seen_ = n
         self.svi_steps_ = 0
 
-        X_mix_all = self._mixture_features(X)
-        Y_mix = Y  # masked entries are already zero, and unlabelled rows are empty: section 3.4
-        self._mixture = self._new_mixture(None if parallel.world_size == 1 else parallel.reduce_sum)
-        take = rng.choice(n, size=min(n, 2000), replace=False)
-        self._mixture.initialise_from_sample(parallel.gather_rows(X_mix_all, take, shard),
-                                             parallel.gather_rows(Y_mix, take, shard), float(n), rng)
         n_batches = -(-n // self.batch_size)
-        total_steps = self.n_passes * n_batches + self._classifier_steps(int(labelled_all.sum()), parallel.world_size)
+        total_steps = self.n_passes * n_batches + classifier_steps(self, int(labelled_all.sum()), self.n_labels_,
+                                                                   parallel.world_size)
         bar = tqdm(total=total_steps, disable=not self.verbose, desc="BNMC", leave=False)
-        self._record(0, X_mix_all, Y_mix, start)
-        for pass_index in range(self.n_passes):
-            order = rng.permutation(n)
-            for rows in iter_batches(n, self.batch_size):
-                take = np.sort(order[rows])
-                local, _ = shard.select(take)
-                self._svi_step(X_mix_all[local], Y_mix[local], n, take.size)
-                bar.update(1)
-            if self.merge_trials:
-                self._mixture.merge_moves(X_mix_all, Y_mix, int(self.merge_trials))
-            self._record(pass_index + 1, X_mix_all, Y_mix, start)
-
-        Z = self._classifier_features(X)
-        self._set_weight_precision(Z, parallel, n)
-        self._fit_classifiers(Z, Y, entries, labelled_all, rng, device, bar, parallel, shard)
+        # masked label entries are already zero, and unlabelled rows are empty: section 3.4
+        MixtureFitter(self, rng, bar, parallel).fit(self._mixture_features(X), Y, shard, start)
+        ClassifierFitter(self, rng, device, bar, parallel).fit(self._classifier_features(X), Y, entries, labelled_all,
+                                                               shard)
         bar.close()
         self._finish_mixture()
-
-    def _classifier_steps(self, n_labelled: int, world_size: int = 1) -> int:
-        if self.online:
-            return self.n_passes * -(-n_labelled // self.batch_size)
-        folds = self._calibration_fold_count(n_labelled, world_size)
-        refit = self._refit_sweeps() + 1 if folds > 1 or (float(self.validation_fraction) > 0 and self.refit) else 0
-        kinds = len(self._compared_classifiers(folds, n_labelled))
-        return kinds * folds * (self.n_mode_steps + self.n_sweeps) + refit
-
-    def _calibration_fold_count(self, n_labelled: int, world_size: int = 1) -> int:
-        """The folds the calibration's evidence is cross-fitted over (1: the single validation split;
-        ``calibration_folds`` resolved), for ``n_labelled`` labelled rows over ``world_size`` processes."""
-        if self.online or world_size > 1 or float(self.validation_fraction) <= 0:
-            return 1
-        if self.calibration_folds == "auto":
-            return CROSS_FIT_FOLDS if n_labelled < CROSS_FIT_MAX_ROWS else 1
-        return min(int(self.calibration_folds), n_labelled)
-
-    def _rho(self) -> float:
-        return float((self.svi_steps_ + self.tau) ** (-self.kappa))
-
-    def _svi_step(self, X_mix, Y_mix, n_total: int, batch_rows: int | None = None) -> None:
-        """Eqs. (2)-(5) on one minibatch (of ``batch_rows`` rows over all processes, this process's
-        rows given), natural gradients scaled by n_total / batch_rows."""
-        batch_rows = X_mix.shape[0] if batch_rows is None else batch_rows
-        rho = 1.0 if batch_rows >= n_total else self._rho()
-        self._mixture.svi_step(X_mix, Y_mix, n_total / batch_rows, rho)
-        self.svi_steps_ += 1
-
-    def _record(self, pass_index, X_mix, Y_mix, start) -> None:
-        elbo = self._mixture.local_elbo(X_mix, Y_mix) - self._mixture.global_kl()
-        weights = self._mixture.expected_weights()
-        self.history_["wall_time"].append(time.perf_counter() - start)
-        self.history_["objective"].append(float(elbo))
-        self.history_.setdefault("pass", []).append(int(pass_index))
-        self.history_.setdefault("n_patterns", []).append(int(self._count_patterns(weights)))
 
     def _count_patterns(self, weights) -> int:
         return int(np.sum(weights * self.n_seen_ >= max(1.0, 0.01 * self.n_seen_)))
@@ -529,238 +432,14 @@ class BNMC(MultiLabelEstimator):
         self.n_patterns_ = self._count_patterns(self.pattern_weights_)
         self.label_share_ = self.pattern_weights_ @ self._mixture.label_means()  # marginal E[psi] (L,)
 
-    def _set_weight_precision(self, Z: sp.csr_matrix, parallel=ONE_PROCESS, n_total: int | None = None) -> None:
-        if self.weight_precision == "auto":
-            n_total = Z.shape[0] if n_total is None else n_total
-            mean_sq_norm = float(parallel.reduce_sum(np.array([Z.multiply(Z).sum()], dtype=np.float64))[0]) / max(n_total, 1)
-            self.weight_precision_ = max(mean_sq_norm / 7.0, 1e-3)
-        else:
-            self.weight_precision_ = float(self.weight_precision)
-
-    def _prior_precision(self) -> np.ndarray:
-        prior = np.full(self.n_features_in_ + 1, self.weight_precision_)
-        prior[-1] = 1e-2
-        return prior
-
-    def _fit_classifiers(self, Z, Y, entries, labelled, rng, device, bar, parallel=ONE_PROCESS, shard=None) -> None:
-        """Z, Y (CSR), entries: this process's rows; ``labelled``: (N,) flags of all rows. Splits off
-        the validation rows (at most VALIDATION_ENTRIES / L of them), fits, calibrates and refits.
-        Row ids are global; ``shard`` maps them to this process's rows."""
-        shard = RowShard.whole(Z.shape[0]) if shard is None else shard
-        reduce = None if parallel.world_size == 1 else parallel.reduce_sum
-
-        def local(global_ids):
-            return shard.select(global_ids)[0]
-
-        rows = np.flatnonzero(labelled)
-        self.calibration_folds_ = self._calibration_fold_count(rows.size, parallel.world_size)
-        self.classifier_ = CLASSIFIER_CHOICES[0] if self.classifier == "auto" else self.classifier
-        n_val = int(round(float(self.validation_fraction) * rows.size)) if self.calibration_folds_ == 1 else 0
-        if n_val >= 1:
-            n_val = min(n_val, max(1, VALIDATION_ENTRIES // self.n_labels_))
-        if n_val >= 1 and rows.size - n_val >= 1:
-            shuffled = rng.permutation(rows)
-            val_rows, train_rows = np.sort(shuffled[:n_val]), np.sort(shuffled[n_val:])
-        else:
-            val_rows, train_rows = np.array([], dtype=np.int64), rows
+    def _reset_calibration(self) -> None:
+        """The calibration before one is fitted: the plain product of eq. 8 ((a, b, d) = (1, 1, 0) for
+        both logits, no rank terms, no top-label map), threshold 0.5, ``count_rule`` ("auto": "expected")."""
         self.calibration_ = self.probability_calibration_ = np.array([1.0, 1.0, 0.0])
         self._set_rank_terms(RankTerms())
         self.top_label_map_ = TOP_LABEL_IDENTITY.copy()
         self.threshold_ = 0.5
         self.count_rule_ = "expected" if self.count_rule == "auto" else self.count_rule
-        self.classifier_basis_ = None
-        if self.online:  # one process (checked in _fit)
-            self.solver_ = "sgd"
-            if (Z.shape[1] + 1) * self.n_labels_ > SGD_DENSE_WEIGHTS:
-                self._set_basis(Z[rows], rng, rows.size)
-            inputs = self._classifier_inputs(Z)
-            self._sgd = self._new_sgd(inputs[rows], 1.0 / max(rows.size, 1))
-            self._sgd_passes(inputs, Y, entries, train_rows, rng, bar)
-            self.classifier_samples_ = self.classifier_variances_ = None
-            if val_rows.size:
-                self._calibrate(Z[val_rows], Y[val_rows].toarray().astype(np.float64), entries.block(val_rows))
-                # the held-out rows are then streamed in like any later data
-                self._sgd_passes(inputs, Y, entries, val_rows, rng, bar, passes=1)
-            self.classifier_trace_ = np.zeros(0)
-            return
-        solver = self.solver
-        if solver == "auto":
-            nnz = int(parallel.reduce_sum(np.array([Z[local(rows)].nnz], dtype=np.float64))[0])
-            solver = choose_solver(rows.size, self.n_features_in_, self.n_labels_, nnz)
-        if parallel.world_size > 1 and solver in ("dense", "woodbury"):
-            solver = "cg"  # the samplers whose sums over rows are split over processes
-        self.solver_ = solver
-        prior = self._prior_precision()
-        fit_rows = train_rows if val_rows.size else rows
-        if solver == "lowrank":
-            self._set_basis(Z[local(rows)], rng, rows.size, parallel)
-            inputs = self._classifier_inputs(Z)
-            prior = np.full(inputs.shape[1] + 1, self.weight_precision_)
-            prior[-1] = 1e-2
-
-            def fit(fit_on, n_iter, n_keep, init, n_mode, generator=rng):
-                design = LowRankDesign(inputs[local(fit_on)], device, **_reducing(reduce))
-                return self._fit_label_blocks(design, Y, entries, local(fit_on), fit_on.size, prior, n_iter, n_keep,
-                                              generator, init, n_mode)
-        else:
-            def fit(fit_on, n_iter, n_keep, init, n_mode, generator=rng):
-                mine = local(fit_on)
-                design = Design(Z[mine], device, dense=solver != "cg", **_reducing(reduce))
-                return gibbs_classifier(
-                    design, Y[mine].toarray().astype(np.float64), entries.block(mine), self.classifier_, prior,
-                    n_iter, n_keep, generator, solver, init=init, progress=bar, n_mode_steps=n_mode,
-                    inference=self.inference)
-
-        if self.calibration_folds_ > 1:
-            samples, variances, traces = self._cross_fit(fit, rows, Z, Y, entries, rng)
-            self.classifier_samples_, self.classifier_variances_ = samples, variances
-            self.classifier_trace_ = np.asarray(traces)
-            return
-        samples, variances, trace = fit(fit_rows, self.n_sweeps, self.n_keep, None, self.n_mode_steps)
-        traces = list(trace)
-        if val_rows.size:
-            self.classifier_samples_, self.classifier_variances_ = samples, variances
-            mine, val_shard = shard.select(val_rows)
-            self._calibrate(Z[mine], Y[mine].toarray().astype(np.float64), entries.block(mine),
-                            gather=None if reduce is None else (lambda part: val_shard.gather(part, np.arange(val_rows.size), reduce)))
-        if val_rows.size and self.refit:
-            # refit on every labelled row, starting from the posterior mean of the first fit
-            samples, variances, trace = self._refit(fit, rows, samples.mean(axis=0))
-            traces += list(trace)
-        self.classifier_samples_, self.classifier_variances_ = samples, variances
-        self.classifier_trace_ = np.asarray(traces)
-
-    def _cross_fit(self, fit, rows, Z, Y, entries, rng):
-        """Calibration on cross-fitted evidence (one process): ``calibration_folds_`` fits, each
-        without one fold of the labelled ``rows``, score that fold; the maps are fitted on every
-        row's held-out evidence (:meth:`_fit_calibration_maps`); then the classifiers of all rows,
-        warm-started from the folds' mean. With ``classifier="auto"`` the folds are fitted with each
-        likelihood of :data:`CLASSIFIER_CHOICES`, on the same folds with the same seeds, and the one
-        whose calibrated held-out probabilities have the highest log-likelihood
-        (:meth:`_held_out_log_likelihood`) is kept. ``fit`` as in :meth:`_fit_classifiers`. Returns
-        (samples, variances, trace) of the final fit, the trace holding the kept likelihood's fits."""
-        self._finish_mixture()
-        folds = [np.sort(held_out) for held_out in np.array_split(rng.permutation(rows), self.calibration_folds_)]
-        kinds = self._compared_classifiers(self.calibration_folds_, rows.size)
-        seeds = copy.deepcopy(rng)  # the state every likelihood's folds start from (the first draws from rng)
-        best = None
-        for index, kind in enumerate(kinds):
-            self.classifier_ = kind
-            evidence, means, traces = self._fold_evidence(fit, folds, rows, Z, Y, entries,
-                                                          rng if index == 0 else copy.deepcopy(seeds))
-            self._fit_calibration_maps(*evidence)
-            score = self._held_out_log_likelihood(*evidence) if len(kinds) > 1 else 0.0
-            if best is None or score > best[0]:
-                best = (score, kind, evidence, means, traces)
-        _, self.classifier_, evidence, means, traces = best
-        if self.classifier_ != kinds[-1]:  # the maps of the kept likelihood (the fit is deterministic)
-            self._fit_calibration_maps(*evidence)
-        samples, variances, trace = self._refit(fit, rows, np.mean(means, axis=0))
-        return samples, variances, traces + list(trace)
-
-    def _compared_classifiers(self, folds: int, n_labelled: int) -> tuple:
-        """The likelihoods the cross-fitting compares: both of :data:`CLASSIFIER_CHOICES` with
-        ``classifier="auto"``, cross-fitted evidence (``folds`` > 1) and ``n_labelled`` rows times the
-        labels at most :data:`CLASSIFIER_CHOICE_MAX_ENTRIES`; else the one in use."""
-        if self.classifier == "auto" and folds > 1 and n_labelled * self.n_labels_ <= CLASSIFIER_CHOICE_MAX_ENTRIES:
-            return CLASSIFIER_CHOICES
-        return (CLASSIFIER_CHOICES[0] if self.classifier == "auto" else self.classifier,)
-
-    def _fold_evidence(self, fit, folds, rows, Z, Y, entries, generator):
-        """One classifier fit per fold of ``folds`` (sorted row ids), without that fold, scoring it.
-        Returns the held-out (s_clf, s_pattern, Y, observed) of every fold's rows, concatenated, the
-        folds' posterior means and their sweeps' trace."""
-        evidence, means, traces = [], [], []
-        for held_out in folds:
-            samples, variances, trace = fit(np.setdiff1d(rows, held_out), self.n_sweeps, self.n_keep, None,
-                                            self.n_mode_steps, generator=generator)
-            self.classifier_samples_, self.classifier_variances_ = samples, variances
-            Z_fold = Z[held_out]
-            evidence.append(self._evidence(Z_fold, self._raw_from_classifier(Z_fold))
-                            + (Y[held_out].toarray().astype(np.float64), entries.block(held_out)))
-            means.append(samples.mean(axis=0))
-            traces += list(trace)
-        return tuple(np.concatenate(part) for part in zip(*evidence)), means, traces
-
-    def _held_out_log_likelihood(self, s_clf, s_pat, Y, observed) -> float:
-        """sum over the ``observed`` entries of log p(y | calibrated probability) of held-out evidence
-        (all (n, L)), under the fitted calibration: how ``classifier="auto"`` compares likelihoods."""
-        logits = self._calibrated_logits(s_clf, s_pat, probability=True)
-        return float(np.sum(bernoulli_log_likelihood(Y, logits)[observed > 0]))
-
-    def _refit_sweeps(self) -> int:
-        """Sweeps of the refit on every labelled row after calibration: max(2, n_sweeps // 2)."""
-        return max(2, self.n_sweeps // 2)
-
-    def _refit(self, fit, rows, init):
-        """The classifiers of every labelled ``rows``, warm-started at ``init`` (the first fit's or the
-        folds' posterior mean): one mode step and :meth:`_refit_sweeps` sweeps. ``fit`` as in
-        :meth:`_fit_classifiers`; returns its (samples, variances, trace)."""
-        n_refit = self._refit_sweeps()
-        return fit(rows, n_refit, min(self.n_keep, n_refit), init, 1)
-
-    def _fit_label_blocks(self, design, Y, entries, rows, n_rows, prior, n_iter, n_keep, rng, init, n_mode_steps):
-        """The variational (or Gibbs) classifiers of every label on a low-rank design, label block by
-        label block, so no dense (rows x L) array is formed: blocks of at most BLOCK_ENTRIES / n_rows
-        labels (``rows``: this process's rows of the ``n_rows`` fitted). Returns what
-        :func:`gibbs_classifier` returns, for all labels."""
-        L = self.n_labels_
-        width = max(1, BLOCK_ENTRIES // max(1, n_rows))
-        Y_rows = Y[rows].tocsc()
-        means, variances, trace = [], [], None
-        for start in range(0, L, width):
-            labels = slice(start, min(L, start + width))
-            block_means, block_var, block_trace = gibbs_classifier(
-                design, Y_rows[:, labels].toarray().astype(np.float64), entries.block(rows, labels), self.classifier_,
-                prior, n_iter, n_keep, rng, "cg", init=None if init is None else init[:, labels],
-                n_mode_steps=n_mode_steps, inference=self.inference)
-            means.append(block_means)
-            variances.append(block_var)
-            trace = np.asarray(block_trace) if trace is None else trace + np.asarray(block_trace)
-        variances = None if variances[0] is None else np.concatenate(variances, axis=1)
-        return np.concatenate(means, axis=2), variances, list(trace)
-
-    def _sgd_passes(self, inputs, Y, entries, rows, rng, bar, passes=None) -> None:
-        """SGD epochs over ``rows``; Y (CSR) and the observed entries densified a minibatch at a time."""
-        for _ in range(self.n_passes if passes is None else passes):
-            order = rng.permutation(rows)
-            for batch in iter_batches(order.size, self.batch_size):
-                take = order[batch]
-                self._sgd.step(inputs[take], Y[take].toarray().astype(np.float64), entries.block(take))
-                if bar is not None:
-                    bar.update(1)
-
-    # ---- calibration ----------------------------------------------------------------------------
-    def _calibrate(self, Z_val, Y_val, mask_val, gather=None) -> None:
-        """The calibration from the validation rows' evidence (:meth:`_fit_calibration_maps`).
-        ``gather``: this process's validation rows of an (n_val_local, L) array -> all validation
-        rows (several processes)."""
-        self._finish_mixture()
-        X_val = self._raw_from_classifier(Z_val)
-        s_clf, s_pat = self._evidence(Z_val, X_val)
-        if gather is not None:
-            s_clf, s_pat, Y_val, mask_val = (gather(part) for part in (s_clf, s_pat, Y_val, mask_val))
-        self._fit_calibration_maps(s_clf, s_pat, Y_val, mask_val)
-
-    def _fit_calibration_maps(self, s_clf, s_pat, Y_val, mask_val) -> None:
-        """Fit (a, b, d) of logit p = a s_clf + b s_pattern + d and the rank terms (:func:`fit_calibration`)
-        on the observed held-out entries; then the threshold (near-best example-F1, then best exact
-        match) and, with ``count_rule="auto"``, the rule with the best example-F1 + exact match on the
-        held-out rows. ``s_clf``, ``s_pat``: (n_val, L) evidence, ``Y_val`` labels, ``mask_val``
-        observed entries, of the held-out rows."""
-        self.calibration_, self.probability_calibration_, terms = fit_calibration(s_clf, s_pat, Y_val, mask_val > 0)
-        self._set_rank_terms(terms)
-        self.top_label_map_ = TOP_LABEL_IDENTITY.copy()
-        if s_clf.size:
-            rows = np.arange(s_clf.shape[0])
-            leading = top_positions(self._calibrated_logits(s_clf, s_pat), 1)[:, 0]
-            logits = self._calibrated_logits(s_clf, s_pat, probability=True)[rows, leading]
-            observed = mask_val[rows, leading] > 0
-            self.top_label_map_ = fit_top_label_map(logits[observed], Y_val[rows, leading][observed])
-        proba = sigmoid(self._calibrated_logits(s_clf, s_pat, probability=True))
-        self.threshold_ = choose_threshold(proba, Y_val, mask_val)
-        if self.count_rule == "auto":
-            self.count_rule_ = choose_count_rule(proba, Y_val, mask_val, self.threshold_, self.label_count_mean_)
 
     def _raw_from_classifier(self, Z):
         """Classifier features back to raw features (for the mixture) in the validation step."""
@@ -938,11 +617,7 @@ class BNMC(MultiLabelEstimator):
             self.observed_counts_ = np.zeros(self.n_labels_, dtype=np.int64)
             self.n_seen_ = 0
             self.svi_steps_ = 0
-            self.calibration_ = self.probability_calibration_ = np.array([1.0, 1.0, 0.0])
-            self._set_rank_terms(RankTerms())
-            self.top_label_map_ = TOP_LABEL_IDENTITY.copy()
-            self.threshold_ = 0.5
-            self.count_rule_ = "expected" if self.count_rule == "auto" else self.count_rule
+            self._reset_calibration()
             self.classifier_samples_ = self.classifier_variances_ = self.classifier_basis_ = None
             self.classifier_trace_ = np.zeros(0)
             self.solver_ = "sgd"
@@ -954,30 +629,11 @@ class BNMC(MultiLabelEstimator):
         self._update_count_stats(Y, entries, labelled)
         self.n_seen_ += n
 
-        X_mix = self._mixture_features(X)
-        Y_mix = Y
-        if first:
-            self._mixture = self._new_mixture()
-            self._mixture.initialise(X_mix, Y_mix, float(n), rng)
-        else:
-            self._svi_step(X_mix, Y_mix, self.n_seen_)
-        Z = self._classifier_features(X)
-        if getattr(self, "_sgd", None) is None:
-            if first and (Z.shape[1] + 1) * self.n_labels_ > SGD_DENSE_WEIGHTS:
-                self._set_basis(Z, rng, Z.shape[0])  # the stream's classifiers live on the first batch's basis
-            self._sgd = self._new_sgd(self._classifier_inputs(Z), 1e-3)
-            if self.classifier_samples_ is not None:
-                self._sgd.W[...] = self.classifier_samples_.mean(axis=0)
-                self._sgd.W_avg[...] = self._sgd.W
-                self.classifier_samples_ = self.classifier_variances_ = None
-            self.solver_ = "sgd"
-        self._sgd_passes(self._classifier_inputs(Z), Y, entries, np.flatnonzero(labelled), rng, None, passes=1)
+        X_mix, mixture_fit = self._mixture_features(X), MixtureFitter(self, rng)
+        mixture_fit.stream(X_mix, Y, first)
+        ClassifierFitter(self, rng).stream(self._classifier_features(X), Y, entries, labelled, first)
         self._finish_mixture()
-        elbo = self._mixture.local_elbo(X_mix, Y_mix) * (self.n_seen_ / n) - self._mixture.global_kl()
-        self.history_["wall_time"].append(time.perf_counter() - self._stream_start)
-        self.history_["objective"].append(float(elbo))
-        self.history_.setdefault("pass", []).append(len(self.history_["objective"]))
-        self.history_.setdefault("n_patterns", []).append(int(self.n_patterns_))
+        mixture_fit.record(len(self.history_["objective"]) + 1, X_mix, Y, self._stream_start, self.n_seen_ / n)
         return self
 
     def _check_stream_labels(self, Y, n_rows: int) -> sp.csr_matrix:
@@ -1017,50 +673,6 @@ class BNMC(MultiLabelEstimator):
         if sgd_state is not None:
             self._sgd = SGDClassifier(self.n_features_in_, self.n_labels_, self._classifier_kind(), 1.0, self.sgd_eta0)
             self._sgd.set_state(sgd_state)
-
-
-def _reducing(reduce) -> dict:
-    return {} if reduce is None else {"reduce": reduce}
-
-
-class ObservedEntries:
-    """Which label entries are observed, kept sparse: the stored entries of a CSR ``label_mask``, or,
-    without one, every entry of the ``labelled`` rows. :meth:`block` densifies only the rows and
-    labels asked for.
-    """
-
-    def __init__(self, label_mask, labelled: np.ndarray, n_labels: int):
-        self.label_mask = None if label_mask is None else sp.csr_matrix(label_mask)
-        self.labelled = np.asarray(labelled, dtype=bool)
-        self.n_labels = int(n_labels)
-
-    def block(self, rows=None, labels: slice | None = None) -> np.ndarray:
-        """Dense float64 0/1 array (len(rows), len(labels)) of the observed entries."""
-        labels = slice(0, self.n_labels) if labels is None else labels
-        if self.label_mask is not None:
-            part = self.label_mask if rows is None else self.label_mask[rows]
-            return part[:, labels].toarray().astype(np.float64)
-        flags = self.labelled if rows is None else self.labelled[rows]
-        width = len(range(self.n_labels)[labels])
-        return np.repeat(flags[:, None].astype(np.float64), width, axis=1)
-
-    def per_label(self) -> np.ndarray:
-        """Observed entries per label, (L,) int64."""
-        if self.label_mask is not None:
-            return np.asarray(self.label_mask.sum(axis=0)).ravel().astype(np.int64)
-        return np.full(self.n_labels, int(self.labelled.sum()), dtype=np.int64)
-
-    def complete_rows(self) -> np.ndarray:
-        """Rows whose every label entry is observed, (n,) bool."""
-        if self.label_mask is not None:
-            return np.asarray(self.label_mask.sum(axis=1)).ravel() == self.n_labels
-        return self.labelled
-
-
-def _mean_sq_norm(inputs) -> float:
-    """Mean squared row norm of a sparse or dense (n, d) matrix."""
-    squares = inputs.multiply(inputs).sum() if sp.issparse(inputs) else float(np.sum(np.square(inputs, dtype=np.float64)))
-    return float(squares) / max(inputs.shape[0], 1)
 
 
 def _pad_columns(matrix, n_cols: int, name: str):

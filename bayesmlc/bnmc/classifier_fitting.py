@@ -1,0 +1,459 @@
+"""BNMC's classifier fits: the :class:`ClassifierFitter` (validation split or cross-fitting, the choice of
+solver and likelihood, label blocks, the refit, online SGD passes, calibration) and the small pieces it
+is made of.
+
+The estimator (:class:`bayesmlc.bnmc.BNMC`) fits its mixture, then hands the classifier features to a
+:class:`ClassifierFitter`, which runs the per-label Bayesian classifiers of
+:mod:`bayesmlc.bnmc.classifiers` and fits the calibration of :mod:`bayesmlc.bnmc.rank_calibration` and
+the label-set rules of :mod:`bayesmlc.bnmc.label_sets` on held-out evidence, writing the fitted
+attributes onto the estimator.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import scipy.sparse as sp
+
+from ..data.shard import RowShard
+from ..distributed import ONE_PROCESS
+from ..linalg import top_singular_vectors
+from ..utils import iter_batches, sigmoid
+from .classifiers import Design, LowRankDesign, SGDClassifier, choose_low_rank, choose_solver, gibbs_classifier
+from .label_sets import choose_count_rule, choose_threshold
+from .rank_calibration import TOP_LABEL_IDENTITY, bernoulli_log_likelihood, fit_calibration, fit_top_label_map, top_positions
+
+__all__ = [
+    "CLASSIFIER_CHOICES",
+    "ClassifierFitter",
+    "ObservedEntries",
+    "calibration_fold_count",
+    "classifier_steps",
+    "compared_classifiers",
+]
+
+#: Dense (rows x labels) entries a label block of the low-rank classifiers, and the validation
+#: split, may hold: label blocks have at most BLOCK_ENTRIES / n labels; the validation split at most
+#: VALIDATION_ENTRIES / L rows.
+BLOCK_ENTRIES = 2**22
+VALIDATION_ENTRIES = 2**22
+#: Online SGD keeps two (D+1) x L float64 weight matrices; above this many weights per matrix it
+#: works on the shared low-rank representation instead.
+SGD_DENSE_WEIGHTS = 2e7
+#: ``calibration_folds="auto"``: cross-fit the calibration over this many folds when fewer than
+#: CROSS_FIT_MAX_ROWS rows are labelled (the 20% split then holds under 500 rows: 67 on medical, 78 on
+#: emotions), else fit it on the single validation split (docs/experiments.md, "Calibration: BNMC's
+#: cross-fitted evidence").
+CROSS_FIT_FOLDS = 5
+CROSS_FIT_MAX_ROWS = 2500
+#: ``classifier="auto"``: the likelihoods compared on the cross-fitted evidence, the first also the
+#: choice where they are not compared (docs/experiments.md, "BNMC: the classifier's likelihood").
+CLASSIFIER_CHOICES = ("logistic", "svm")
+#: ``classifier="auto"`` compares the likelihoods only when the labelled rows times the labels are at
+#: most this many: a second cross-fit costs about as much as the first (on hmc_cellcycle_go's 2,473 x
+#: 4,125 entries it added about six minutes to 3.5).
+CLASSIFIER_CHOICE_MAX_ENTRIES = 2**22
+
+
+class ObservedEntries:
+    """Which label entries are observed, kept sparse: the stored entries of a CSR ``label_mask``, or,
+    without one, every entry of the ``labelled`` rows. :meth:`block` densifies only the rows and
+    labels asked for.
+    """
+
+    def __init__(self, label_mask, labelled: np.ndarray, n_labels: int):
+        self.label_mask = None if label_mask is None else sp.csr_matrix(label_mask)
+        self.labelled = np.asarray(labelled, dtype=bool)
+        self.n_labels = int(n_labels)
+
+    def block(self, rows=None, labels: slice | None = None) -> np.ndarray:
+        """Dense float64 0/1 array (len(rows), len(labels)) of the observed entries."""
+        labels = slice(0, self.n_labels) if labels is None else labels
+        if self.label_mask is not None:
+            part = self.label_mask if rows is None else self.label_mask[rows]
+            return part[:, labels].toarray().astype(np.float64)
+        flags = self.labelled if rows is None else self.labelled[rows]
+        width = len(range(self.n_labels)[labels])
+        return np.repeat(flags[:, None].astype(np.float64), width, axis=1)
+
+    def per_label(self) -> np.ndarray:
+        """Observed entries per label, (L,) int64."""
+        if self.label_mask is not None:
+            return np.asarray(self.label_mask.sum(axis=0)).ravel().astype(np.int64)
+        return np.full(self.n_labels, int(self.labelled.sum()), dtype=np.int64)
+
+    def complete_rows(self) -> np.ndarray:
+        """Rows whose every label entry is observed, (n,) bool."""
+        if self.label_mask is not None:
+            return np.asarray(self.label_mask.sum(axis=1)).ravel() == self.n_labels
+        return self.labelled
+
+
+# ---- the plan of a fit, from the settings alone ----------------------------------------------------
+def calibration_fold_count(settings, n_labelled: int, world_size: int = 1) -> int:
+    """The folds the calibration's evidence is cross-fitted over (1: the single validation split;
+    ``calibration_folds`` of the BNMC ``settings`` resolved), for ``n_labelled`` labelled rows over
+    ``world_size`` processes."""
+    if settings.online or world_size > 1 or float(settings.validation_fraction) <= 0:
+        return 1
+    if settings.calibration_folds == "auto":
+        return CROSS_FIT_FOLDS if n_labelled < CROSS_FIT_MAX_ROWS else 1
+    return min(int(settings.calibration_folds), n_labelled)
+
+
+def compared_classifiers(settings, folds: int, n_labelled: int, n_labels: int) -> tuple:
+    """The likelihoods the cross-fitting compares: both of :data:`CLASSIFIER_CHOICES` with
+    ``classifier="auto"``, cross-fitted evidence (``folds`` > 1) and ``n_labelled`` rows times the
+    ``n_labels`` labels at most :data:`CLASSIFIER_CHOICE_MAX_ENTRIES`; else the one in use."""
+    if settings.classifier == "auto" and folds > 1 and n_labelled * n_labels <= CLASSIFIER_CHOICE_MAX_ENTRIES:
+        return CLASSIFIER_CHOICES
+    return (CLASSIFIER_CHOICES[0] if settings.classifier == "auto" else settings.classifier,)
+
+
+def refit_sweeps(n_sweeps: int) -> int:
+    """Sweeps of the refit on every labelled row after calibration: max(2, n_sweeps // 2)."""
+    return max(2, n_sweeps // 2)
+
+
+def classifier_steps(settings, n_labelled: int, n_labels: int, world_size: int = 1) -> int:
+    """The progress steps of the classifier fits of the BNMC ``settings`` on ``n_labelled`` rows: the
+    SGD minibatches online, else the mode steps and sweeps of every fit (folds, likelihoods, refit)."""
+    if settings.online:
+        return settings.n_passes * -(-n_labelled // settings.batch_size)
+    folds = calibration_fold_count(settings, n_labelled, world_size)
+    refit = refit_sweeps(settings.n_sweeps) + 1 if folds > 1 or (float(settings.validation_fraction) > 0
+                                                                  and settings.refit) else 0
+    kinds = len(compared_classifiers(settings, folds, n_labelled, n_labels))
+    return kinds * folds * (settings.n_mode_steps + settings.n_sweeps) + refit
+
+
+def _reducing(reduce) -> dict:
+    return {} if reduce is None else {"reduce": reduce}
+
+
+def _mean_sq_norm(inputs) -> float:
+    """Mean squared row norm of a sparse or dense (n, d) matrix."""
+    squares = inputs.multiply(inputs).sum() if sp.issparse(inputs) else float(np.sum(np.square(inputs, dtype=np.float64)))
+    return float(squares) / max(inputs.shape[0], 1)
+
+
+class ClassifierFitter:
+    """The classifier fits of a :class:`~bayesmlc.bnmc.BNMC` whose mixture is fitted.
+
+    :meth:`fit` is the classifier half of ``BNMC.fit``: the prior precision, a validation split (or
+    cross-fitting folds), the solver, the fits (Gibbs or variational, label block by label block on
+    the low-rank design; or online SGD), the calibration on the held-out evidence, and the refit on
+    every labelled row. :meth:`stream` is the classifier half of one ``partial_fit`` call. The fitted
+    attributes (``classifier_samples_``, ``calibration_``, ``threshold_``, ...) are written onto the
+    estimator, whose settings (its parameters) are read from it.
+
+    Parameters
+    ----------
+    model : BNMC, with ``n_labels_``, ``preprocessor_`` and the mixture fitted.
+    rng : numpy Generator, the fit's random stream (continued from the mixture's fit).
+    device : torch device of the classifier linear algebra.
+    progress : tqdm bar (or None) that the sweeps and SGD minibatches advance.
+    parallel : :mod:`bayesmlc.distributed` strategy; sums over rows are summed over its processes.
+    """
+
+    def __init__(self, model, rng: np.random.Generator, device=None, progress=None, parallel=ONE_PROCESS):
+        self.model = model
+        self.rng = rng
+        self.device = device
+        self.progress = progress
+        self.parallel = parallel
+        self.reduce = None if parallel.world_size == 1 else parallel.reduce_sum
+
+    # ---- batch --------------------------------------------------------------------------------
+    def fit(self, Z, Y, entries: ObservedEntries, labelled: np.ndarray, shard: RowShard | None = None) -> None:
+        """Z (classifier features), Y (CSR), entries: this process's rows; ``labelled``: (N,) flags of
+        all rows. Splits off the validation rows (at most VALIDATION_ENTRIES / L of them), fits,
+        calibrates and refits. Row ids are global; ``shard`` maps them to this process's rows."""
+        model = self.model
+        self.Z, self.Y, self.entries = Z, Y, entries
+        self.shard = RowShard.whole(Z.shape[0]) if shard is None else shard
+        self._set_weight_precision(Z, self.shard.n_total)
+        rows = np.flatnonzero(labelled)
+        model.calibration_folds_ = calibration_fold_count(model, rows.size, self.parallel.world_size)
+        model.classifier_ = CLASSIFIER_CHOICES[0] if model.classifier == "auto" else model.classifier
+        val_rows, train_rows = self._validation_split(rows)
+        model._reset_calibration()
+        model.classifier_basis_ = None
+        if model.online:  # one process (checked by BNMC.fit)
+            self._fit_online(rows, val_rows, train_rows)
+            return
+        fit = self._fit_function(rows)
+        if model.calibration_folds_ > 1:
+            samples, variances, traces = self._cross_fit(fit, rows)
+        else:
+            samples, variances, traces = self._fit_on_split(fit, rows, val_rows, train_rows)
+        model.classifier_samples_, model.classifier_variances_ = samples, variances
+        model.classifier_trace_ = np.asarray(traces)
+
+    def _local(self, global_ids: np.ndarray) -> np.ndarray:
+        """This process's row indices of the global row ids ``global_ids``."""
+        return self.shard.select(global_ids)[0]
+
+    def _set_weight_precision(self, Z: sp.csr_matrix, n_total: int) -> None:
+        """``weight_precision_``: ``weight_precision``, or for "auto" mean_i |z_i|^2 / 7 over the
+        ``n_total`` rows (at least 1e-3)."""
+        model = self.model
+        if model.weight_precision == "auto":
+            squares = self.parallel.reduce_sum(np.array([Z.multiply(Z).sum()], dtype=np.float64))[0]
+            mean_sq_norm = float(squares) / max(n_total, 1)
+            model.weight_precision_ = max(mean_sq_norm / 7.0, 1e-3)
+        else:
+            model.weight_precision_ = float(model.weight_precision)
+
+    def _validation_split(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(validation rows, training rows), sorted global ids: ``validation_fraction`` of the labelled
+        ``rows`` (at most VALIDATION_ENTRIES / L) with a single split, none with cross-fitting."""
+        model = self.model
+        n_val = int(round(float(model.validation_fraction) * rows.size)) if model.calibration_folds_ == 1 else 0
+        if n_val >= 1:
+            n_val = min(n_val, max(1, VALIDATION_ENTRIES // model.n_labels_))
+        if n_val >= 1 and rows.size - n_val >= 1:
+            shuffled = self.rng.permutation(rows)
+            return np.sort(shuffled[:n_val]), np.sort(shuffled[n_val:])
+        return np.array([], dtype=np.int64), rows
+
+    def _fit_function(self, rows: np.ndarray):
+        """The solver (``solver_``, resolved on the labelled ``rows``) and the function
+        ``fit(fit_on, n_iter, n_keep, init, n_mode, generator)`` that fits the classifiers of every
+        label on the global rows ``fit_on`` and returns :func:`gibbs_classifier`'s (samples, variances,
+        trace); the low-rank solver first sets the shared basis from ``rows``."""
+        model, Z, Y, entries, local = self.model, self.Z, self.Y, self.entries, self._local
+        solver = model.solver
+        if solver == "auto":
+            nnz = int(self.parallel.reduce_sum(np.array([Z[local(rows)].nnz], dtype=np.float64))[0])
+            solver = choose_solver(rows.size, model.n_features_in_, model.n_labels_, nnz)
+        if self.parallel.world_size > 1 and solver in ("dense", "woodbury"):
+            solver = "cg"  # the samplers whose sums over rows are split over processes
+        model.solver_ = solver
+        prior = np.full(model.n_features_in_ + 1, model.weight_precision_)
+        prior[-1] = 1e-2
+        if solver == "lowrank":
+            self._set_basis(Z[local(rows)], rows.size, self.parallel)
+            inputs = model._classifier_inputs(Z)
+            prior = np.full(inputs.shape[1] + 1, model.weight_precision_)
+            prior[-1] = 1e-2
+
+            def fit(fit_on, n_iter, n_keep, init, n_mode, generator=self.rng):
+                design = LowRankDesign(inputs[local(fit_on)], self.device, **_reducing(self.reduce))
+                return self._fit_label_blocks(design, local(fit_on), fit_on.size, prior, n_iter, n_keep, generator,
+                                              init, n_mode)
+            return fit
+
+        def fit(fit_on, n_iter, n_keep, init, n_mode, generator=self.rng):
+            mine = local(fit_on)
+            design = Design(Z[mine], self.device, dense=solver != "cg", **_reducing(self.reduce))
+            return gibbs_classifier(
+                design, Y[mine].toarray().astype(np.float64), entries.block(mine), model.classifier_, prior,
+                n_iter, n_keep, generator, solver, init=init, progress=self.progress, n_mode_steps=n_mode,
+                inference=model.inference)
+        return fit
+
+    def _fit_on_split(self, fit, rows, val_rows, train_rows):
+        """The fit on ``train_rows``, calibrated on ``val_rows`` (if any) and then, with ``refit``,
+        refitted on every labelled ``rows``. Returns (samples, variances, trace) of the last fit, the
+        trace holding every fit's sweeps."""
+        model = self.model
+        samples, variances, trace = fit(train_rows if val_rows.size else rows, model.n_sweeps, model.n_keep, None,
+                                        model.n_mode_steps)
+        traces = list(trace)
+        if val_rows.size:
+            model.classifier_samples_, model.classifier_variances_ = samples, variances
+            mine, val_shard = self.shard.select(val_rows)
+            gather = None if self.reduce is None else (
+                lambda part: val_shard.gather(part, np.arange(val_rows.size), self.reduce))
+            self.calibrate(self.Z[mine], self.Y[mine].toarray().astype(np.float64), self.entries.block(mine), gather)
+        if val_rows.size and model.refit:
+            # refit on every labelled row, starting from the posterior mean of the first fit
+            samples, variances, trace = self._refit(fit, rows, samples.mean(axis=0))
+            traces += list(trace)
+        return samples, variances, traces
+
+    def _cross_fit(self, fit, rows):
+        """Calibration on cross-fitted evidence (one process): ``calibration_folds_`` fits, each
+        without one fold of the labelled ``rows``, score that fold; the maps are fitted on every
+        row's held-out evidence (:meth:`fit_calibration_maps`); then the classifiers of all rows,
+        warm-started from the folds' mean. With ``classifier="auto"`` the folds are fitted with each
+        likelihood of :data:`CLASSIFIER_CHOICES`, on the same folds with the same seeds, and the one
+        whose calibrated held-out probabilities have the highest log-likelihood
+        (:meth:`_held_out_log_likelihood`) is kept. ``fit`` as :meth:`_fit_function` returns. Returns
+        (samples, variances, trace) of the final fit, the trace holding the kept likelihood's fits."""
+        model, rng = self.model, self.rng
+        model._finish_mixture()
+        folds = [np.sort(held_out) for held_out in np.array_split(rng.permutation(rows), model.calibration_folds_)]
+        kinds = compared_classifiers(model, model.calibration_folds_, rows.size, model.n_labels_)
+        seeds = copy.deepcopy(rng)  # the state every likelihood's folds start from (the first draws from rng)
+        best = None
+        for index, kind in enumerate(kinds):
+            model.classifier_ = kind
+            evidence, means, traces = self._fold_evidence(fit, folds, rows, rng if index == 0 else copy.deepcopy(seeds))
+            self.fit_calibration_maps(*evidence)
+            score = self._held_out_log_likelihood(*evidence) if len(kinds) > 1 else 0.0
+            if best is None or score > best[0]:
+                best = (score, kind, evidence, means, traces)
+        _, model.classifier_, evidence, means, traces = best
+        if model.classifier_ != kinds[-1]:  # the maps of the kept likelihood (the fit is deterministic)
+            self.fit_calibration_maps(*evidence)
+        samples, variances, trace = self._refit(fit, rows, np.mean(means, axis=0))
+        return samples, variances, traces + list(trace)
+
+    def _fold_evidence(self, fit, folds, rows, generator):
+        """One classifier fit per fold of ``folds`` (sorted row ids), without that fold, scoring it.
+        Returns the held-out (s_clf, s_pattern, Y, observed) of every fold's rows, concatenated, the
+        folds' posterior means and their sweeps' trace."""
+        model = self.model
+        evidence, means, traces = [], [], []
+        for held_out in folds:
+            samples, variances, trace = fit(np.setdiff1d(rows, held_out), model.n_sweeps, model.n_keep, None,
+                                            model.n_mode_steps, generator=generator)
+            model.classifier_samples_, model.classifier_variances_ = samples, variances
+            Z_fold = self.Z[held_out]
+            evidence.append(model._evidence(Z_fold, model._raw_from_classifier(Z_fold))
+                            + (self.Y[held_out].toarray().astype(np.float64), self.entries.block(held_out)))
+            means.append(samples.mean(axis=0))
+            traces += list(trace)
+        return tuple(np.concatenate(part) for part in zip(*evidence)), means, traces
+
+    def _held_out_log_likelihood(self, s_clf, s_pat, Y, observed) -> float:
+        """sum over the ``observed`` entries of log p(y | calibrated probability) of held-out evidence
+        (all (n, L)), under the fitted calibration: how ``classifier="auto"`` compares likelihoods."""
+        logits = self.model._calibrated_logits(s_clf, s_pat, probability=True)
+        return float(np.sum(bernoulli_log_likelihood(Y, logits)[observed > 0]))
+
+    def _refit(self, fit, rows, init):
+        """The classifiers of every labelled ``rows``, warm-started at ``init`` (the first fit's or the
+        folds' posterior mean): one mode step and :func:`refit_sweeps` sweeps. ``fit`` as
+        :meth:`_fit_function` returns; returns its (samples, variances, trace)."""
+        n_refit = refit_sweeps(self.model.n_sweeps)
+        return fit(rows, n_refit, min(self.model.n_keep, n_refit), init, 1)
+
+    def _fit_label_blocks(self, design, rows, n_rows, prior, n_iter, n_keep, rng, init, n_mode_steps):
+        """The variational (or Gibbs) classifiers of every label on a low-rank design, label block by
+        label block, so no dense (rows x L) array is formed: blocks of at most BLOCK_ENTRIES / n_rows
+        labels (``rows``: this process's rows of the ``n_rows`` fitted). Returns what
+        :func:`gibbs_classifier` returns, for all labels."""
+        model = self.model
+        L = model.n_labels_
+        width = max(1, BLOCK_ENTRIES // max(1, n_rows))
+        Y_rows = self.Y[rows].tocsc()
+        means, variances, trace = [], [], None
+        for start in range(0, L, width):
+            labels = slice(start, min(L, start + width))
+            block_means, block_var, block_trace = gibbs_classifier(
+                design, Y_rows[:, labels].toarray().astype(np.float64), self.entries.block(rows, labels),
+                model.classifier_, prior, n_iter, n_keep, rng, "cg", init=None if init is None else init[:, labels],
+                n_mode_steps=n_mode_steps, inference=model.inference)
+            means.append(block_means)
+            variances.append(block_var)
+            trace = np.asarray(block_trace) if trace is None else trace + np.asarray(block_trace)
+        variances = None if variances[0] is None else np.concatenate(variances, axis=1)
+        return np.concatenate(means, axis=2), variances, list(trace)
+
+    def _set_basis(self, Z, n_rows: int, parallel=None) -> None:
+        """``classifier_basis_`` (D, r) float32: the top-r right singular vectors of the classifier
+        features of the given rows (:func:`~bayesmlc.linalg.top_singular_vectors`, summed over
+        processes by ``parallel.reduce_sum``; None: one process); r is ``low_rank``, or with "auto"
+        :func:`~bayesmlc.bnmc.classifiers.choose_low_rank` for the ``n_rows`` rows of all processes."""
+        model = self.model
+        rank = model.low_rank
+        if rank == "auto":
+            rank = choose_low_rank(n_rows, Z.shape[1], model.n_labels_)
+        rank = int(min(rank, Z.shape[1]))
+        seed = int(self.rng.integers(0, 2**31 - 1))
+        Vt, _ = top_singular_vectors(Z, rank, seed, parallel, dtype=np.float32)
+        model.classifier_basis_ = np.ascontiguousarray(Vt.T)
+
+    # ---- online -------------------------------------------------------------------------------
+    def _fit_online(self, rows, val_rows, train_rows) -> None:
+        """``online=True``: SGD passes over the training rows (on the shared low-rank representation
+        when dense weights would exceed SGD_DENSE_WEIGHTS), the calibration on the validation rows,
+        then one pass over those."""
+        model, Z, Y, entries = self.model, self.Z, self.Y, self.entries
+        model.solver_ = "sgd"
+        if (Z.shape[1] + 1) * model.n_labels_ > SGD_DENSE_WEIGHTS:
+            self._set_basis(Z[rows], rows.size)
+        inputs = model._classifier_inputs(Z)
+        model._sgd = self._new_sgd(inputs[rows], 1.0 / max(rows.size, 1))
+        self.sgd_passes(inputs, Y, entries, train_rows)
+        model.classifier_samples_ = model.classifier_variances_ = None
+        if val_rows.size:
+            self.calibrate(Z[val_rows], Y[val_rows].toarray().astype(np.float64), entries.block(val_rows))
+            # the held-out rows are then streamed in like any later data
+            self.sgd_passes(inputs, Y, entries, val_rows, passes=1)
+        model.classifier_trace_ = np.zeros(0)
+
+    def stream(self, Z, Y, entries: ObservedEntries, labelled: np.ndarray, first: bool) -> None:
+        """One ``partial_fit`` batch (classifier features ``Z``, labels ``Y``): one SGD epoch over its
+        ``labelled`` rows. The first SGD batch sets up the SGD classifiers (on the shared basis of the
+        ``first`` batch of a stream where dense weights would exceed SGD_DENSE_WEIGHTS), warm-started at
+        the posterior mean of a batch fit's classifiers."""
+        model = self.model
+        if getattr(model, "_sgd", None) is None:
+            if first and (Z.shape[1] + 1) * model.n_labels_ > SGD_DENSE_WEIGHTS:
+                self._set_basis(Z, Z.shape[0])  # the stream's classifiers live on the first batch's basis
+            model._sgd = self._new_sgd(model._classifier_inputs(Z), 1e-3)
+            if model.classifier_samples_ is not None:
+                model._sgd.W[...] = model.classifier_samples_.mean(axis=0)
+                model._sgd.W_avg[...] = model._sgd.W
+                model.classifier_samples_ = model.classifier_variances_ = None
+            model.solver_ = "sgd"
+        self.sgd_passes(model._classifier_inputs(Z), Y, entries, np.flatnonzero(labelled), passes=1)
+
+    def _new_sgd(self, inputs, alpha_default: float) -> SGDClassifier:
+        """SGD classifiers on ``inputs`` (classifier features, or their projections on the basis)."""
+        model = self.model
+        alpha = float(model.sgd_alpha) if model.sgd_alpha is not None else alpha_default
+        mean_sq_norm = _mean_sq_norm(inputs) + 1.0  # + the bias column
+        return SGDClassifier(inputs.shape[1], model.n_labels_, model._classifier_kind(), alpha,
+                             float(model.sgd_eta0) / mean_sq_norm)
+
+    def sgd_passes(self, inputs, Y, entries, rows, passes=None) -> None:
+        """SGD epochs over ``rows`` (``n_passes``, or ``passes``); Y (CSR) and the observed entries
+        densified a minibatch at a time."""
+        model = self.model
+        for _ in range(model.n_passes if passes is None else passes):
+            order = self.rng.permutation(rows)
+            for batch in iter_batches(order.size, model.batch_size):
+                take = order[batch]
+                model._sgd.step(inputs[take], Y[take].toarray().astype(np.float64), entries.block(take))
+                if self.progress is not None:
+                    self.progress.update(1)
+
+    # ---- calibration --------------------------------------------------------------------------
+    def calibrate(self, Z_val, Y_val, mask_val, gather=None) -> None:
+        """The calibration from the validation rows' evidence (:meth:`fit_calibration_maps`).
+        ``gather``: this process's validation rows of an (n_val_local, L) array -> all validation
+        rows (several processes)."""
+        model = self.model
+        model._finish_mixture()
+        X_val = model._raw_from_classifier(Z_val)
+        s_clf, s_pat = model._evidence(Z_val, X_val)
+        if gather is not None:
+            s_clf, s_pat, Y_val, mask_val = (gather(part) for part in (s_clf, s_pat, Y_val, mask_val))
+        self.fit_calibration_maps(s_clf, s_pat, Y_val, mask_val)
+
+    def fit_calibration_maps(self, s_clf, s_pat, Y_val, mask_val) -> None:
+        """Fit (a, b, d) of logit p = a s_clf + b s_pattern + d and the rank terms (:func:`fit_calibration`)
+        on the observed held-out entries, the leading label's map (:func:`fit_top_label_map`); then the
+        threshold (:func:`~bayesmlc.bnmc.label_sets.choose_threshold`) and, with ``count_rule="auto"``,
+        the rule (:func:`~bayesmlc.bnmc.label_sets.choose_count_rule`). ``s_clf``, ``s_pat``: (n_val, L)
+        evidence, ``Y_val`` labels, ``mask_val`` observed entries, of the held-out rows."""
+        model = self.model
+        model.calibration_, model.probability_calibration_, terms = fit_calibration(s_clf, s_pat, Y_val, mask_val > 0)
+        model._set_rank_terms(terms)
+        model.top_label_map_ = TOP_LABEL_IDENTITY.copy()
+        if s_clf.size:
+            rows = np.arange(s_clf.shape[0])
+            leading = top_positions(model._calibrated_logits(s_clf, s_pat), 1)[:, 0]
+            logits = model._calibrated_logits(s_clf, s_pat, probability=True)[rows, leading]
+            observed = mask_val[rows, leading] > 0
+            model.top_label_map_ = fit_top_label_map(logits[observed], Y_val[rows, leading][observed])
+        proba = sigmoid(model._calibrated_logits(s_clf, s_pat, probability=True))
+        model.threshold_ = choose_threshold(proba, Y_val, mask_val)
+        if model.count_rule == "auto":
+            model.count_rule_ = choose_count_rule(proba, Y_val, mask_val, model.threshold_, model.label_count_mean_)
