@@ -214,18 +214,28 @@ def write_npz_atomically(path, meta: dict, arrays: dict) -> None:
 
 #: the JSON document of a model file is parsed whole; beyond this size it is refused unread
 MAX_META_BYTES = 256 * 2**20
+#: bayesmlc writes model files and checkpoints uncompressed; compressed members of one (a file
+#: zipped again by hand) may add at most this many bytes, or the file's own size if that is more,
+#: when inflated: a 1 MB file cannot make a reader allocate a gigabyte before its fields are checked
+MODEL_INFLATION_FLOOR = 64 * 2**20
 
 
 def read_npz(path) -> tuple[dict, LazyNpz]:
     """Read a file written by :func:`write_npz_atomically`: ``(meta, arrays)``, never unpickling.
 
     ``arrays`` is a :class:`~bayesmlc.safe_io.LazyNpz`: an entry is decompressed only when looked up,
-    after its declared size has been bounded. Raises :class:`ModelFormatError` (naming the file) for
-    anything that is not such an archive.
+    after its declared size has been bounded (by the bytes the file stores for it, and all
+    compressed entries together by :data:`MODEL_INFLATION_FLOOR` or the file's size). Raises
+    :class:`ModelFormatError` (naming the file) for anything that is not such an archive, a FIFO or
+    device included.
     """
     path = os.fspath(path)
     failed = error_factory(ModelFormatError, lambda message: f"{path}: not a bayesmlc model file ({message})")
-    arrays = LazyNpz(path, failed)
+    try:
+        size = os.stat(path).st_size
+    except OSError:
+        size = 0  # the open below names what is wrong
+    arrays = LazyNpz(path, failed, inflation_budget=max(MODEL_INFLATION_FLOOR, size))
     if "__meta__" not in arrays:
         arrays.close()
         raise ModelFormatError(f"{path}: not a bayesmlc model file (no __meta__ entry)")

@@ -10,7 +10,12 @@ model files, checkpoints) goes through these checks:
   non-decreasing and ending at ``nnz``, every column index in range) before scipy sees it: scipy's
   compiled routines trust these arrays and write out of bounds otherwise.
 * :func:`check_width` refuses a declared number of features or labels whose per-column arrays
-  (frequencies, propensities, weights) could not fit in memory.
+  (frequencies, propensities, weights) could not fit in memory, and :func:`check_file_width` one
+  that the file declaring it cannot back: more columns than the file has bytes (and more than
+  :data:`MIN_WIDTH_BOUND`), so that no small file makes a command build wide arrays.
+* :func:`open_regular_file` opens only regular files (never blocking on a FIFO, never reading a
+  device such as ``/dev/zero``), and :class:`LazyNpz` reads through it; a member is inflated only
+  when the bytes the archive stores for it can hold what it declares.
 
 For writing, temporary names carry a bayesmlc marker and the writer's process id
 (``.NAME.bayesmlc-tmp-PID-XXXXXXXX``), so the next writer in the same folder can remove what a killed
@@ -32,6 +37,7 @@ import numpy as np
 import scipy.sparse as sp
 
 __all__ = ["memory_limit_bytes", "physical_memory_bytes", "format_bytes", "check_width", "checked_csr", "LazyNpz", "BYTES_PER_COLUMN",
+           "check_file_width", "MIN_WIDTH_BOUND", "open_regular_file", "read_regular_file", "DEFLATE_MAX_RATIO",
            "temporary_prefix", "remove_stale_temporaries", "check_output_target", "TEMPORARY_MARKER", "apply_umask_mode", "make_temporary_file", "error_factory",
            "MEMORY_LIMIT_ENV"]
 
@@ -43,6 +49,11 @@ BYTES_PER_COLUMN = 64
 _FALLBACK_LIMIT = 16 * 2**30
 _SUFFIXES = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
 _READ_BLOCK = 1 << 20
+#: a file may always declare this many feature or label columns, however small it is
+#: (:func:`check_file_width`); beyond it, at most one column per byte of the file
+MIN_WIDTH_BOUND = 1024
+#: deflate's largest expansion: a 258-byte match coded in 2 bits, about 1032 to 1
+DEFLATE_MAX_RATIO = 1032
 #: the marker in the name of every temporary file or folder bayesmlc writes; nothing else is ever cleaned
 TEMPORARY_MARKER = "bayesmlc-tmp"
 #: a whole temporary name: hidden, the marker, the writer's pid, then tempfile's 8 random characters and
@@ -96,6 +107,56 @@ def check_width(value: int, what: str, fail: Callable[[str], Exception]) -> None
     if needed > limit:
         raise fail(f"{what}={value}: too large for this machine ({BYTES_PER_COLUMN} bytes per column make "
                    f"{format_bytes(needed)}, {format_bytes(limit)} is available; ${MEMORY_LIMIT_ENV} sets the bound)")
+
+
+def check_file_width(value: int, what: str, file_bytes: int, fail: Callable[[str], Exception]) -> None:
+    """Raise ``fail(message)`` when a file of ``file_bytes`` bytes declares or implies ``value``
+    columns (features or labels, named ``what``) that it cannot back: more than
+    ``max(MIN_WIDTH_BOUND, file_bytes)``. Then :func:`check_width` (the machine's memory).
+
+    A column costs a model and the statistics arrays of their own, whatever the file holds in it;
+    a width of more columns than the file has bytes is a header or an index that its contents do
+    not support (``1 1 100000000`` and one row, or one label ``100000000`` in a 20-byte file), and
+    would otherwise make a 20-byte file allocate gigabytes. Widths a caller gives (svmlight's
+    ``n_features``/``n_labels``) are the caller's, and are not checked here.
+    """
+    bound = max(MIN_WIDTH_BOUND, int(file_bytes))
+    if int(value) > bound:
+        raise fail(f"{what}={value}: too large for a file of {file_bytes} bytes (a file may declare at most "
+                   f"max({MIN_WIDTH_BOUND}, its size in bytes) = {bound} columns)")
+    check_width(value, what, fail)
+
+
+def open_regular_file(path, fail: Callable[[str], Exception]):
+    """``path`` opened for binary reading, if it is a regular file (a link is followed); else
+    ``fail(message)`` naming what it is. A FIFO is opened without blocking and refused, so that a
+    reader never waits for a writer; a device (``/dev/zero``) is refused unread."""
+    import stat
+
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+    except OSError as exc:
+        raise fail(f"cannot read the file: {exc.strerror or exc}") from None
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        kind = ("a folder" if stat.S_ISDIR(mode) else "a FIFO" if stat.S_ISFIFO(mode)
+                else "a socket" if stat.S_ISSOCK(mode) else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode)
+                else "not a regular file")
+        raise fail(f"is {kind}; only regular files are read")
+    if hasattr(os, "set_blocking"):
+        os.set_blocking(fd, True)
+    return os.fdopen(fd, "rb")
+
+
+def read_regular_file(path, max_bytes: int, fail: Callable[[str], Exception]) -> bytes:
+    """The bytes of the regular file ``path`` (:func:`open_regular_file`), refused by
+    ``fail(message)`` when it holds more than ``max_bytes``: read at most ``max_bytes + 1``."""
+    with open_regular_file(path, fail) as stream:
+        data = stream.read(max_bytes + 1)
+    if len(data) > max_bytes:
+        raise fail(f"holds more than {format_bytes(max_bytes)}, more than such a file can need")
+    return data
 
 
 def _integer_array(array, name: str, fail) -> np.ndarray:
@@ -155,24 +216,34 @@ def checked_csr(data, indices, indptr, shape, fail: Callable[[str], Exception], 
 class LazyNpz(Mapping):
     """The arrays of an ``.npz`` archive, each read (and decompressed) only when it is looked up.
 
-    ``fail(message)`` builds the exception raised for anything wrong with the file. Every member
-    read is bounded before decompression: the size its zip header declares must match what its
-    ``.npy`` header declares, and all members read through one ``LazyNpz`` together must stay
-    within ``limit`` bytes (default :func:`memory_limit_bytes`). Object arrays are refused.
-    Use as a context manager, or call :meth:`close`.
+    ``fail(message)`` builds the exception raised for anything wrong with the file, which must be a
+    regular file (:func:`open_regular_file`). Every member read is bounded before decompression:
+    it must be stored or deflated (what NumPy writes); a stored member must store exactly the bytes
+    it declares, within the file; a deflated one may declare at most :data:`DEFLATE_MAX_RATIO` times
+    what it stores; the size its zip header declares must match what its ``.npy`` header declares;
+    all members read through one ``LazyNpz`` together must stay within ``limit`` bytes (default
+    :func:`memory_limit_bytes`), and may add at most ``inflation_budget`` bytes (default: no bound)
+    beyond what the file stores for them. Object arrays are refused. Use as a context manager, or
+    call :meth:`close`.
     """
 
-    def __init__(self, path, fail: Callable[[str], Exception], limit: int | None = None, kind: str = ".npz"):
+    def __init__(self, path, fail: Callable[[str], Exception], limit: int | None = None, kind: str = ".npz",
+                 inflation_budget: int | None = None):
         self.path = os.fspath(path)
         self._fail = fail
         self._limit = memory_limit_bytes() if limit is None else int(limit)
-        self._used = 0
+        self._inflation_budget = inflation_budget
+        self._used = self._inflated = 0
+        self._stream = open_regular_file(self.path, fail)
+        self.size = os.fstat(self._stream.fileno()).st_size
         try:
-            self._zip = zipfile.ZipFile(self.path)
+            self._zip = zipfile.ZipFile(self._stream)
             infos = self._zip.infolist()
         except OSError as exc:
+            self._stream.close()
             raise fail(f"cannot read the file: {exc.strerror or exc}") from None
         except Exception as exc:  # BadZipFile, and the ValueError/EOFError/struct.error of damaged archives
+            self._stream.close()
             raise fail(f"not a readable {kind} file ({type(exc).__name__}: {exc})") from None
         self._members = {}
         for info in infos:
@@ -201,6 +272,7 @@ class LazyNpz(Mapping):
         if not isinstance(key, str) or key not in self._members:
             raise self._fail(f"no member {str(key)[:100]!r} in the archive")
         info = self._members[key]
+        self._check_stored_bytes(key, info)
         if info.file_size > self._limit - self._used:
             raise self._fail(f"member {key!r} declares {format_bytes(info.file_size)} uncompressed, more than the "
                              f"{format_bytes(max(self._limit - self._used, 0))} of memory left for this file "
@@ -215,7 +287,28 @@ class LazyNpz(Mapping):
                 raise
             raise self._fail(f"member {key!r} is damaged ({type(exc).__name__}: {exc})") from None
         self._used += info.file_size
+        self._inflated += max(0, info.file_size - info.compress_size)
         return array
+
+    def _check_stored_bytes(self, key: str, info: zipfile.ZipInfo) -> None:
+        """Refuse a member whose declared size the bytes the archive stores for it cannot hold,
+        before anything is inflated (see the class docstring)."""
+        if info.compress_type not in (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED):
+            raise self._fail(f"member {key!r} is compressed with zip method {info.compress_type}; only stored "
+                             "and deflated members (what NumPy writes) are read")
+        if info.header_offset + info.compress_size > self.size:
+            raise self._fail(f"member {key!r} runs past the end of the file ({info.compress_size} bytes at offset "
+                             f"{info.header_offset} of a {self.size}-byte file)")
+        if info.compress_type == zipfile.ZIP_STORED and info.file_size != info.compress_size:
+            raise self._fail(f"member {key!r} declares {info.file_size} bytes but stores {info.compress_size}")
+        if info.file_size > DEFLATE_MAX_RATIO * info.compress_size + 1024:
+            raise self._fail(f"member {key!r} declares {format_bytes(info.file_size)}, more than the "
+                             f"{info.compress_size} bytes it stores can inflate to")
+        growth = max(0, info.file_size - info.compress_size)
+        if self._inflation_budget is not None and self._inflated + growth > self._inflation_budget:
+            raise self._fail(f"member {key!r} inflates from {format_bytes(info.compress_size)} to "
+                             f"{format_bytes(info.file_size)}, beyond the {format_bytes(self._inflation_budget)} "
+                             "that compressed members of such a file may add (bayesmlc writes them uncompressed)")
 
     def _read_member(self, key: str, info: zipfile.ZipInfo, stream) -> np.ndarray:
         fmt = np.lib.format
@@ -251,6 +344,7 @@ class LazyNpz(Mapping):
     # ---- lifetime --------------------------------------------------------------------------------
     def close(self) -> None:
         self._zip.close()
+        self._stream.close()
 
     def __enter__(self) -> "LazyNpz":
         return self

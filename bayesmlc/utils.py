@@ -13,6 +13,10 @@ from .exceptions import ValidationError
 __all__ = ["resolve_device", "numpy_rng", "torch_generator", "torch_threads", "csr_to_torch", "iter_batches"]
 
 
+#: the torch device types bayesmlc computes on
+COMPUTE_DEVICE_TYPES = ("cpu", "cuda", "mps")
+
+
 def resolve_device(device) -> torch.device:
     """Turn ``"auto"``, ``"cpu"``, ``"cuda"``, ``"cuda:1"`` or a ``torch.device`` into a device.
 
@@ -28,6 +32,9 @@ def resolve_device(device) -> torch.device:
         resolved = torch.device(device)
     except RuntimeError as exc:
         raise ValidationError(f"device={device!r} is not a valid torch device: {exc}") from None
+    if resolved.type not in COMPUTE_DEVICE_TYPES:  # "meta" and the like hold no data to compute with
+        raise ValidationError(f"device={device!r}: bayesmlc computes on {', '.join(COMPUTE_DEVICE_TYPES)} devices, "
+                              f"not {resolved.type!r}")
     if resolved.type == "cuda" and not torch.cuda.is_available():
         raise ValidationError(f"device={device!r} was requested but CUDA is not available on this machine")
     return resolved

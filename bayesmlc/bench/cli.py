@@ -7,12 +7,14 @@ not landed), 1 when some run failed or timed out (the report lists them), 2 on b
 from __future__ import annotations
 
 import argparse
+import math
 import shlex
 import shutil
 import sys
 import time
 from pathlib import Path
 
+from ..cli.threads import max_threads, too_many_threads
 from ..exceptions import BayesMLCError
 from .report import splice_into_document
 from .runner import RESULTS_FILE, read_results, run_suite
@@ -20,6 +22,47 @@ from .suites import SUITES, get_suite
 from .user_data import add_user_datasets
 
 __all__ = ["add_arguments", "run", "main"]
+
+
+#: seeds are handed to NumPy and scikit-learn, whose ``random_state`` takes 0 to 2**32 - 1
+MAX_SEED = 2**32 - 1
+
+
+def _integer(text: str, low: int, high: int | None = None, why: str = "") -> int:
+    """``text`` as an integer in [``low``, ``high``]; an argparse error (one line, exit 2) otherwise."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < low or (high is not None and value > high):
+        raise argparse.ArgumentTypeError(why or f"{value} is outside [{low}, {high if high is not None else 'inf'}]")
+    return value
+
+
+def _seed(text: str) -> int:
+    return _integer(text, 0, MAX_SEED, f"{text} is not a seed (an integer in [0, {MAX_SEED}])")
+
+
+def _repeats(text: str) -> int:
+    return _integer(text, 1, why=f"{text}: at least 1 run per configuration")
+
+
+def _threads(text: str) -> int:
+    value = _integer(text, 1, why=f"{text}: at least 1 thread")
+    if value > max_threads():
+        raise argparse.ArgumentTypeError(f"{value}: {too_many_threads()}")
+    return value
+
+
+def _seconds(text: str) -> float:
+    """A positive, finite number of seconds."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not (value > 0 and math.isfinite(value)):
+        raise argparse.ArgumentTypeError(f"{text}: a timeout must be a positive, finite number of seconds")
+    return value
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -31,14 +74,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dataset", action="append", metavar="NAME=TRAIN[,TEST]", default=[],
                         help="also run on your own files (repeatable; without TEST, 20%% of TRAIN's rows are held "
                              "out by --seed); add --datasets NAME to run on yours alone")
-    parser.add_argument("--repeats", type=int, default=1, help="runs per configuration, seeds seed..seed+n-1 (default 1)")
+    parser.add_argument("--repeats", type=_repeats, default=1, help="runs per configuration, seeds seed..seed+n-1 (default 1)")
     parser.add_argument("--out", help="output folder (default: bench-SUITE)")
     parser.add_argument("--data-root", help="folder of the real datasets (default: ../shared/datasets beside the repository)")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the first repeat (default 0)")
-    parser.add_argument("--threads", type=int, help="threads per run, via OMP_NUM_THREADS and friends (default: each run "
+    parser.add_argument("--seed", type=_seed, default=0, help="seed of the first repeat (default 0)")
+    parser.add_argument("--threads", type=_threads, help="threads per run, via OMP_NUM_THREADS and friends (default: each run "
                         "takes one per idle core when it starts, fewer when other processes keep the cores busy)")
     parser.add_argument("--device", help="--device passed to every run (default: each model's own)")
-    parser.add_argument("--timeout", type=float, help="seconds per run (default: the suite's and configuration's)")
+    parser.add_argument("--timeout", type=_seconds, help="seconds per run (default: the suite's and configuration's)")
     parser.add_argument("--calibrate", nargs="+", metavar="METHOD", default=(),
                         help="also run every configuration recalibrated (isotonic, temperature, platt), side by side")
     parser.add_argument("--calibration-folds", type=int, metavar="K",

@@ -25,8 +25,8 @@ def describe_error(exc: BaseException) -> tuple[int, str]:
     elif isinstance(exc, OSError) and exc.strerror:
         names = [n for n in (exc.filename, exc.filename2) if n is not None]
         message = exc.strerror + (": " + " -> ".join(str(n) for n in names) if names else "")
-    elif isinstance(exc, MemoryError):
-        message = f"out of memory{': ' + str(exc) if str(exc) else ''}"
+    elif isinstance(exc, MemoryError) or _is_torch_out_of_memory(exc):
+        message = f"out of memory{': ' + ' '.join(str(exc).split()) if str(exc) else ''}"
     elif isinstance(exc, RecursionError):
         message = f"input nested too deeply ({exc})"
     elif isinstance(exc, (OSError, ValueError, ArithmeticError)) or _is_linalg_error(exc):
@@ -37,6 +37,14 @@ def describe_error(exc: BaseException) -> tuple[int, str]:
         return EXIT_INTERNAL, (f"unexpected {type(exc).__name__}: {exc} (a bug in bayesmlc; "
                                "set BAYESMLC_TRACEBACK=1 to see where)")
     return EXIT_USAGE, message
+
+
+def _is_torch_out_of_memory(exc: BaseException) -> bool:
+    """torch's out-of-memory error (a GPU's), or its CPU allocator's RuntimeError."""
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(exc, getattr(torch, "OutOfMemoryError", ())):
+        return True
+    return isinstance(exc, RuntimeError) and "can't allocate memory" in str(exc)
 
 
 def _is_linalg_error(exc: BaseException) -> bool:

@@ -25,7 +25,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from ...exceptions import DataFormatError
-from ...safe_io import (LazyNpz, check_width, checked_csr, error_factory, make_temporary_file,
+from ...safe_io import (LazyNpz, check_file_width, check_width, checked_csr, error_factory, make_temporary_file,
                         remove_stale_temporaries)
 from ..dataset import Dataset
 
@@ -75,10 +75,12 @@ def _fail(path):
     return error_factory(DataFormatError, path=path)
 
 
-def csr_from_members(contents, prefix: str, path) -> sp.csr_matrix:
+def csr_from_members(contents, prefix: str, path, width_bytes: int | None = None) -> sp.csr_matrix:
     """The CSR matrix stored as ``{prefix}_indices``, ``_indptr``, ``_shape`` and (optional: binary
     when absent) ``_data`` in the mapping ``contents``, after checking every part (see
-    :func:`bayesmlc.safe_io.checked_csr`) and that its width fits in memory; a
+    :func:`bayesmlc.safe_io.checked_csr`), that its width fits in memory and that a file of
+    ``width_bytes`` bytes can declare it (:func:`~bayesmlc.safe_io.check_file_width`; default: the
+    size of ``contents`` when it is a :class:`~bayesmlc.safe_io.LazyNpz`); a
     :class:`DataFormatError` naming ``path`` when they do not form one."""
     fail = _fail(path)
     what = f"{prefix} matrix"
@@ -88,7 +90,11 @@ def csr_from_members(contents, prefix: str, path) -> sp.csr_matrix:
     shape = np.asarray(contents[f"{prefix}_shape"])
     if shape.dtype.kind not in "iu" or shape.shape != (2,):
         raise fail(f"{what}: {prefix}_shape must be two integers, got {shape.dtype} of shape {shape.shape}")
-    check_width(int(shape[1]), "D" if prefix == "X" else "L", fail)
+    file_bytes = getattr(contents, "size", None) if width_bytes is None else width_bytes
+    if file_bytes is None:
+        check_width(int(shape[1]), "D" if prefix == "X" else "L", fail)
+    else:
+        check_file_width(int(shape[1]), "D" if prefix == "X" else "L", file_bytes, fail)
     data = contents[f"{prefix}_data"] if f"{prefix}_data" in contents else None
     return checked_csr(data, contents[f"{prefix}_indices"], contents[f"{prefix}_indptr"],
                        (int(shape[0]), int(shape[1])), fail, what=what, dtype=np.float32)
@@ -129,20 +135,22 @@ def _names(value: np.ndarray, size: int, what: str, path) -> list:
     return value.tolist()
 
 
-def load_npz(path) -> Tuple[Dataset, dict]:
+def load_npz(path, width_bytes: int | None = None) -> Tuple[Dataset, dict]:
     """Read a dataset ``.npz`` written by :func:`save_npz`; returns ``(dataset, meta record)``.
 
     Only the members a dataset file has are read, each after its declared size has been bounded;
-    every stored matrix is checked whole before use, and X must be finite. Anything else is a
-    :class:`DataFormatError` naming the file.
+    every stored matrix is checked whole before use, its widths against what a file of
+    ``width_bytes`` bytes may declare (default: this file's size; a cache or a converted file
+    passes its source's), and X must be finite. Anything else is a :class:`DataFormatError` naming
+    the file.
     """
     path = Path(path)
     with LazyNpz(path, _fail(path), kind="dataset .npz") as archive:
         check_dataset_npz(archive.files, archive.__getitem__, path)
         meta = _meta_record(archive["meta"], path)
-        X = csr_from_members(archive, "X", path)
-        Y = csr_from_members(archive, "Y", path)
-        mask = csr_from_members(archive, "mask", path) if "mask_indices" in archive else None
+        X = csr_from_members(archive, "X", path, width_bytes)
+        Y = csr_from_members(archive, "Y", path, width_bytes)
+        mask = csr_from_members(archive, "mask", path, width_bytes) if "mask_indices" in archive else None
         names = {}
         for key, size in (("feature_names", X.shape[1]), ("label_names", Y.shape[1])):
             names[key] = _names(archive[key], size, key, path) if key in archive else None
@@ -190,8 +198,8 @@ def cached_read(source, dependencies: Sequence[Path], options: dict, parse: Call
     for target in candidates:
         if not target.exists():
             continue
-        try:
-            dataset, meta = load_npz(target)
+        try:  # the widths were bounded by the source when it was parsed
+            dataset, meta = load_npz(target, width_bytes=max(os.stat(target).st_size, stamp[0][1]))
         except DataFormatError as exc:
             warnings.warn(f"ignoring unreadable cache {target}: {exc}", stacklevel=3)
             continue

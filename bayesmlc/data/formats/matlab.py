@@ -7,7 +7,8 @@ many rows as ``X``.
 scipy's MATLAB reader trusts the sizes and offsets inside the file: a damaged or crafted file can
 crash the process (a segmentation fault in its compiled code) or make it allocate what the file
 declares. Where ``fork`` exists the file is therefore read in a child process whose address space
-is capped at :func:`bayesmlc.safe_io.memory_limit_bytes` more than the parent's; the child hands
+is capped at what the file can expand to more than the parent's (never above the hard limit the
+process has, nor :func:`bayesmlc.safe_io.memory_limit_bytes`); the child hands
 the checked result back as a dataset ``.npz`` (read with every check of
 :func:`~bayesmlc.data.formats.cache.load_npz`), and a crash or an exhausted limit becomes a
 :class:`DataFormatError`.
@@ -24,7 +25,7 @@ import scipy.io
 import scipy.sparse as sp
 
 from ...exceptions import DataFormatError
-from ...safe_io import format_bytes, memory_limit_bytes
+from ...safe_io import DEFLATE_MAX_RATIO, format_bytes, memory_limit_bytes
 from ..dataset import Dataset
 
 __all__ = ["read_mat", "write_mat", "DEFAULT_VARIABLES"]
@@ -83,6 +84,26 @@ def _address_space_bytes() -> int:
         return 0
 
 
+#: the child reading a ``.mat`` file may always map this much beyond what it inherits
+MIN_READ_BYTES = 256 * 2**20
+
+
+def _child_address_limit(path: Path) -> tuple:
+    """``(soft, hard)`` address-space limits for the child reading ``path``: what it inherits plus
+    what the file can expand to (deflate's :data:`~bayesmlc.safe_io.DEFLATE_MAX_RATIO` times its
+    size, twice over for scipy's copies; at least :data:`MIN_READ_BYTES`), at most
+    :func:`~bayesmlc.safe_io.memory_limit_bytes`, and never above the hard limit the process
+    already has (a process cannot raise it: under ``ulimit -v`` the child keeps that limit)."""
+    import resource
+
+    expansion = max(MIN_READ_BYTES, 2 * DEFLATE_MAX_RATIO * path.stat().st_size)
+    cap = _address_space_bytes() + min(memory_limit_bytes(), expansion)
+    _, hard = resource.getrlimit(resource.RLIMIT_AS)
+    if hard != resource.RLIM_INFINITY:
+        cap = min(cap, hard)
+    return cap, hard
+
+
 def _read_in_child(path: Path, variables: dict, result: Path, error: Path) -> None:  # pragma: no cover - child
     import faulthandler
     import resource
@@ -93,15 +114,14 @@ def _read_in_child(path: Path, variables: dict, result: Path, error: Path) -> No
     code = 0
     try:
         if _address_space_bytes():
-            cap = _address_space_bytes() + memory_limit_bytes()
-            resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
+            resource.setrlimit(resource.RLIMIT_AS, _child_address_limit(path))
         save_npz(_read_mat_in_process(path, variables), result)
     except DataFormatError as exc:
         error.write_text(exc.reason, encoding="utf-8")
         code = 3
     except MemoryError:
-        error.write_text(f"reading it needs more than the {format_bytes(memory_limit_bytes())} of memory available",
-                         encoding="utf-8")
+        error.write_text(f"reading it needs more memory than a file of {format_bytes(path.stat().st_size)} can "
+                         f"expand to, or than the {format_bytes(memory_limit_bytes())} available", encoding="utf-8")
         code = 3
     except BaseException as exc:
         error.write_text(f"not a readable MATLAB .mat file: {type(exc).__name__}: {exc}", encoding="utf-8")
@@ -128,7 +148,7 @@ def _read_mat_isolated(path: Path, variables: dict) -> Dataset:
             how = f"signal {-child.exitcode}" if child.exitcode and child.exitcode < 0 else f"exit {child.exitcode}"
             raise DataFormatError(f"not a readable MATLAB .mat file: scipy's reader crashed on it ({how}); the file is "
                                   "damaged", path=path)
-        dataset, _ = load_npz(result)
+        dataset, _ = load_npz(result, width_bytes=path.stat().st_size)  # widths the .mat file can back
         dataset.source = {}
         return dataset
     finally:

@@ -16,6 +16,7 @@ Parsed by the same streaming engine as the XC format (:mod:`~bayesmlc.data.forma
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Optional, Tuple
 
@@ -23,7 +24,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from ...exceptions import DataFormatError, ValidationError
-from ...safe_io import check_width
+from ...safe_io import check_file_width, check_width
 from .sparse_text import DEFAULT_CHUNK_BYTES, Grammar, parse_stream
 from .xc import canonical_csr, rows_to_csr, write_sparse_rows
 
@@ -61,15 +62,21 @@ def read_svmlight(path, *, zero_based: bool = False, n_features: Optional[int] =
         if value is not None and (not isinstance(value, (int, np.integer)) or value < 0):
             raise ValidationError(f"{name} must be a non-negative integer or None, got {value!r}")
     with open(path, "rb") as stream:
+        file_bytes = os.fstat(stream.fileno()).st_size
         if stream.read(3) != UTF8_BOM:  # a byte-order mark some editors write is skipped, as in XC and ARFF
             stream.seek(0)
         rows = parse_stream(stream, grammar, path=path, first_line_no=1, chunk_bytes=chunk_bytes, engine=engine)
     width = rows.max_column + 1 if n_features is None else n_features
     labels = rows.max_label + 1 if n_labels is None else n_labels
+    def fail(message: str) -> DataFormatError:
+        return DataFormatError(message, path=path)
+
     for name, value, given in (("D", width, n_features), ("L", labels, n_labels)):
-        origin = "given" if given is not None else ("the largest feature index makes" if name == "D"
-                                                      else "the largest label makes")
-        check_width(value, f"{origin} {name}", lambda message: DataFormatError(message, path=path))
+        if given is not None:  # the caller's width: bounded by memory only
+            check_width(value, f"given {name}", fail)
+        else:  # an index the file holds: at most one column per byte of it (and at least MIN_WIDTH_BOUND)
+            origin = "the largest feature index makes" if name == "D" else "the largest label makes"
+            check_file_width(value, f"{origin} {name}", file_bytes, fail)
     return rows_to_csr(rows, width, labels)
 
 

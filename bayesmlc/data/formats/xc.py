@@ -21,7 +21,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from ...exceptions import DataFormatError
-from ...safe_io import check_width
+from ...safe_io import check_file_width, check_width
 from .sparse_text import DEFAULT_CHUNK_BYTES, INDEX_LIMIT, Grammar, ParsedRows, parse_stream
 
 __all__ = ["read_xc", "write_xc", "read_xc_header", "format_values", "write_sparse_rows", "canonical_csr"]
@@ -57,12 +57,16 @@ def read_xc_header(stream, path) -> Tuple[int, int, int]:
     def fail(message: str) -> DataFormatError:
         return DataFormatError(f"bad header {shown!r}: {message}", path=path, line=1)
 
-    for name, value in (("D", n_features), ("L", n_labels)):
-        check_width(value, name, fail)
     try:
-        remaining = os.fstat(stream.fileno()).st_size - stream.tell()
+        file_bytes = os.fstat(stream.fileno()).st_size
     except (OSError, AttributeError, io.UnsupportedOperation):
-        remaining = None
+        file_bytes = None
+    for name, value in (("D", n_features), ("L", n_labels)):
+        if file_bytes is None:
+            check_width(value, name, fail)
+        else:  # at most one column per byte of the file (and at least MIN_WIDTH_BOUND)
+            check_file_width(value, name, file_bytes, fail)
+    remaining = None if file_bytes is None else file_bytes - stream.tell()
     if remaining is not None and n_rows > remaining + 1:  # every row but the last ends with a newline
         raise fail(f"N={n_rows} rows cannot fit in the {remaining} bytes that follow the header")
     return n_rows, n_features, n_labels
