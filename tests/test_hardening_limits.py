@@ -204,21 +204,22 @@ def test_compressed_model_member_is_refused_before_it_is_inflated(folder, run_di
     assert peak - bare_info_mb < ALLOWED_GROWTH_MB, (peak, bare_info_mb)
 
 
+@pytest.mark.parametrize("part", ["model.npz", "meta.json"])
 @pytest.mark.parametrize("kind", ["fifo", "dev-zero"])
-def test_model_part_that_is_not_a_regular_file_is_refused_without_reading(folder, run_dir, tmp_path, kind):
+def test_model_part_that_is_not_a_regular_file_is_refused_without_reading(folder, run_dir, tmp_path, kind, part):
     crafted = tmp_path / "run"
     crafted.mkdir()
     for name in os.listdir(run_dir):
-        if name != "model.npz":
+        if name != part:
             (crafted / name).write_bytes((run_dir / name).read_bytes())
     if kind == "fifo":
-        os.mkfifo(crafted / "model.npz")
+        os.mkfifo(crafted / part)
     else:
-        os.symlink("/dev/zero", crafted / "model.npz")
+        os.symlink("/dev/zero", crafted / part)
     code, _, err = _run(["predict", "--model-dir", crafted, "--input", folder / "train.txt"], folder, timeout=60)
     assert code == 2, (code, err[-500:])
     line, = err.strip().splitlines()
-    assert "model.npz" in line and ("a FIFO" if kind == "fifo" else "a device") in line, line
+    assert part in line and ("a FIFO" if kind == "fifo" else "a device") in line, line
 
 
 # ---- point 8 ------------------------------------------------------------------------------------

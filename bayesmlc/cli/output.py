@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..safe_io import make_temporary_file
+from ..safe_io import make_temporary_file, read_regular_file
 from .errors import CLIError
 
 
@@ -99,10 +99,15 @@ def write_json(path: Path, payload) -> None:
         raise
 
 
+#: a run folder's JSON files (meta.json, history.json) are parsed whole; beyond this size they are refused
+MAX_RUN_JSON_BYTES = 256 * 2**20
+
+
 def read_json(path: Path, what: str):
-    """The JSON document in ``path``; a CLIError naming the file and ``what`` it should hold when corrupt."""
+    """The JSON document in ``path``; a CLIError naming the file and ``what`` it should hold when corrupt,
+    not a regular file (a FIFO, ``/dev/zero``) or larger than :data:`MAX_RUN_JSON_BYTES`."""
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        return json.loads(read_regular_file(path, MAX_RUN_JSON_BYTES, lambda message: CLIError(f"{path}: {message}")))
     except (ValueError, RecursionError) as exc:  # JSONDecodeError, UnicodeDecodeError
         raise CLIError(f"{path}: corrupt {what} ({str(exc)[:200]})") from None
 
