@@ -32,6 +32,7 @@ import scipy.sparse as sp
 from .base import MultiLabelEstimator
 from .exceptions import ModelFormatError, ValidationError
 from .fitted_state import check_sparse
+from .models import COMPARE_MODELS, INSTALL_COMPARE, missing_optional_package
 from .parameters import Integer, Options, Real
 from .preprocessing import STANDARDIZE_CONSTRAINT, FeaturePreprocessor, legacy_preprocessor_state
 from .threads import choose_threads, enclosing_threads
@@ -56,13 +57,9 @@ REGISTRY_ENTRIES = {
 }
 
 #: Model name -> the optional package it needs (installed by the ``[compare]`` extra).
-OPTIONAL_DEPENDENCIES = {
-    "napkinxc_plt": "napkinxc",
-    "omikuji_parabel": "omikuji",
-    "omikuji_bonsai": "omikuji",
-}
+OPTIONAL_DEPENDENCIES = COMPARE_MODELS
 
-_INSTALL_HINT = "install it with: pip install 'bayesmlc[compare]'"
+_INSTALL_HINT = INSTALL_COMPARE
 _SCORE_ROWS = 512  # rows of test-by-train similarities held at once by the kNN baseline
 #: Labels the tree baselines score per row by default: far more than the top 5 that P@k, nDCG@k, PSP@k
 #: and the calibration figures read, so those figures are the ones of scoring every label; the AUCs
@@ -73,11 +70,9 @@ DEFAULT_PREDICT_TOP_K = 100
 
 
 def missing_dependency(model_name: str) -> str | None:
-    """Why ``model_name`` cannot run here (its optional package is not installed), or ``None``."""
-    package = OPTIONAL_DEPENDENCIES.get(model_name)
-    if package is None or importlib.util.find_spec(package) is not None:
-        return None
-    return f"optional package {package!r} is not installed ({_INSTALL_HINT})"
+    """Why ``model_name`` cannot run here (its optional package is not installed or does not import),
+    or ``None`` (:func:`bayesmlc.models.missing_optional_package`)."""
+    return missing_optional_package(model_name)
 
 
 def _import_optional(package: str):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import importlib.util
 from types import MappingProxyType
 
 from .exceptions import ValidationError
@@ -18,6 +19,30 @@ MODEL_CLASSES = {
     "omikuji_parabel": "bayesmlc.baselines:OmikujiParabel",
     "omikuji_bonsai": "bayesmlc.baselines:OmikujiBonsai",
 }
+
+#: The models that need an optional package, which the ``[compare]`` extra installs: name -> package.
+COMPARE_MODELS = MappingProxyType({"napkinxc_plt": "napkinxc", "omikuji_parabel": "omikuji", "omikuji_bonsai": "omikuji"})
+INSTALL_COMPARE = "install it with: pip install 'bayesmlc[compare]'"
+
+
+def missing_optional_package(name: str) -> str | None:
+    """Why model ``name`` cannot run in this installation, its optional package (:data:`COMPARE_MODELS`)
+    being absent or failing to import, or ``None`` when it can run (every model without one)."""
+    package = COMPARE_MODELS.get(name)
+    if package is None:
+        return None
+    if importlib.util.find_spec(package) is None:
+        return f"needs the optional package {package!r}, which is not installed ({INSTALL_COMPARE})"
+    try:
+        importlib.import_module(package)
+    except ImportError as exc:
+        return f"needs the optional package {package!r}, which does not import ({exc}; reinstall it: {INSTALL_COMPARE})"
+    return None
+
+
+def model_label(name: str) -> str:
+    """``name``, followed by `` [compare]`` for a model that needs the ``[compare]`` extra."""
+    return f"{name} [compare]" if name in COMPARE_MODELS else name
 
 
 # Every class a model file may name, exactly as ``bayesmlc.persistence`` writes it ("module:Class"), mapped

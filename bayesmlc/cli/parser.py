@@ -75,10 +75,19 @@ def _model_names():
     return sorted(MODEL_CLASSES)
 
 
+def _models_help(what: str) -> str:
+    """``--model``'s help: ``what``, then the models, those of the ``[compare]`` extra marked so."""
+    from ..models import INSTALL_COMPARE, model_label
+
+    return (f"{what}: {', '.join(model_label(name) for name in _model_names())} ([compare]: "
+            f"needs the optional extra, {INSTALL_COMPARE.replace('install it with: ', '')})")
+
+
 def _add_train(command) -> None:
     p = command("train", "fit a model, optionally score a test file",
                 "bayesmlc train --model logistic --train train.txt --test test.txt --set C=4 --out runs/lr")
-    p.add_argument("--model", required=True, choices=_model_names(), help="model to fit (required)")
+    p.add_argument("--model", required=True, choices=_model_names(), metavar="NAME",
+                   help=_models_help("model to fit (required)"))
     p.add_argument("--train", required=True, metavar="FILE", help="training data file (required)")
     p.add_argument("--test", metavar="FILE", help="test data file; its metrics are printed (default: none)")
     p.add_argument("--out", metavar="DIR",
@@ -134,11 +143,14 @@ def _add_predict(command) -> None:
 
 
 def _add_info(command) -> None:
-    p = command("info", "statistics of a data file, or the model presets", "bayesmlc info train.txt --json")
+    p = command("info", "statistics of a data file, the models or their presets", "bayesmlc info train.txt --json")
     p.add_argument("path", nargs="?", metavar="FILE",
-                   help="data file, any supported format (required unless --presets)")
+                   help="data file, any supported format (required unless --presets or --models)")
     p.add_argument("--presets", action="store_true",
                    help="list the presets of every model with their measured figures (default: off)")
+    p.add_argument("--models", action="store_true",
+                   help="list the models, [compare] marking those that need the optional extra, and whether "
+                        "this installation can run each (default: off)")
     _add_common(p, model=False)
     p.set_defaults(func=cmd_info)
 
@@ -152,8 +164,8 @@ def _add_demo(command) -> None:
                             "a quarter of the rows held out) and print its test metrics beside those of "
                             "ranking every row's labels by their training frequency. The demo's "
                             f"settings, which --set overrides: {settings}.")
-    p.add_argument("--model", default="mlgpf", choices=_model_names(),
-                   help="model to train (default mlgpf; logistic is the baseline)")
+    p.add_argument("--model", default="mlgpf", choices=_model_names(), metavar="NAME",
+                   help=_models_help("model to train (default mlgpf; logistic is the baseline)"))
     p.add_argument("--n-samples", type=_positive_int, default=2000, metavar="N",
                    help=f"rows of synthetic data, a quarter of them for testing (default 2000, at least {DEMO_MIN_SAMPLES})")
     _add_common(p, data=False)

@@ -20,13 +20,32 @@ def cmd_info(args) -> int:
 
         print(json.dumps(presets_as_dicts()) if args.json else format_presets())
         return EXIT_OK
+    if getattr(args, "models", False):
+        return _print_models(args.json)
     if args.path is None:
-        raise CLIError("info: give a data file, or --presets")
+        raise CLIError("info: give a data file, or --presets, or --models")
     dataset = read_dataset(args.path, format=args.format)
     if args.json:
         print(json.dumps(dataset.stats()))
     else:
         print(dataset.summary())
+    return EXIT_OK
+
+
+def _print_models(as_json: bool) -> int:
+    """``info --models``: each registered model, whether it needs the ``[compare]`` extra and why it
+    cannot run here (``null``/nothing when it can)."""
+    from ...models import COMPARE_MODELS, MODEL_CLASSES, missing_optional_package, model_label
+
+    entries = [{"model": name, "class": MODEL_CLASSES[name], "extra": "compare" if name in COMPARE_MODELS else None,
+                "unavailable": missing_optional_package(name)} for name in MODEL_CLASSES]
+    if as_json:
+        print(json.dumps(entries))
+        return EXIT_OK
+    width = max(len(model_label(entry["model"])) for entry in entries)
+    for entry in entries:
+        state = "not installed: " + entry["unavailable"] if entry["unavailable"] else "available"
+        print(f"{model_label(entry['model']):<{width}}  {entry['class']:<38}  {state}")
     return EXIT_OK
 
 

@@ -21,10 +21,21 @@ MIN_TRAIN_ROWS = 3
 DISTRIBUTED_MODELS = ("mlgpf", "bnmc")
 
 
+def check_model_installed(name: str) -> None:
+    """Refuse ``--model name`` when it needs an optional package (the ``[compare]`` extra) that this
+    installation lacks: a CLIError before any data is read."""
+    from ...models import missing_optional_package
+
+    reason = missing_optional_package(name)
+    if reason is not None:
+        raise CLIError(f"--model {name}: {reason}")
+
+
 def build_model(name: str, settings, seed, device, quiet: bool, preset: str | None = None):
     """The estimator ``--model name`` with ``--set`` values (over the named ``--preset``'s, if any)."""
     from ...models import get_model_class
 
+    check_model_installed(name)
     cls = get_model_class(name)
     valid = cls().get_params(deep=False)
     try:
@@ -58,6 +69,7 @@ def check_training_data(train, n_rows: int, path) -> None:
 
 
 def cmd_train(args) -> int:
+    check_model_installed(args.model)
     parallel = None
     if args.distributed:
         if args.model not in DISTRIBUTED_MODELS:
