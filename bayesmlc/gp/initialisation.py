@@ -27,6 +27,7 @@ from .inducing import (
 )
 from .kernels import make_kernel, resolve_kernel
 from .likelihoods import BernoulliLogit
+from .linear_term import OPTIMISER_STATE, LinearTerm
 from .objective import MLGPFModule, data_term_full, latent_marginals
 from .variational import make_variational, robust_cholesky
 
@@ -44,7 +45,8 @@ PROJECTION_CACHE_MEMORY_SHARE = 0.25
 
 
 def initial_arrays(settings, X, Y, rng: np.random.Generator, context: ParallelContext | None = None) -> dict:
-    """Inducing inputs (``basis`` and ``A``, or ``Z``), loadings ``Phi`` (L, P) and bias ``bias`` (L,).
+    """Inducing inputs (``basis`` and ``A``, or ``Z``), loadings ``Phi`` (L, P), bias ``bias`` (L,) and,
+    with ``settings.linear_term``, the shape (L, D) of the linear term's W (``linear_shape``; W starts at 0).
 
     ``X``, ``Y`` are this process's (prepared) training rows and ``context`` their place among all
     training rows. Subspace inducing inputs: the top-R right singular vectors of X and k-means on
@@ -76,6 +78,8 @@ def initial_arrays(settings, X, Y, rng: np.random.Generator, context: ParallelCo
     prior = np.clip((positives + 0.5) / (n + 1.0), 1e-6, 1 - 1e-6)
     arrays["bias"] = logit(prior, floor=0.0).astype(np.float32)
     arrays["Phi"] = initial_factors(Y, settings.n_latent, settings.init_factors, rng, context, settings.svd_max_rows)
+    if getattr(settings, "linear_term", False):
+        arrays["linear_shape"] = (Y.shape[1], D)
     return arrays
 
 
@@ -173,15 +177,23 @@ def build_module(settings, arrays: dict) -> MLGPFModule:
         inducing = InputSpaceInducing(arrays["Z"], trainable=settings.inducing == "free")
     kernel = make_kernel(settings.kernel, inducing.n_weights if settings.ard else None)
     variational = make_variational(settings.variational, settings.n_latent, settings.n_inducing)
-    return MLGPFModule(kernel, inducing, variational, arrays["Phi"], arrays["bias"])
+    linear = None
+    if "linear_shape" in arrays:
+        linear = LinearTerm(*arrays["linear_shape"], getattr(settings, "linear_prior_variance", 1.0))
+    return MLGPFModule(kernel, inducing, variational, arrays["Phi"], arrays["bias"], linear)
 
 
 def module_from_parameters(settings, parameters: dict, device, dtype) -> MLGPFModule:
     """The module holding ``parameters`` (a state dict: a checkpoint's or ``parameters_``) on ``device``
     in ``dtype``. Cast before loading: the constructors build in float32, which would round a float64
-    model's values."""
+    model's values. The linear term's Adam state may be absent (model files do not keep it): it then
+    starts at zero."""
     module = build_module(settings, structural_arrays(parameters)).to(device=device, dtype=dtype)
-    module.load_state_dict(parameters)
+    missing, unexpected = module.load_state_dict(parameters, strict=False)
+    optimiser_state = {f"linear.{name}" for name in OPTIMISER_STATE}
+    if unexpected or set(missing) - optimiser_state:
+        raise ModelFormatError(f"MLGPF parameters do not form the module: missing {sorted(set(missing) - optimiser_state)}, "
+                               f"unexpected {sorted(unexpected)}")
     return module
 
 
@@ -191,6 +203,8 @@ def structural_arrays(parameters: dict) -> dict:
     for key, name in (("inducing.A", "A"), ("inducing.Z", "Z"), ("Phi", "Phi"), ("bias", "bias")):
         if key in parameters:
             arrays[name] = np.asarray(parameters[key], dtype=np.float32)
+    if "linear.weight" in parameters:
+        arrays["linear_shape"] = tuple(parameters["linear.weight"].shape)
     if "inducing.basis_t" in parameters:
         arrays["basis"] = np.asarray(parameters["inducing.basis_t"], dtype=np.float32).T
     if not any(k in arrays for k in ("basis", "Z")):

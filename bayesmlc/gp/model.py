@@ -25,6 +25,8 @@ from ..validation import check_fit_inputs
 from .inducing import INDUCING_NAMES
 from .initialisation import module_from_parameters, resolved_structure
 from .kernels import KERNEL_NAMES
+from .linear_term import OPTIMISER_STATE as LINEAR_OPTIMISER_STATE
+from .linear_term import check_linear_term
 from .objective import NEGATIVE_SAMPLING
 from .prediction import mean_utilities, predictive_probabilities
 from .training import Trainer, TrainingDivergedError
@@ -129,6 +131,18 @@ class MLGPF(MultiLabelEstimator):
         evaluations (the best parameters are kept).
     checkpoint_every : int or None, epochs between checkpoints written to ``checkpoint_path``.
     checkpoint_path : str or None
+    linear_term : bool, default False
+        Add a per-label linear term, f_l(x) = sum_p Phi_lp h_p(x) + w_l^T x + b_l with
+        w_l ~ N(0, ``linear_prior_variance`` I): an independent linear-kernel GP per label beside the
+        shared latent GPs, estimated by MAP (the prior as an L2 penalty) with sparse steps
+        (:mod:`bayesmlc.gp.linear_term`). Needs labels x features <= ``linear_max_entries``, one
+        process and ``negative_sampling="batch"``. Measured: docs/experiments.md, "MLGPF: a per-label
+        linear term".
+    linear_prior_variance : float > 0, s2 of the linear term's prior (its penalty |W|^2 / (2 s2)).
+    linear_learning_rate : float or None, the linear term's (lazy) Adam step size (None =
+        ``learning_rate``); it follows the same schedule (``lr_decay``).
+    linear_max_entries : int, the largest L x D the linear term is allowed (12 bytes an entry in
+        float32 with its Adam moments; 2^26 is 805 MB).
     dtype : {"float32", "float64"}, working precision (M x M factorisations always in float64).
     n_threads : int or None, torch threads during fit and prediction (None = torch's setting).
     random_state, device, verbose : as for every bayesmlc estimator.
@@ -157,6 +171,7 @@ class MLGPF(MultiLabelEstimator):
         negative_samples="auto", negative_sampling="batch", quadrature_points=10, kl_weight=0.5,
         init_factors="svd", init_mean="ridge", idf_weighting="auto", standardize="auto", normalize_features=True,
         rank_by="mean", label_cardinality="independent", jitter=1e-5, svd_max_rows=100_000,
+        linear_term=False, linear_prior_variance=4.0, linear_learning_rate=None, linear_max_entries=2**26,
         validation_fraction=0.0, validation_every=1, early_stopping_patience=None,
         checkpoint_every=None, checkpoint_path=None,
         dtype="float32", n_threads=None, random_state=None, device="auto", verbose=False,
@@ -189,6 +204,10 @@ class MLGPF(MultiLabelEstimator):
         self.label_cardinality = label_cardinality
         self.jitter = jitter
         self.svd_max_rows = svd_max_rows
+        self.linear_term = linear_term
+        self.linear_prior_variance = linear_prior_variance
+        self.linear_learning_rate = linear_learning_rate
+        self.linear_max_entries = linear_max_entries
         self.validation_fraction = validation_fraction
         self.validation_every = validation_every
         self.early_stopping_patience = early_stopping_patience
@@ -214,6 +233,10 @@ class MLGPF(MultiLabelEstimator):
         "standardize": STANDARDIZE_CONSTRAINT,
         "idf_weighting": ["auto", Boolean()],
         "normalize_features": [Boolean()],
+        "linear_term": [Boolean()],
+        "linear_prior_variance": [Real(0, low_open=True)],
+        "linear_learning_rate": [None, Real(0, low_open=True)],
+        "linear_max_entries": [Integer(1)],
         "n_latent": ["auto", Integer(1)],
         **{name: [Integer(1)] for name in ("n_inducing", "batch_size_every", "quadrature_points",
                                            "validation_every")},
@@ -270,6 +293,7 @@ class MLGPF(MultiLabelEstimator):
                 if parallel.world_size > 1:  # the label statistics of all processes' rows (fit counted this one's)
                     totals = parallel.reduce_sum(np.concatenate(label_counts(Y, label_mask)))
                     self._set_label_statistics(totals[: Y.shape[1]], totals[Y.shape[1] :])
+                check_linear_term(self, Y.shape[1], X.shape[1], parallel.world_size)
                 self.preprocessor_ = self._preprocessor().fit(X, n_rows=shard.n_total, reduce=parallel.reduce_sum)
                 self.kernel_, self.n_latent_ = resolved_structure(self.get_params(), X, Y.shape[1], shard.n_total,
                                                                   parallel.reduce_sum)
@@ -356,6 +380,7 @@ class MLGPF(MultiLabelEstimator):
         start = time.perf_counter()
         with torch_threads(self.n_threads):
             if first:
+                check_linear_term(self, Y.shape[1], X.shape[1])
                 self.preprocessor_ = self._preprocessor().fit(X)
                 self.kernel_, self.n_latent_ = resolved_structure(self.get_params(), X, Y.shape[1])
             if first or getattr(self, "_stream", None) is None:  # kept between calls, with its optimizer
@@ -389,7 +414,9 @@ class MLGPF(MultiLabelEstimator):
 
     def _keep_parameters(self, module, jitter):
         self._module = module
-        self.parameters_ = {k: v.detach().cpu().clone() for k, v in module.state_dict().items()}
+        optimiser_state = {f"linear.{name}" for name in LINEAR_OPTIMISER_STATE}  # kept by checkpoints, not models
+        self.parameters_ = {k: v.detach().cpu().clone() for k, v in module.state_dict().items()
+                            if k not in optimiser_state}
         self.jitter_ = float(jitter)
         self._prediction_cache = {}
 
@@ -451,5 +478,14 @@ class MLGPF(MultiLabelEstimator):
             raise ModelFormatError(f"kernel_ must be one of {', '.join(KERNEL_NAMES)}, got {str(self.kernel_)[:40]!r}")
         check_integer("n_latent_", getattr(self, "n_latent_", 1), 1)
         check_number("jitter_", self.jitter_, 0.0)
+        weight = self.parameters_.get("linear.weight") if isinstance(self.parameters_, dict) else None
+        if weight is not None:
+            shape = (self.n_labels_, self.n_features_in_)
+            if not isinstance(weight, torch.Tensor) or not weight.is_floating_point() or tuple(weight.shape) != shape:
+                shown = tuple(weight.shape) if isinstance(weight, torch.Tensor) else type(weight).__name__
+                raise ModelFormatError(f"parameters_['linear.weight'] must be a float tensor of shape {shape} "
+                                       f"(labels, features), got {shown}")
+            if not bool(torch.isfinite(weight).all()):
+                raise ModelFormatError("parameters_['linear.weight'] must hold finite numbers (it holds NaN or infinity)")
 
 

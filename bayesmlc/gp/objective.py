@@ -196,9 +196,14 @@ def data_term_full(
     bias: torch.Tensor,
     Y: torch.Tensor,
     mask: torch.Tensor | None,
+    linear=None,
 ) -> torch.Tensor:
-    """sum_i sum_k E log p(y_ik | f_ik) over all (observed) labels; ``Y``, ``mask`` dense (B, L) 0/1."""
+    """sum_i sum_k E log p(y_ik | f_ik) over all (observed) labels; ``Y``, ``mask`` dense (B, L) 0/1;
+    ``linear``: the batch's :class:`~bayesmlc.gp.linear_term.LinearBlock` (its w_l^T x_i added to the
+    means) or None."""
     f_mean, f_var = utility_moments(mean_h, var_h, Phi, bias)
+    if linear is not None:
+        f_mean = f_mean + linear.sampled_utilities()
     expected = likelihood.expected_log_lik(f_mean, f_var, 2.0 * Y - 1.0)
     return expected.sum() if mask is None else (expected * mask).sum()
 
@@ -249,20 +254,27 @@ def data_term_shared(
     Phi: torch.Tensor,
     bias: torch.Tensor,
     entries: SharedNegatives,
+    linear=None,
 ) -> torch.Tensor:
     """The positives' expected log-likelihoods plus the weighted B x S block of the shared negatives.
 
     The positives gather their rows of Phi (a few per row); the negatives take two (B, P) x (P, S)
-    products and B S quadratures. ``mean_h``, ``var_h``: (B, P); ``Phi``: (L, P); ``bias``: (L,).
+    products and B S quadratures. ``mean_h``, ``var_h``: (B, P); ``Phi``: (L, P); ``bias``: (L,);
+    ``linear``: the batch's :class:`~bayesmlc.gp.linear_term.LinearBlock` (its w_l^T x_i added to the
+    means) or None.
     """
     device, dtype = mean_h.device, mean_h.dtype
     rows = torch.as_tensor(entries.positives.rows, device=device)
     positive_labels = torch.as_tensor(entries.positives.labels, device=device)
     f_mean, f_var = _gathered_moments(mean_h, var_h, Phi, bias, rows, positive_labels)
+    if linear is not None:
+        f_mean = f_mean + linear.positive_utilities()
     one = torch.ones((), device=device, dtype=dtype)
     positive = likelihood.expected_log_lik(f_mean, f_var, one).sum()
     sampled = torch.as_tensor(entries.labels, device=device)
     f_mean_s, f_var_s = utility_moments(mean_h, var_h, Phi[sampled], bias[sampled])  # (B, S) each
+    if linear is not None:
+        f_mean_s = f_mean_s + linear.sampled_utilities()
     weights = torch.as_tensor(entries.weights, device=device, dtype=dtype)
     return positive + (likelihood.expected_log_lik(f_mean_s, f_var_s, -one) * weights).sum()
 
@@ -272,15 +284,17 @@ __all__ += ["MLGPFModule", "StageClock", "latent_marginals", "BoundEstimate", "m
 
 
 class MLGPFModule(nn.Module):
-    """The parameters of the bound: kernel, inducing inputs, q(u), loadings Phi (L, P), bias b (L,)."""
+    """The parameters of the bound: kernel, inducing inputs, q(u), loadings Phi (L, P), bias b (L,),
+    and the per-label linear term (a :class:`~bayesmlc.gp.linear_term.LinearTerm`, or None)."""
 
-    def __init__(self, kernel, inducing, variational, Phi: np.ndarray, bias: np.ndarray):
+    def __init__(self, kernel, inducing, variational, Phi: np.ndarray, bias: np.ndarray, linear=None):
         super().__init__()
         self.kernel = kernel
         self.inducing = inducing
         self.variational = variational
         self.Phi = nn.Parameter(torch.as_tensor(np.asarray(Phi, dtype=np.float32)))
         self.bias = nn.Parameter(torch.as_tensor(np.asarray(bias, dtype=np.float32)))
+        self.linear = linear
 
 
 class StageClock:
@@ -337,20 +351,22 @@ class BoundEstimate(NamedTuple):
 
 
 def minibatch_elbo(module: MLGPFModule, likelihood: BernoulliLogit, batch: FeatureBatch, targets, n_total: float,
-                   kl_weight: float, jitter: float, timings: dict | None = None) -> BoundEstimate:
+                   kl_weight: float, jitter: float, timings: dict | None = None, linear=None) -> BoundEstimate:
     """The doubly stochastic ELBO estimate for one minibatch (module docstring):
-    (n_total / B) * data term - kl_weight * sum_p KL.
+    (n_total / B) * data term - kl_weight * sum_p KL, and with the linear term - |W|^2 / (2 s2).
 
     ``targets`` is ``("full", Y_dense, mask_dense_or_None)``, ``("sampled", LabelEntries)`` or
     ``("shared", SharedNegatives)``. ``timings`` as in :func:`latent_marginals`, plus "quadrature"
-    and "kl".
+    and "kl". ``linear``: the batch's :class:`~bayesmlc.gp.linear_term.LinearBlock` when the module
+    has a linear term (its gradient fills the block; the penalty enters the value only, its gradient
+    is :meth:`~bayesmlc.gp.linear_term.LinearTerm.prior_gradient`).
     """
     mean_h, var_h, prep = latent_marginals(module, batch, jitter, timings)
     clock = StageClock(timings)
     if targets[0] == "full":
-        data = data_term_full(likelihood, mean_h, var_h, module.Phi, module.bias, targets[1], targets[2])
+        data = data_term_full(likelihood, mean_h, var_h, module.Phi, module.bias, targets[1], targets[2], linear)
     elif targets[0] == "shared":
-        data = data_term_shared(likelihood, mean_h, var_h, module.Phi, module.bias, targets[1])
+        data = data_term_shared(likelihood, mean_h, var_h, module.Phi, module.bias, targets[1], linear)
     else:
         data = data_term_sampled(likelihood, mean_h, var_h, module.Phi, module.bias, targets[1])
     clock.lap("quadrature")
@@ -358,7 +374,8 @@ def minibatch_elbo(module: MLGPFModule, likelihood: BernoulliLogit, batch: Featu
     clock.lap("kl")
     n_batch = batch.sq_norm.shape[0]
     scale = n_total / n_batch if n_batch else 0.0  # a data-parallel rank may get no rows of a short batch
-    return BoundEstimate(scale * data - kl_weight * kl, kl, mean_h, prep.jitter)
+    penalty = module.linear.penalty() if linear is not None else 0.0
+    return BoundEstimate(scale * data - kl_weight * kl - penalty, kl, mean_h, prep.jitter)
 
 
 class VariationalELBO:
@@ -379,15 +396,16 @@ class VariationalELBO:
         self.kl_weight = kl_weight
 
     def __call__(self, module: MLGPFModule, batch: FeatureBatch, targets, jitter: float, rows_in_batch: int | None = None,
-                 strategy=ONE_PROCESS, timings: dict | None = None) -> BoundEstimate:
+                 strategy=ONE_PROCESS, timings: dict | None = None, linear=None) -> BoundEstimate:
         """The estimate on ``batch``; under data parallelism ``batch`` holds this process's rows of a
         global minibatch of ``rows_in_batch`` rows (None: all of them) and ``strategy`` weighs the
         terms so that the processes' estimates sum to the one-process estimate
-        (:meth:`~bayesmlc.distributed.DataParallel.bound_weights`)."""
+        (:meth:`~bayesmlc.distributed.DataParallel.bound_weights`). ``linear``: as for
+        :func:`minibatch_elbo`."""
         n_here = batch.sq_norm.shape[0]
         n_scale, kl_weight = strategy.bound_weights(self.num_data, self.kl_weight, n_here,
                                                     n_here if rows_in_batch is None else rows_in_batch)
-        return minibatch_elbo(module, self.likelihood, batch, targets, n_scale, kl_weight, jitter, timings)
+        return minibatch_elbo(module, self.likelihood, batch, targets, n_scale, kl_weight, jitter, timings, linear)
 
     def loss(self, estimate: BoundEstimate) -> torch.Tensor:
         """-ELBO / N: the bound per training row, negated."""

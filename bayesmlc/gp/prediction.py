@@ -16,7 +16,8 @@ QUADRATURE_GRID_ENTRIES = 1 << 24
 
 
 def mean_utilities(module: MLGPFModule, X, jitter: float, mean_weights: torch.Tensor | None = None):
-    """E_q[f] = E_q[h] Phi^T + b for prepared rows ``X`` (b, D), without gradients.
+    """E_q[f] = E_q[h] Phi^T + b (+ X W^T with the linear term) for prepared rows ``X`` (b, D),
+    without gradients.
 
     Returns ((b, L) float32 array, the (M, P) weights W with E_q[h(x)] = k_Z(x)^T W). Passing
     ``mean_weights`` from an earlier call with the same parameters and jitter skips the M x M
@@ -29,6 +30,8 @@ def mean_utilities(module: MLGPFModule, X, jitter: float, mean_weights: torch.Te
             mean_weights = module.variational.mean_weights(module.variational.prepare(blocks.zz, jitter))
         mean_h = blocks.xz @ mean_weights
         scores = mean_h @ module.Phi.T + module.bias
+        if module.linear is not None:
+            scores = scores + module.linear.utilities(X)
     return scores.float().cpu().numpy(), mean_weights
 
 
@@ -48,5 +51,7 @@ def predictive_probabilities(module: MLGPFModule, X, jitter: float, quadrature_p
             batch = module.inducing.make_batch(X[start : start + chunk])
             mean_h, var_h, _ = latent_marginals(module, batch, jitter)
             f_mean, f_var = utility_moments(mean_h, var_h, module.Phi, module.bias)
+            if module.linear is not None:  # a MAP term: it moves the mean, adds no variance
+                f_mean = f_mean + module.linear.utilities(X[start : start + chunk])
             out[start : start + chunk] = likelihood.predictive_mean(f_mean, f_var).float().cpu().numpy()
     return out

@@ -289,6 +289,7 @@ class Trainer:
         self.history, self.steps = new_history(), {"step": [], "wall_time": [], "elbo": []}
         self.module = self.optimizer = None
         self._start_clock, self._elapsed_before = time.perf_counter(), 0.0
+        self._rate_factor = 1.0  # the schedule's factor of the linear term's rate (the others' is in Adam's groups)
         if module is not None:
             self.start(module)
 
@@ -327,14 +328,20 @@ class Trainer:
             data.Y, data.label_mask, rows, self.rng, self.device, self.dtype, self.settings.negative_samples,
             self.settings.negative_sampling, share, len(batch_rows), strategy,
         )
+        linear = None if self.module.linear is None else self.module.linear.block(data.X[rows], targets)
         clock.lap("batching")
         self.optimizer.zero_grad(set_to_none=True)
-        estimate = elbo(self.module, batch, targets, self.jitter, len(batch_rows), strategy, timings)
+        estimate = elbo(self.module, batch, targets, self.jitter, len(batch_rows), strategy, timings, linear)
         loss = elbo.loss(estimate)
         clock.restart()
         loss.backward()
         clock.lap("backward")
-        if not all_finite(loss, self._trained):
+        linear_gradient = None
+        if linear is not None:  # the data term's gradient on the block, plus the prior's estimate
+            linear_gradient = self.module.linear.prior_gradient(linear, elbo.num_data)
+            if linear.weight.grad is not None:
+                linear_gradient += linear.weight.grad
+        if not all_finite(loss, self._trained + ([] if linear is None else [linear.weight])):
             raise TrainingDivergedError(
                 f"{label}: the bound or its gradient became NaN/inf{at}; training stopped and the parameters "
                 "before that step were kept. Try a smaller learning_rate, a larger jitter or dtype='float64'."
@@ -342,6 +349,10 @@ class Trainer:
         value = strategy.reduce_gradients(self._trained, estimate.elbo.detach())  # sums over processes
         clock.restart()
         self.optimizer.step()
+        if linear is not None:
+            rate = self.settings.linear_learning_rate
+            rate = self.settings.learning_rate if rate is None else rate
+            self.module.linear.adam_step(linear, linear_gradient, rate * self._rate_factor)
         clock.lap("adam")
         self.jitter = max(self.jitter, estimate.jitter)  # a jitter that was needed once stays
         return StepResult(estimate, value, rows, share, Y_rows)
@@ -355,6 +366,9 @@ class Trainer:
         Returns the mean bound estimate of its steps."""
         projection = self.initialise(X, Y) if self.module is None else training_projection(self.module, X)
         data = TrainingRows(X, Y, label_mask, projection)
+        if self.module.linear is not None:
+            self.module.linear.set_training_rows(X)
+        self._rate_factor = 1.0
         settings = self.settings
         variational_rate = settings.learning_rate if settings.variational_learning_rate is None \
             else settings.variational_learning_rate
@@ -395,6 +409,8 @@ class Trainer:
             projection = training_projection(self.module, X_train)
         train = TrainingRows(X_train, Y_train, None if label_mask is None else label_mask[local_train], projection,
                              train_context)
+        if self.module.linear is not None:
+            self.module.linear.set_training_rows(X_train)
         base_rates = [group["lr"] for group in self.optimizer.param_groups]  # before a checkpoint's decayed ones
         start_epoch, best_state = 0, None
         if checkpoint is not None:
@@ -449,6 +465,7 @@ class Trainer:
                                           settings.lr_decay)
             for group, base in zip(self.optimizer.param_groups, base_rates):
                 group["lr"] = base * factor
+            self._rate_factor = factor
             step_number = len(self.steps["step"]) + 1
             result = self.step(train, batch_rows, elbo, at=f" at epoch {epoch + 1}, step {step_number}")
             max_jitter = max(max_jitter, result.estimate.jitter)
@@ -461,7 +478,10 @@ class Trainer:
             scored = slice(0, max(0, min(len(result.rows), scored_rows - result.share.start)))
             with torch.no_grad():
                 mean_h = result.estimate.mean_h.detach()[scored]
-                top = (mean_h @ self.module.Phi.T + self.module.bias).argmax(1).cpu().numpy().copy()
+                scores = mean_h @ self.module.Phi.T + self.module.bias
+                if self.module.linear is not None:
+                    scores += self.module.linear.utilities(train.X[result.rows[scored]])
+                top = scores.argmax(1).cpu().numpy().copy()
             hits += int(result.Y_rows[np.arange(len(top)), top].sum())  # sparse result when no row is scored
             seen += len(top)
         hits, seen = train.context.strategy.sum_counts(hits, seen)

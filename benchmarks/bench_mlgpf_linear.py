@@ -1,0 +1,108 @@
+"""MLGPF with and without the per-label linear term (``linear_term``), beside omikuji Parabel, in one run.
+
+Usage (from the repository root)::
+
+    python benchmarks/bench_mlgpf_linear.py SET [--validation] [--seed 0] [--no-omikuji]
+        [--config NAME key=value ...]...
+
+SET is a folder of ``../shared/datasets`` (``delicious``, ``bibtex_xc``, ...) or ``PRESET:SCALE`` for
+``bayesmlc.data.synthetic.make_preset(PRESET, SCALE, random_state=0)`` split 80/20 by
+``bayesmlc.data.synthetic.split``. With ``--validation`` the models are trained on 80% of the
+training rows and scored on the other 20% (seeded by ``--seed``): the split the defaults are chosen
+on; without it, trained on the training rows and scored on the test rows. Each ``--config NAME
+key=value ...`` is an MLGPF fit with those settings over the defaults (``--config default`` alone:
+the defaults); with no ``--config``: the defaults and ``linear_term=True``. Every model runs at its
+default thread count. Prints P@1, P@5, PSP@1, PSP@5 (%, propensities from the training labels,
+A = 0.55, B = 1.5) and the training wall seconds, with the load average before each fit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from bayesmlc.baselines import OmikujiParabel, missing_dependency
+from bayesmlc.data.io import read_dataset
+from bayesmlc.data.synthetic import make_preset, split
+from bayesmlc.gp import MLGPF
+from bayesmlc.metrics import precision_at_k, psprecision_at_k
+
+DATA_ROOT = Path(__file__).resolve().parents[1].parent / "shared" / "datasets"
+
+
+def load_set(name: str):
+    """(X_train, Y_train, X_test, Y_test) of a shared data set or a ``PRESET:SCALE`` synthetic shape."""
+    if ":" in name:
+        preset, scale = name.split(":")
+        train, test = split(make_preset(preset, float(scale), random_state=0), test_fraction=0.2, random_state=0)
+        return train.X, train.Y, test.X, test.Y
+    train, test = (read_dataset(DATA_ROOT / name / f"{part}.txt") for part in ("train", "test"))
+    return train.X, train.Y, test.X, test.Y
+
+
+def parse_value(text: str):
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return {"True": True, "False": False, "None": None}.get(text, text)
+
+
+def parse_configs(argv: list[str]) -> dict:
+    """``--config NAME k=v ...`` groups as {NAME: {k: v}}."""
+    configs, current = {}, None
+    for token in argv:
+        if token == "--config":
+            current = None
+        elif current is None:
+            current = configs.setdefault(token, {})
+        else:
+            key, _, value = token.partition("=")
+            current[key] = parse_value(value)
+    return configs or {"default": {}, "linear": {"linear_term": True}}
+
+
+def scores_line(name, seconds, Y_true, scores, Y_train) -> str:
+    figures = [100 * precision_at_k(Y_true, scores, k) for k in (1, 5)]
+    figures += [100 * psprecision_at_k(Y_true, scores, k, Y_train=Y_train) for k in (1, 5)]
+    return f"| {name} | " + " | ".join(f"{v:.2f}" for v in figures) + f" | {seconds:.1f} | {os.getloadavg()[0]:.1f} |"
+
+
+def main(argv=None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    cut = argv.index("--config") if "--config" in argv else len(argv)
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("set")
+    parser.add_argument("--validation", action="store_true")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--no-omikuji", action="store_true")
+    args = parser.parse_args(argv[:cut])
+    configs = parse_configs(argv[cut:])
+    X, Y, X_test, Y_test = load_set(args.set)
+    if args.validation:
+        order = np.random.default_rng(args.seed).permutation(X.shape[0])
+        held, kept = np.sort(order[: X.shape[0] // 5]), np.sort(order[X.shape[0] // 5 :])
+        X, Y, X_test, Y_test = X[kept], Y[kept], X[held], Y[held]
+    print(f"{args.set}: {X.shape[0]} training rows, {X_test.shape[0]} scored rows ({'validation' if args.validation else 'test'}), "
+          f"D = {X.shape[1]}, L = {Y.shape[1]}")
+    print("| model | P@1 | P@5 | PSP@1 | PSP@5 | train s | load |\n|---|---|---|---|---|---|---|")
+    if not args.no_omikuji and missing_dependency("omikuji") is None:
+        start = time.perf_counter()
+        model = OmikujiParabel().fit(X, Y)
+        seconds = time.perf_counter() - start
+        print(scores_line("omikuji Parabel", seconds, Y_test, model.decision_function(X_test), Y), flush=True)
+    for name, settings in configs.items():
+        start = time.perf_counter()
+        model = MLGPF(random_state=args.seed, **settings).fit(X, Y)
+        seconds = time.perf_counter() - start
+        print(scores_line(f"MLGPF {name}", seconds, Y_test, model.decision_function(X_test), Y), flush=True)
+
+
+if __name__ == "__main__":
+    main()
