@@ -3,7 +3,7 @@
 Usage (from the repository root)::
 
     python benchmarks/bench_mlgpf_linear.py SET [--validation] [--seed 0] [--no-omikuji]
-        [--config NAME key=value ...]...
+            [--data-root ../shared/datasets] [--config NAME key=value ...]...
 
 SET is a folder of ``../shared/datasets`` (``delicious``, ``bibtex_xc``, ...) or ``PRESET:SCALE`` for
 ``bayesmlc.data.synthetic.make_preset(PRESET, SCALE, random_state=0)`` split 80/20 by
@@ -35,14 +35,22 @@ from bayesmlc.metrics import precision_at_k, psprecision_at_k
 DATA_ROOT = Path(__file__).resolve().parents[1].parent / "shared" / "datasets"
 
 
-def load_set(name: str):
-    """(X_train, Y_train, X_test, Y_test) of a shared data set or a ``PRESET:SCALE`` synthetic shape."""
+def load_set(name: str, data_root=DATA_ROOT):
+    """(X_train, Y_train, X_test, Y_test) of a data set under ``data_root`` or a ``PRESET:SCALE``
+    synthetic shape."""
     if ":" in name:
         preset, scale = name.split(":")
         train, test = split(make_preset(preset, float(scale), random_state=0), test_fraction=0.2, random_state=0)
         return train.X, train.Y, test.X, test.Y
-    train, test = (read_dataset(DATA_ROOT / name / f"{part}.txt") for part in ("train", "test"))
+    train, test = (read_dataset(Path(data_root) / name / f"{part}.txt") for part in ("train", "test"))
     return train.X, train.Y, test.X, test.Y
+
+
+def validation_split(X, Y, seed: int):
+    """(X, Y of 80% of the rows, X, Y of the other 20%), drawn by ``seed``."""
+    order = np.random.default_rng(seed).permutation(X.shape[0])
+    held, kept = np.sort(order[: X.shape[0] // 5]), np.sort(order[X.shape[0] // 5 :])
+    return X[kept], Y[kept], X[held], Y[held]
 
 
 def parse_value(text: str):
@@ -82,17 +90,16 @@ def main(argv=None) -> None:
     parser.add_argument("--validation", action="store_true")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--no-omikuji", action="store_true")
+    parser.add_argument("--data-root", default=str(DATA_ROOT))
     args = parser.parse_args(argv[:cut])
     configs = parse_configs(argv[cut:])
-    X, Y, X_test, Y_test = load_set(args.set)
+    X, Y, X_test, Y_test = load_set(args.set, args.data_root)
     if args.validation:
-        order = np.random.default_rng(args.seed).permutation(X.shape[0])
-        held, kept = np.sort(order[: X.shape[0] // 5]), np.sort(order[X.shape[0] // 5 :])
-        X, Y, X_test, Y_test = X[kept], Y[kept], X[held], Y[held]
+        X, Y, X_test, Y_test = validation_split(X, Y, args.seed)
     print(f"{args.set}: {X.shape[0]} training rows, {X_test.shape[0]} scored rows ({'validation' if args.validation else 'test'}), "
           f"D = {X.shape[1]}, L = {Y.shape[1]}")
     print("| model | P@1 | P@5 | PSP@1 | PSP@5 | train s | load |\n|---|---|---|---|---|---|---|")
-    if not args.no_omikuji and missing_dependency("omikuji") is None:
+    if not args.no_omikuji and missing_dependency("omikuji_parabel") is None:
         start = time.perf_counter()
         model = OmikujiParabel().fit(X, Y)
         seconds = time.perf_counter() - start
