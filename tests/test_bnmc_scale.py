@@ -8,6 +8,7 @@ import torch
 import bayesmlc.bnmc.classifier_fitting as classifier_fitting
 from bayesmlc.bnmc import BNMC
 from bayesmlc.bnmc.classifiers import LowRankDesign, _sample_cg, choose_solver
+from bayesmlc.bnmc.labels import ObservedEntries
 from bayesmlc.bnmc.mixture import _centred_unit_gram
 from bayesmlc.metrics import auc_micro, precision_at_k
 
@@ -143,13 +144,13 @@ def test_centred_unit_gram_matches_the_dense_computation():
 def test_observed_entries_blocks_equal_the_dense_mask():
     rng = np.random.default_rng(5)
     mask = (rng.random((9, 7)) < 0.6).astype(float)
-    entries = classifier_fitting.ObservedEntries(sp.csr_matrix(mask), mask.sum(axis=1) > 0, 7)
+    entries = ObservedEntries(sp.csr_matrix(mask), mask.sum(axis=1) > 0, 7)
     rows = np.array([0, 3, 8])
     np.testing.assert_array_equal(entries.block(rows, slice(2, 5)), mask[rows][:, 2:5])
     np.testing.assert_array_equal(entries.per_label(), mask.sum(axis=0))
     np.testing.assert_array_equal(entries.complete_rows(), mask.sum(axis=1) == 7)
     labelled = np.array([True, False, True])
-    no_mask = classifier_fitting.ObservedEntries(None, labelled, 4)
+    no_mask = ObservedEntries(None, labelled, 4)
     np.testing.assert_array_equal(no_mask.block(), np.repeat(labelled[:, None], 4, axis=1).astype(float))
     np.testing.assert_array_equal(no_mask.per_label(), [2, 2, 2, 2])
 

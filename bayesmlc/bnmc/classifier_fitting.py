@@ -22,12 +22,14 @@ from ..linalg import top_singular_vectors
 from ..utils import iter_batches, sigmoid
 from .classifiers import Design, LowRankDesign, SGDClassifier, choose_low_rank, choose_solver, gibbs_classifier
 from .label_sets import choose_count_rule, choose_threshold
-from .rank_calibration import TOP_LABEL_IDENTITY, bernoulli_log_likelihood, fit_calibration, fit_top_label_map, top_positions
+from .labels import ObservedEntries
+from .rank_calibration import (
+    TOP_LABEL_IDENTITY, bernoulli_log_likelihood, fit_calibration, fit_top_label_map, top_positions,
+)
 
 __all__ = [
     "CLASSIFIER_CHOICES",
     "ClassifierFitter",
-    "ObservedEntries",
     "calibration_fold_count",
     "classifier_steps",
     "compared_classifiers",
@@ -54,40 +56,6 @@ CLASSIFIER_CHOICES = ("logistic", "svm")
 #: most this many: a second cross-fit costs about as much as the first (on hmc_cellcycle_go's 2,473 x
 #: 4,125 entries it added about six minutes to 3.5).
 CLASSIFIER_CHOICE_MAX_ENTRIES = 2**22
-
-
-class ObservedEntries:
-    """Which label entries are observed, kept sparse: the stored entries of a CSR ``label_mask``, or,
-    without one, every entry of the ``labelled`` rows. :meth:`block` densifies only the rows and
-    labels asked for.
-    """
-
-    def __init__(self, label_mask, labelled: np.ndarray, n_labels: int):
-        self.label_mask = None if label_mask is None else sp.csr_matrix(label_mask)
-        self.labelled = np.asarray(labelled, dtype=bool)
-        self.n_labels = int(n_labels)
-
-    def block(self, rows=None, labels: slice | None = None) -> np.ndarray:
-        """Dense float64 0/1 array (len(rows), len(labels)) of the observed entries."""
-        labels = slice(0, self.n_labels) if labels is None else labels
-        if self.label_mask is not None:
-            part = self.label_mask if rows is None else self.label_mask[rows]
-            return part[:, labels].toarray().astype(np.float64)
-        flags = self.labelled if rows is None else self.labelled[rows]
-        width = len(range(self.n_labels)[labels])
-        return np.repeat(flags[:, None].astype(np.float64), width, axis=1)
-
-    def per_label(self) -> np.ndarray:
-        """Observed entries per label, (L,) int64."""
-        if self.label_mask is not None:
-            return np.asarray(self.label_mask.sum(axis=0)).ravel().astype(np.int64)
-        return np.full(self.n_labels, int(self.labelled.sum()), dtype=np.int64)
-
-    def complete_rows(self) -> np.ndarray:
-        """Rows whose every label entry is observed, (n,) bool."""
-        if self.label_mask is not None:
-            return np.asarray(self.label_mask.sum(axis=1)).ravel() == self.n_labels
-        return self.labelled
 
 
 # ---- the plan of a fit, from the settings alone ----------------------------------------------------
@@ -313,7 +281,7 @@ class ClassifierFitter:
                                             model.n_mode_steps, generator=generator)
             model.classifier_samples_, model.classifier_variances_ = samples, variances
             Z_fold = self.Z[held_out]
-            evidence.append(model._evidence(Z_fold, model._raw_from_classifier(Z_fold))
+            evidence.append(model._evidence(Z_fold, self._raw_features(Z_fold))
                             + (self.Y[held_out].toarray().astype(np.float64), self.entries.block(held_out)))
             means.append(samples.mean(axis=0))
             traces += list(trace)
@@ -324,6 +292,11 @@ class ClassifierFitter:
         (all (n, L)), under the fitted calibration: how ``classifier="auto"`` compares likelihoods."""
         logits = self.model._calibrated_logits(s_clf, s_pat, probability=True)
         return float(np.sum(bernoulli_log_likelihood(Y, logits)[observed > 0]))
+
+    def _raw_features(self, Z):
+        """The classifier features ``Z`` of held-out rows back to raw features, for the mixture's evidence."""
+        preprocessor = self.model.preprocessor_
+        return preprocessor.inverse_transform(Z) if preprocessor.standardized_ else Z
 
     def _refit(self, fit, rows, init):
         """The classifiers of every labelled ``rows``, warm-started at ``init`` (the first fit's or the
@@ -431,7 +404,7 @@ class ClassifierFitter:
         rows (several processes)."""
         model = self.model
         model._finish_mixture()
-        X_val = model._raw_from_classifier(Z_val)
+        X_val = self._raw_features(Z_val)
         s_clf, s_pat = model._evidence(Z_val, X_val)
         if gather is not None:
             s_clf, s_pat, Y_val, mask_val = (gather(part) for part in (s_clf, s_pat, Y_val, mask_val))

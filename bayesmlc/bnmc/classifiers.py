@@ -35,10 +35,11 @@ import numpy as np
 import scipy.sparse as sp
 import torch
 
-from ..utils import sigmoid, softplus
+from ..utils import logit, sigmoid, softplus
 from .polya_gamma import sample_inverse_gaussian, sample_pg
 
-__all__ = ["Design", "LowRankDesign", "choose_low_rank", "choose_solver", "solver_costs", "gibbs_classifier", "SGDClassifier"]
+__all__ = ["Design", "LowRankDesign", "choose_low_rank", "choose_solver", "solver_costs", "gibbs_classifier",
+           "SGDClassifier", "classifier_evidence"]
 
 #: Estimated floating-point operations per sweep above which ``solver="auto"`` leaves the exact
 #: samplers for the shared low-rank representation (``lowrank``).
@@ -491,6 +492,22 @@ def _pg_mean_one(xi: torch.Tensor) -> torch.Tensor:
     series = 0.25 - xi * xi / 48.0
     out = torch.tanh(xi / 2.0).div_(xi.clamp_min(1e-4) * 2.0)
     return torch.where(small, series, out)
+
+
+def classifier_evidence(inputs, weights, variances, kind: str) -> np.ndarray:
+    """BNMC's classifier evidence of the rows ``inputs`` (n, d) (eq. 8), (n, L): the margins z^T w + b of
+    each weight matrix of ``weights`` (S, d + 1, L; the bias last: kept draws, a variational mean, or
+    the SGD average), moderated by the factorised Gaussian q(w) of ``variances`` (d + 1, L) when given
+    (MacKay's probit approximation, m / sqrt(1 + pi v / 8)); then, for ``kind`` "logistic", the logit
+    of the probability averaged over the weights, for "svm" the mean margin."""
+    margins = np.stack([np.asarray(inputs @ w[:-1]) + w[-1] for w in weights])
+    if variances is not None:
+        squares = inputs.multiply(inputs).tocsr() if sp.issparse(inputs) else inputs * inputs
+        spread = np.asarray(squares @ variances[:-1]) + variances[-1]
+        margins = margins / np.sqrt(1.0 + np.pi * spread / 8.0)[None]
+    if kind == "logistic":
+        return logit(sigmoid(margins).mean(axis=0))
+    return margins.mean(axis=0)
 
 
 class SGDClassifier:

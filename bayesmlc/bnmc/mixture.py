@@ -259,6 +259,13 @@ class DPMixture:
         test-time p(z = k | x) of eq. (8)."""
         return self._normalise(self.log_scores(X, Y))[0]
 
+    def pattern_evidence(self, X, label_share: np.ndarray) -> np.ndarray:
+        """BNMC's pattern evidence of the rows ``X`` (eq. 8): s_c = log(sum_k q(z = k | x) E[psi_kc]) -
+        log(label_share_c), (n, L), with q(z | x) from the features alone and ``label_share`` (L,) the
+        labels' marginal share sum_k E[pi_k] E[psi_kc]."""
+        share = self.responsibilities(X) @ self.label_means()
+        return np.log(share + 1e-300) - np.log(label_share)[None, :]
+
     # ---- SVI -------------------------------------------------------------------------------
     def _stick_targets(self, counts: np.ndarray):
         """(1 + N_k, alpha + sum_{j>k} N_j) for k < K: the Beta natural-gradient targets of eq. (5)."""

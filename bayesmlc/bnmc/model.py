@@ -18,11 +18,14 @@ from ..exceptions import ModelFormatError, ValidationError
 from ..fitted_state import check_number
 from ..parameters import Boolean, Integer, Options, Real, check_parameters
 from ..preprocessing import STANDARDIZE_CONSTRAINT, FeaturePreprocessor, legacy_preprocessor_state
-from ..utils import iter_batches, logit, numpy_rng, resolve_device, sigmoid
+from ..utils import iter_batches, numpy_rng, resolve_device, sigmoid
 from ..validation import check_features, check_fit_inputs
-from .classifiers import SGDClassifier
-from .classifier_fitting import CLASSIFIER_CHOICES, ClassifierFitter, ObservedEntries, classifier_steps
+from .classifiers import SGDClassifier, classifier_evidence
+from .classifier_fitting import CLASSIFIER_CHOICES, ClassifierFitter, classifier_steps
 from .label_sets import COUNT_RULES, rule_predictions
+from .labels import (
+    ObservedEntries, label_count_moments, label_count_sums, observed_entries, pad_columns, stream_labels,
+)
 from .mixture import DirichletEmission, DPMixture, GaussianEmission
 from .rank_calibration import TOP_LABEL_IDENTITY, RankTerms, calibrated_probability_logits, rank_adjusted_logits
 from .svi import MixtureFitter
@@ -59,9 +62,8 @@ class BNMC(MultiLabelEstimator):
         fitted with both likelihoods (the same folds and seeds) and the one whose calibrated
         held-out probabilities give the observed labels the higher log-likelihood is kept, for about
         twice the time of the folds; elsewhere (a single split, more entries, several processes,
-        ``online=True``, ``partial_fit``) "logistic". ``classifier_`` holds the choice. The SVM wins
-        on medical (333 text rows, 45 labels: test P@1 84.7 against 82.8, AURC 0.074 against 0.095),
-        logistic on the other small sets (docs/experiments.md, "BNMC: the classifier's likelihood").
+        ``online=True``, ``partial_fit``) "logistic". ``classifier_`` holds the choice
+        (docs/experiments.md, "BNMC: the classifier's likelihood").
     online : bool, default False
         False: SVI mixture + Gibbs-sampled classifiers. True: single-sweep-per-pass SVI + averaged SGD
         classifiers (eq. 7), the cost of ``partial_fit`` on the data.
@@ -104,16 +106,13 @@ class BNMC(MultiLabelEstimator):
         "dense", "woodbury" and "cg" are exact in the D + 1 feature dimensions; "lowrank" fits the
         same model with the weights restricted to the span of the top ``low_rank`` right singular
         vectors of the classifier features (cost per sweep O(n r L), fitted state O(D r + r L)),
-        label block by label block. "auto": the small-problem rule (woodbury when N < D + 1,
-        N <= 3000 and it is no dearer than cg, dense when D + 1 <= 600 and L (D+1)^2 <= 5e7, else
-        cg) when that sampler's estimated sweep costs at most 3e10 flops, else the cheapest exact
-        one within that, else "lowrank" (``bnmc.classifiers.choose_solver``).
+        label block by label block. "auto": an exact sampler whose estimated sweep costs at most 3e10
+        flops, else "lowrank" (the rule: :func:`~bayesmlc.bnmc.classifiers.choose_solver`).
     low_rank : int or "auto", default "auto"
         r, the dimension of the shared representation of ``solver="lowrank"`` (capped at D), and of
         online SGD when a dense (D + 1) x L weight matrix would exceed 2e7 entries. "auto": the
         largest of 1024, 512 and 256 whose sweep (about 15 n (r + 1) L operations) stays within the
-        exact solvers' budget, else 256 (``bnmc.classifiers.choose_low_rank``): 1024 on goemotions
-        (43k rows, 28 labels), 256 at the EURLex-4K shape.
+        exact solvers' budget, else 256 (:func:`~bayesmlc.bnmc.classifiers.choose_low_rank`).
     standardize : {"auto", True, False}, default "auto"
         Standardise features for the classifiers (and the Gaussian emission). "auto": when the
         features are dense (over half the entries non-zero); sparse features are left as they are.
@@ -172,22 +171,18 @@ class BNMC(MultiLabelEstimator):
         validation split; ``calibration_folds`` resolved)
     calibration_ : ndarray (3,), (a, b, d) of the ranking logit z = a * s_clf + b * s_pattern + d
     probability_calibration_ : ndarray (3,), (a', b', d') of the probability's logit z' = a' s_clf +
-        b' s_pattern + d', to which the rank terms below are added (:func:`fit_calibration`)
-    top_label_offset_ : float >= 0, r: added to z for the label that leads its row in the ranking score
-        (``decision_function``), and to its probability's logit (the labels of a row compete: the
-        leading one is right more often than its evidence alone says)
-    top_label_slope_, top_label_runner_up_ : float, c and e: the leading label's probability is
-        sigmoid(z' + r + c z + e z_2), z_2 the ranking logit of the row's runner-up
-    second_label_offset_, second_label_slope_ : float, g_2 and h_2: the runner-up's probability is
-        sigmoid(z' + g_2 + h_2 z)
-    next_labels_offset_, next_labels_slope_ : float, g and h: the probability of the labels ranked 3
-        to 5 is sigmoid(z' + g + h z); the others' is sigmoid(z'). Probabilities are capped so that the
-        top five keep the order of ``decision_function`` (:class:`RankTerms`, fitted with (a', b', d')
-        by :func:`fit_calibration`)
+        b' s_pattern + d', to which the rank terms below are added
+    top_label_offset_, top_label_slope_, top_label_runner_up_, second_label_offset_, second_label_slope_,
+    next_labels_offset_, next_labels_slope_ : float, the rank terms r >= 0, c, e, g_2, h_2, g, h
+        (:class:`~bayesmlc.bnmc.rank_calibration.RankTerms`, fitted with (a', b', d') by
+        :func:`~bayesmlc.bnmc.rank_calibration.fit_calibration`): the leading label's probability is
+        sigmoid(z' + r + c z + e z_2) (z_2 the runner-up's z; its ranking score z + r), the runner-up's
+        sigmoid(z' + g_2 + h_2 z), that of ranks 3 to 5 sigmoid(z' + g + h z), the others' sigmoid(z');
+        capped so that the top five keep the order of ``decision_function``
     top_label_map_ : ndarray (3,), (alpha, beta, gamma) >= (0, 0, -inf): the leading label's probability
         logit l becomes alpha log sigmoid(l) - beta log sigmoid(-l) + gamma, a beta calibration map
         (1, 1, 0: none), taken only where the validation rows show it is needed
-        (:func:`fit_top_label_map`)
+        (:func:`~bayesmlc.bnmc.rank_calibration.fit_top_label_map`)
     history_ : per pass (pass 0: right after initialisation): ``wall_time``, ``objective`` (the
         mixture ELBO over the training data), ``pass``, ``n_patterns``; ``partial_fit`` appends one
         entry per call (ELBO estimated from the batch)
@@ -201,37 +196,13 @@ class BNMC(MultiLabelEstimator):
 
     def __init__(
         self,
-        truncation=20,
-        emission="auto",
-        classifier="auto",
-        online=False,
-        n_passes=3,
-        batch_size=64,
-        tau=1.0,
-        kappa=0.7,
-        concentration=1.0,
-        merge_trials=5,
-        feature_prior=0.1,
-        label_prior=0.01,
-        weight_precision="auto",
-        n_sweeps=4,
-        n_keep=2,
-        n_mode_steps=6,
-        inference="variational",
-        solver="auto",
-        low_rank="auto",
-        standardize="auto",
-        count_rule="auto",
-        validation_fraction=0.2,
-        refit=True,
-        calibration_folds="auto",
-        sgd_alpha=None,
-        sgd_eta0=200.0,
-        unlabeled_rows="missing",
-        label_cardinality="independent",
-        random_state=None,
-        device="auto",
-        verbose=False,
+        truncation=20, emission="auto", classifier="auto", online=False,
+        n_passes=3, batch_size=64, tau=1.0, kappa=0.7, concentration=1.0, merge_trials=5,
+        feature_prior=0.1, label_prior=0.01, weight_precision="auto",
+        n_sweeps=4, n_keep=2, n_mode_steps=6, inference="variational", solver="auto", low_rank="auto",
+        standardize="auto", count_rule="auto", validation_fraction=0.2, refit=True, calibration_folds="auto",
+        sgd_alpha=None, sgd_eta0=200.0, unlabeled_rows="missing", label_cardinality="independent",
+        random_state=None, device="auto", verbose=False,
     ):
         self.truncation = truncation
         self.emission = emission
@@ -336,26 +307,11 @@ class BNMC(MultiLabelEstimator):
             emission = GaussianEmission(D, np.zeros(D), kappa0=prior, shape0=prior, rate0=np.full(D, prior))
         return DPMixture(self.truncation, emission, self.n_labels_, self.label_prior, self.concentration, reduce)
 
-    # ---- label bookkeeping ----------------------------------------------------------------------
-    def _entry_mask(self, Y: sp.csr_matrix, label_mask) -> tuple[ObservedEntries, np.ndarray]:
-        """The observed entries (kept sparse) and the boolean vector of rows with a label vector."""
-        n, L = Y.shape
-        if label_mask is not None:
-            labelled = np.asarray(label_mask.sum(axis=1)).ravel() > 0
-        else:
-            labelled = np.ones(n, dtype=bool)
-            if self.unlabeled_rows == "missing":
-                labelled = np.diff(Y.indptr) > 0
-        return ObservedEntries(label_mask, labelled, L), labelled
-
-    def _update_count_stats(self, Y, entries: ObservedEntries, labelled, parallel=ONE_PROCESS):
-        complete = labelled & entries.complete_rows()
-        counts = np.diff(Y.indptr)[complete].astype(np.float64)
-        self.count_sums_ = self.count_sums_ + parallel.reduce_sum(np.array([counts.size, counts.sum(), (counts**2).sum()]))
-        n, total, total_sq = self.count_sums_
-        if n > 0:
-            self.label_count_mean_ = float(total / n)
-            self.label_count_std_ = float(np.sqrt(max(total_sq / n - (total / n) ** 2, 0.0) * n / max(n - 1, 1)))
+    def _update_count_stats(self, Y, entries: ObservedEntries, labelled, parallel=ONE_PROCESS) -> None:
+        """Add the rows' label counts to ``count_sums_`` and set ``label_count_mean_`` and ``_std_`` (eq. 9)."""
+        self.count_sums_ = self.count_sums_ + parallel.reduce_sum(label_count_sums(Y, entries, labelled))
+        if self.count_sums_[0] > 0:
+            self.label_count_mean_, self.label_count_std_ = label_count_moments(self.count_sums_)
 
     def _classifier_inputs(self, Z):
         """What the classifiers see: Z itself, or its projection Z V on the basis (dense (n, r))."""
@@ -398,7 +354,7 @@ class BNMC(MultiLabelEstimator):
         device = resolve_device(self.device)
         n = shard.n_total
         self._setup_preprocessing(X, parallel, n)
-        entries, labelled = self._entry_mask(Y, label_mask)
+        entries, labelled = observed_entries(Y, label_mask, self.unlabeled_rows == "missing")
         labelled_all = np.zeros(n)
         labelled_all[shard.start:shard.stop] = labelled
         labelled_all = parallel.reduce_sum(labelled_all) > 0  # every row's flag, on every process
@@ -441,41 +397,16 @@ class BNMC(MultiLabelEstimator):
         self.threshold_ = 0.5
         self.count_rule_ = "expected" if self.count_rule == "auto" else self.count_rule
 
-    def _raw_from_classifier(self, Z):
-        """Classifier features back to raw features (for the mixture) in the validation step."""
-        if not self.preprocessor_.standardized_:
-            return Z
-        return self.preprocessor_.inverse_transform(Z)
-
     # ---- prediction -----------------------------------------------------------------------------
-    def _classifier_margins(self, inputs) -> np.ndarray:
-        """Per kept draw the margins z^T w (S, b, L), or the SGD average's (1, b, L); ``inputs`` are
-        the classifier inputs (:meth:`_classifier_inputs`)."""
-        if self.classifier_samples_ is None:
-            W = self._sgd.W_avg
-            return (np.asarray(inputs @ W[:-1]) + W[-1])[None]
-        W = self.classifier_samples_
-        return np.stack([np.asarray(inputs @ w[:-1]) + w[-1] for w in W])
-
     def _evidence(self, Z, X):
-        """Classifier evidence s_clf (logit of the posterior-averaged probability for logistic, the
-        posterior-mean margin for svm) and pattern evidence s_pattern = log(sum_k q_k(x) E psi_kc)
-        - log(marginal share of c) (eq. 8), both (b, L)."""
-        inputs = self._classifier_inputs(Z)
-        margins = self._classifier_margins(inputs)
-        if self.classifier_variances_ is not None:
-            # moderated predictive of the factorised Gaussian q(w) (MacKay's probit approximation)
-            Z_sq = inputs.multiply(inputs).tocsr() if sp.issparse(inputs) else inputs * inputs
-            spread = np.asarray(Z_sq @ self.classifier_variances_[:-1]) + self.classifier_variances_[-1]
-            margins = margins / np.sqrt(1.0 + np.pi * spread / 8.0)[None]
-        if self._classifier_kind() == "logistic":
-            s_clf = logit(sigmoid(margins).mean(axis=0))
-        else:
-            s_clf = margins.mean(axis=0)
-        resp = self._mixture.responsibilities(self._mixture_features(X))
-        share = resp @ self._mixture.label_means()
-        s_pat = np.log(share + 1e-300) - np.log(self.label_share_)[None, :]
-        return s_clf, s_pat
+        """Classifier evidence s_clf of the classifier features ``Z`` (the kept draws', or the SGD
+        average's: :func:`~bayesmlc.bnmc.classifiers.classifier_evidence`) and pattern evidence s_pattern
+        of the raw features ``X`` (:meth:`~bayesmlc.bnmc.mixture.DPMixture.pattern_evidence`), eq. 8,
+        both (b, L)."""
+        weights = self._sgd.W_avg[None] if self.classifier_samples_ is None else self.classifier_samples_
+        s_clf = classifier_evidence(self._classifier_inputs(Z), weights, self.classifier_variances_,
+                                    self._classifier_kind())
+        return s_clf, self._mixture.pattern_evidence(self._mixture_features(X), self.label_share_)
 
     def _decision_function(self, X) -> np.ndarray:
         s_clf, s_pat = self._evidence(self._classifier_features(X), X)
@@ -493,10 +424,15 @@ class BNMC(MultiLabelEstimator):
 
     def _labels_from_proba(self, proba, X) -> sp.csr_matrix:
         """``predict(X)``'s label sets (``count_rule_``, batches of 2048 rows) from ``predict_proba(X)``."""
-        rng = numpy_rng(None)
-        parts = [sp.csr_matrix(rule_predictions(proba[rows].astype(np.float64), self.count_rule_, self.threshold_,
+        batches = (proba[rows] for rows in iter_batches(proba.shape[0], 2048))
+        return self._rule_labels(batches, self.count_rule_, numpy_rng(None))
+
+    def _rule_labels(self, proba_batches, rule: str, rng) -> sp.csr_matrix:
+        """The label sets of ``rule`` (:func:`~bayesmlc.bnmc.label_sets.rule_predictions`) for the rows of
+        each batch of calibrated probabilities in turn, stacked as CSR (n, L)."""
+        parts = [sp.csr_matrix(rule_predictions(proba.astype(np.float64), rule, self.threshold_,
                                                 self.label_count_mean_, self.label_count_std_, rng))
-                 for rows in iter_batches(proba.shape[0], 2048)]
+                 for proba in proba_batches]
         return sp.vstack(parts, format="csr") if parts else sp.csr_matrix((0, self.n_labels_), dtype=np.float32)
 
     def _calibrated_logits(self, s_clf, s_pat, probability: bool = False) -> np.ndarray:
@@ -568,15 +504,8 @@ class BNMC(MultiLabelEstimator):
         if rule not in COUNT_RULES:
             raise ValidationError(f"rule must be one of {COUNT_RULES}, got {rule!r}")
         X = self._validated(X)
-        rng = numpy_rng(random_state)
-        parts = [
-            sp.csr_matrix(rule_predictions(self.predict_proba(X[rows]).astype(np.float64), rule, self.threshold_,
-                                           self.label_count_mean_, self.label_count_std_, rng))
-            for rows in iter_batches(X.shape[0], 2048)
-        ]
-        if not parts:
-            return sp.csr_matrix((0, self.n_labels_), dtype=np.float32)
-        return sp.vstack(parts, format="csr")
+        batches = (self.predict_proba(X[rows]) for rows in iter_batches(X.shape[0], 2048))
+        return self._rule_labels(batches, rule, numpy_rng(random_state))
 
     # ---- online ---------------------------------------------------------------------------------
     def partial_fit(self, X, Y, label_mask=None, classes=None):
@@ -597,15 +526,15 @@ class BNMC(MultiLabelEstimator):
             X, Y, label_mask = check_fit_inputs(X, Y, label_mask)
         else:
             X = check_features(X, self.n_features_in_, estimator_name="BNMC")
-            Y = self._check_stream_labels(Y, X.shape[0])
+            Y = stream_labels(Y, X.shape[0], self.n_labels_)
             if label_mask is not None:
-                _, Y, label_mask = check_fit_inputs(X, Y, _pad_columns(label_mask, self.n_labels_, "label_mask"))
+                _, Y, label_mask = check_fit_inputs(X, Y, pad_columns(label_mask, self.n_labels_, "label_mask"))
         if first or getattr(self, "_stream_rng", None) is None:
             self._stream_rng = numpy_rng(self.random_state)
             self._stream_start = time.perf_counter()
         rng = self._stream_rng
         n = X.shape[0]
-        entries, labelled = self._entry_mask(Y, label_mask)
+        entries, labelled = observed_entries(Y, label_mask, self.unlabeled_rows == "missing")
         if first:
             self.n_features_in_ = X.shape[1]
             self.n_labels_ = Y.shape[1]
@@ -636,21 +565,6 @@ class BNMC(MultiLabelEstimator):
         mixture_fit.record(len(self.history_["objective"]) + 1, X_mix, Y, self._stream_start, self.n_seen_ / n)
         return self
 
-    def _check_stream_labels(self, Y, n_rows: int) -> sp.csr_matrix:
-        from ..validation import check_labels
-
-        Y = check_labels(Y, name="Y")
-        if Y.shape[0] != n_rows:
-            raise ValidationError(f"Y has {Y.shape[0]} rows but X has {n_rows}")
-        if Y.shape[1] > self.n_labels_:
-            beyond = Y.indices[Y.indices >= self.n_labels_]
-            if beyond.size:
-                raise ValidationError(
-                    f"Y uses label index {int(beyond.max())} but the model was initialised with "
-                    f"{self.n_labels_} labels (0..{self.n_labels_ - 1}); new labels cannot be added online"
-                )
-        return sp.csr_matrix((Y.data, Y.indices, Y.indptr), shape=(n_rows, self.n_labels_))
-
     # ---- persistence ----------------------------------------------------------------------------
     def _get_state(self) -> dict:
         state = super()._get_state()
@@ -673,10 +587,3 @@ class BNMC(MultiLabelEstimator):
         if sgd_state is not None:
             self._sgd = SGDClassifier(self.n_features_in_, self.n_labels_, self._classifier_kind(), 1.0, self.sgd_eta0)
             self._sgd.set_state(sgd_state)
-
-
-def _pad_columns(matrix, n_cols: int, name: str):
-    matrix = sp.csr_matrix(matrix)
-    if matrix.shape[1] > n_cols:
-        raise ValidationError(f"{name} has {matrix.shape[1]} columns but the model has {n_cols} labels")
-    return sp.csr_matrix((matrix.data, matrix.indices, matrix.indptr), shape=(matrix.shape[0], n_cols))
