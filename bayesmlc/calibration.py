@@ -22,6 +22,16 @@ row's ``top_k`` best labels, over all labels at once (unobserved pairs under ``l
 out). It is non-decreasing, so it keeps the order of every row's probabilities (strictly for
 temperature and Platt scaling; isotonic regression may tie neighbours).
 
+**Ties.** The isotonic map is a step function: every raw probability within one step gets the
+same calibrated value, so labels of a row often share one (``bayesmlc predict`` may print 0.14604
+three times). The calibrated values never decide the order: ``decision_function`` is the wrapped
+estimator's, so :meth:`~bayesmlc.base.MultiLabelEstimator.predict_topk`, ``predict(top_k=k)``, the
+ranking metrics and ``bayesmlc predict`` list tied labels in the order of their raw scores (equal
+raw scores: the lower label index first). ``predict_proba(X, top_k=k)`` chooses by the calibrated
+probability, ties to the lower label index, so where a tie straddles the k-th place it may keep
+other labels than ``predict_topk``. Temperature and Platt scaling are strictly increasing and tie
+nothing the raw probabilities did not.
+
 **Per label.** A label gets a map of its own, fitted on *all* its held-out entries, when those
 entries hold at least ``min_label_positives`` positives and as many negatives; every other label uses
 the global map. ``min_label_positives=None`` turns per-label maps off. Per-label maps are monotone in
