@@ -543,7 +543,7 @@ def test_auto_moments_and_both_predictors_match_numpy():
 def test_auto_predicts_from_the_moments_below_the_least_number_of_draws():
     """The "auto" schedule predicts with the kept draws from AUTO_MIN_PREDICTIVE_DRAWS of them on, and
     with the moments below that."""
-    from bayesmlc.bmls.model import AUTO_MIN_PREDICTIVE_DRAWS
+    from bayesmlc.bmls.schedule import AUTO_MIN_PREDICTIVE_DRAWS
 
     rng = np.random.default_rng(15)
     X, Y, _ = _planted_problem(rng, 0, n_labels=4)(60)
@@ -556,14 +556,14 @@ def test_auto_predicts_from_the_moments_below_the_least_number_of_draws():
 
 
 def test_auto_keeps_a_bounded_spread_set_of_draws():
-    from bayesmlc.bmls.model import _DrawStore
+    from bayesmlc.bmls.chain import DrawStore
 
     class State:
         def __init__(self, value):
             self.phi = np.full((2, 1), float(value))
             self.h = np.full((1, 1), np.exp(value))
 
-    store = _DrawStore(capacity=8, thin=1)
+    store = DrawStore(capacity=8, thin=1)
     for sweep in range(100):
         store.offer(State(sweep))
     phi, log_h = store.arrays()
@@ -605,6 +605,8 @@ def test_heldout_log_likelihood_and_validation_fraction():
 def test_auto_sweep_budget_follows_the_cost_model():
     """max_sweeps='auto' = 60 s / (K (7e-10 nnz(X') + 5.5e-8 D')) sweeps, within [100, 2000], where X' is
     the binary training pattern restricted to the features that occur, plus the bias column."""
+    from bayesmlc.bmls.schedule import auto_sweeps
+
     rng = np.random.default_rng(16)
     model = BMLS(n_topics=50)
     for n_rows, n_features, density in [(200, 30, 0.3), (3000, 200_000, 0.0005), (20_000, 2000, 0.2)]:
@@ -613,8 +615,8 @@ def test_auto_sweep_budget_follows_the_cost_model():
         occurring = np.unique(X.indices).size
         X_bias = model._with_bias(X[:, np.unique(X.indices)])
         seconds = 50 * (7e-10 * (X.nnz + n_rows) + 5.5e-8 * (occurring + 1))
-        assert model._auto_sweeps(X_bias, 50) == int(np.clip(60.0 // seconds, 100, 2000))
-    assert BMLS(max_sweeps=300)._auto_sweeps(X_bias, 50) == 300
+        assert auto_sweeps(model.max_sweeps, X_bias, 50) == int(np.clip(60.0 // seconds, 100, 2000))
+    assert auto_sweeps(300, X_bias, 50) == 300
 
 
 def test_cli_says_the_binarisation_in_one_line_on_stderr(tmp_path):

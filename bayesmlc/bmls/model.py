@@ -3,7 +3,6 @@ optional label co-occurrence (Zhao, Rai, Du & Buntine, AISTATS 2018), trained by
 
 from __future__ import annotations
 
-import time
 import warnings
 
 import numpy as np
@@ -16,11 +15,12 @@ from ..fitted_state import check_array, check_integer, check_number
 from ..parameters import Boolean, Integer, Options, Real
 from ..preprocessing import resolve_standardize
 from ..utils import iter_batches, logit, numpy_rng, resolve_device
-from .gibbs import SweepData, gibbs_sweep, heldout_log_likelihood, init_state, positive_rates
+from .chain import GibbsChain
+from .gibbs import SweepData, init_state
+from .schedule import AUTO_MIN_PREDICTIVE_DRAWS, AUTO_WINDOW, Schedule, draw_capacity
 
 __all__ = ["BMLS", "cooccurrence_matrix"]
 
-AUTO_WINDOW = 20  # sweeps per window of the "auto" schedule's plateau and collection rules
 # n_topics="auto": K = sqrt(positive label entries of the training rows), within [AUTO_MIN_TOPICS,
 # AUTO_MAX_TOPICS] (the papers' K = 100 on Bibtex, whose 11,729 positives give 108). With 100 topics for
 # the 418 positives of medical, P@1 was 41 against 66 with 20 (docs/experiments.md, "BMLS: the number
@@ -28,104 +28,10 @@ AUTO_WINDOW = 20  # sweeps per window of the "auto" schedule's plateau and colle
 AUTO_MIN_TOPICS = 10
 AUTO_MAX_TOPICS = 100
 
-AUTO_MAX_DRAWS = 400  # draws kept by the "auto" schedule, at most ...
-AUTO_DRAW_BYTES = 128 * 2**20  # ... and at most this many bytes of them
-# The "auto" schedule predicts with the mean over its kept draws when it kept at least this many, and
-# from the posterior moments otherwise (a model too wide for that many draws in AUTO_DRAW_BYTES, or
-# max_kept_draws set low). docs/experiments.md, "BMLS: the auto schedule's predictor on small sets".
-AUTO_MIN_PREDICTIVE_DRAWS = 16
-# max_sweeps="auto": as many sweeps as a budget of about one minute of one core buys, predicted from the
-# data's shape (deterministic, so the same seed gives the same chain on any machine). Cost model of one
-# sweep, fitted to one-thread CPU times on Bibtex (0.033 s) and the AmazonCat-13K shape at 1% (0.8 s):
-# seconds = K (SECONDS_PER_ENTRY nnz(X') + SECONDS_PER_FEATURE D'), the second term being the h step's
-# D' K gamma draws and the passes over (D', K) arrays. docs/bmls.md, "Schedules".
-AUTO_BUDGET_SECONDS = 60.0
-SECONDS_PER_ENTRY = 7e-10
-SECONDS_PER_FEATURE = 5.5e-8
-AUTO_SWEEP_RANGE = (5 * AUTO_WINDOW, 2000)  # the fewest sweeps the rules can use, and the most
-
 
 def auto_topics(n_positives: int) -> int:
     """``n_topics="auto"``: round(sqrt(n_positives)) clipped to [AUTO_MIN_TOPICS, AUTO_MAX_TOPICS]."""
     return int(np.clip(round(float(np.sqrt(max(int(n_positives), 0)))), AUTO_MIN_TOPICS, AUTO_MAX_TOPICS))
-
-
-def _window_gain(series) -> float:
-    """Relative gain of the mean of the last AUTO_WINDOW values over the mean of the window before:
-    (m_last - m_previous) / |m_last|; +inf until two windows exist."""
-    values = np.asarray(series[-2 * AUTO_WINDOW:], dtype=np.float64)
-    if values.size < 2 * AUTO_WINDOW:
-        return np.inf
-    previous, last = values[:AUTO_WINDOW].mean(), values[AUTO_WINDOW:].mean()
-    return float((last - previous) / max(abs(last), np.finfo(float).tiny))
-
-
-class _PosteriorMoments:
-    """Running sums over the collected sweeps: E[phi] (L, K), E[log h] and E[(log h)^2] (D', K), the
-    label tokens per topic. Memory independent of the number of sweeps."""
-
-    def __init__(self, n_labels: int, n_features_bias: int, n_topics: int):
-        self.count = 0
-        self.phi_sum = np.zeros((n_labels, n_topics))
-        self.log_h_sum = np.zeros((n_features_bias, n_topics))
-        self.log_h_square_sum = np.zeros((n_features_bias, n_topics))
-        self.usage_sum = np.zeros(n_topics)
-
-    def add(self, state) -> None:
-        log_h = np.log(state.h)
-        self.count += 1
-        self.phi_sum += state.phi
-        self.log_h_sum += log_h
-        log_h *= log_h
-        self.log_h_square_sum += log_h
-        self.usage_sum += state.topic_tokens
-
-    def phi_mean(self) -> np.ndarray:
-        return self.phi_sum / self.count
-
-    def log_h_mean(self) -> np.ndarray:
-        return self.log_h_sum / self.count
-
-    def log_h_var(self) -> np.ndarray:
-        mean = self.log_h_mean()
-        return np.maximum(self.log_h_square_sum / self.count - mean * mean, 0.0)
-
-    def rates_at(self, data) -> np.ndarray:
-        """Posterior-mean rates E[phi_l.] . E[theta_.n] at the training positives (the moment predictor,
-        see :class:`BMLS`), (E,). Cost O(nnz(X) K + nnz(Y) K)."""
-        theta = np.exp(np.asarray(data.x_csr @ (self.log_h_mean() + 0.5 * self.log_h_var())))
-        return np.maximum(positive_rates(data.pos_rows, data.pos_cols, self.phi_mean(), theta), 1e-300)
-
-
-class _DrawStore:
-    """At most ``capacity`` draws of (phi, log h), float32. Offer i (from 0) is kept when i is a multiple
-    of ``thin``; when the store is full, the draws off the grid of 2 ``thin`` are dropped and ``thin``
-    doubles, so the kept draws stay evenly spread over the whole collection however long it runs."""
-
-    def __init__(self, capacity: int, thin: int):
-        self.capacity = capacity
-        self.thin = thin
-        self.offers = 0
-        self.phi: list = []
-        self.log_h: list = []
-
-    def offer(self, state) -> None:
-        self.offers += 1
-        if self.capacity == 0 or (self.offers - 1) % self.thin:
-            return
-        if len(self.phi) == self.capacity:
-            self.phi, self.log_h = self.phi[::2], self.log_h[::2]  # the draws on the doubled grid
-            self.thin *= 2
-            if (self.offers - 1) % self.thin:
-                return
-        self.phi.append(state.phi.astype(np.float32))
-        self.log_h.append(np.log(state.h).astype(np.float32))
-
-    def arrays(self):
-        """(S, L, K) and (S, D', K) float32 arrays of the kept draws (S may be 0)."""
-        if not self.phi:
-            return np.empty((0, 0, 0), dtype=np.float32), np.empty((0, 0, 0), dtype=np.float32)
-        return np.stack(self.phi), np.stack(self.log_h)
 
 
 def cooccurrence_matrix(Y, diagonal: bool = False) -> sp.csr_matrix:
@@ -430,153 +336,63 @@ class BMLS(MultiLabelEstimator):
             raise ValidationError("validation_fraction cannot be combined with label_mask")
         rng = numpy_rng(self.random_state)
         self._fit_feature_thresholds(X)
-        X_binary = self._binary_features(X, warn=True)
-        n_rows = X_binary.shape[0]
-        Y = sp.csr_matrix(Y)
-        validation = None
-        if auto and self.validation_fraction is not None:
-            n_val = max(1, int(round(float(self.validation_fraction) * n_rows)))
-            if n_val >= n_rows:
-                raise ValidationError("validation_fraction leaves no training rows")
-            order = rng.permutation(n_rows)
-            val_rows, train_rows = np.sort(order[:n_val]), np.sort(order[n_val:])
-            validation = (X_binary[val_rows], Y[val_rows])
-            X_binary, Y = X_binary[train_rows], Y[train_rows]
-        # features never on in the training rows keep their prior: they are not sampled (h = E[h])
-        seen = np.flatnonzero(np.diff(X_binary.tocsc().indptr) > 0)
-        X_bias = self._with_bias(X_binary[:, seen])
+        X_bias, Y, validation, seen = self._training_rows(X, Y, rng)
         if label_mask is not None and label_mask.nnz == label_mask.shape[0] * label_mask.shape[1]:
             label_mask = None  # everything observed: the exact fast path
         data = SweepData.build(
             X_bias, Y, label_mask, self._cooccurrence_pairs(Y), pair_diagonal=bool(self.cooccurrence_diagonal)
         )
-        val_data = None
-        if validation is not None:
-            val_x = sp.csr_matrix(self._with_bias(validation[0][:, seen]), dtype=np.float64)
-            val_y = sp.coo_matrix(validation[1])
-            val_data = (val_x, val_y.row.astype(np.int64), val_y.col.astype(np.int64))
         n_topics = auto_topics(Y.nnz) if self.n_topics == "auto" else int(self.n_topics)
         self.n_topics_ = n_topics
         state = init_state(data, n_topics, X_bias.shape[1], float(self.beta0), rng)
-        moments = _PosteriorMoments(data.n_labels, X_bias.shape[1], n_topics)
-        draws = _DrawStore(self._draw_capacity(data.n_labels, X_bias.shape[1], n_topics), thin=1)
-
-        history = self.history_
-        for key in ("sweep", "sweep_time", "beta0", "phi_acceptance", "heldout"):
-            history[key] = []
-        trace = {"window_end": [], "burnin_gain": [], "heldout_gain": [], "predictive_change": []}
-        timings: dict = {}
-        total = self._auto_sweeps(X_bias, n_topics) if auto else int(self.n_burnin) + int(self.n_samples) * int(self.thin)
-        progress = None
-        if self.verbose:
-            from tqdm.auto import tqdm
-
-            progress = tqdm(total=total, desc="BMLS Gibbs", unit="sweep")
-        burnin_end = None if auto else int(self.n_burnin)
-        previous_rates = None
-        start = time.perf_counter()
-        sweep = 0
-        try:
-            while sweep < total:
-                sweep += 1
-                tic = time.perf_counter()
-                log_lik = gibbs_sweep(
-                    data, state, rng, float(self.mu0), float(self.nu0), bool(self.sample_beta0),
-                    recompute_theta=sweep % int(self.recompute_theta_every) == 0, phi_step=self.phi_step,
-                    timings=timings,
-                )
-                heldout = np.nan
-                if val_data is not None:
-                    heldout = heldout_log_likelihood(val_data[0], val_data[1], val_data[2], state.phi, state.h)
-                toc = time.perf_counter()
-                for key, value in (("objective", log_lik), ("wall_time", toc - start), ("sweep", sweep),
-                                   ("sweep_time", toc - tic), ("beta0", state.beta0),
-                                   ("phi_acceptance", state.phi_acceptance), ("heldout", heldout)):
-                    history[key].append(value)
-                if burnin_end is not None and sweep > burnin_end:
-                    collected = sweep - burnin_end
-                    moments.add(state)
-                    if auto or collected % int(self.thin) == 0:
-                        draws.offer(state)
-                if progress is not None:
-                    progress.update(1)
-                    if sweep % 10 == 0:
-                        progress.set_postfix(loglik=f"{log_lik:.1f}", beta0=f"{state.beta0:.3g}")
-                if not auto or sweep % AUTO_WINDOW:
-                    continue
-                # the "auto" rules, checked at the end of every window of AUTO_WINDOW sweeps
-                trace["window_end"].append(sweep)
-                if burnin_end is None:
-                    gain = _window_gain(history["objective"])
-                    held_gain = _window_gain(history["heldout"]) if val_data is not None else -np.inf
-                    trace["burnin_gain"].append(gain)
-                    trace["heldout_gain"].append(held_gain)
-                    trace["predictive_change"].append(np.nan)
-                    if (gain <= float(self.plateau_tol) and held_gain <= float(self.plateau_tol)) or sweep >= total // 2:
-                        burnin_end = sweep
-                    continue
-                trace["burnin_gain"].append(np.nan)
-                trace["heldout_gain"].append(np.nan)
-                rates = moments.rates_at(data)
-                change = np.nan if previous_rates is None else float(np.mean(np.abs(np.log(rates / previous_rates))))
-                trace["predictive_change"].append(change)
-                previous_rates = rates
-                if moments.count >= 3 * AUTO_WINDOW and change < float(self.predictive_tol):
-                    break
-        finally:
-            if progress is not None:
-                progress.close()
-        if moments.count == 0:  # max_sweeps reached inside the burn-in: use the last sweep
-            moments.add(state)
-            draws.offer(state)
-
-        prior_log_h = float(np.log(float(self.mu0) / float(self.nu0)))
-        n_features = X.shape[1]
-        rows = np.append(seen, n_features)  # the seen features and the bias, in the full (D + 1) layout
-        self.phi_ = moments.phi_mean()
-        self.log_h_ = np.full((n_features + 1, n_topics), prior_log_h)
-        self.log_h_[rows] = moments.log_h_mean()
-        self.log_h_var_ = np.zeros((n_features + 1, n_topics))
-        self.log_h_var_[rows] = moments.log_h_var()
-        phi_samples, log_h_seen = draws.arrays()
-        n_draws = phi_samples.shape[0]
-        log_h_samples = np.full((n_draws, n_features + 1, n_topics), prior_log_h, dtype=np.float32)
-        if n_draws:
-            log_h_samples[:, rows] = log_h_seen
-        else:
-            phi_samples = np.empty((0, data.n_labels, n_topics), dtype=np.float32)
-        self.phi_samples_ = phi_samples.astype(self.sample_dtype, copy=False)
-        self.log_h_samples_ = log_h_samples.astype(self.sample_dtype, copy=False)
-        self.predictor_ = "draws" if not auto or n_draws >= AUTO_MIN_PREDICTIVE_DRAWS else "moments"
-        self.beta0_ = float(state.beta0)
-        self.topic_usage_ = moments.usage_sum / moments.count
-        self.n_sweeps_ = sweep
-        self.n_burnin_ = int(burnin_end) if burnin_end is not None else sweep
-        self.n_collected_ = moments.count
-        self.sweep_step_seconds_ = {key: float(value) for key, value in timings.items()}
-        self.schedule_trace_ = {key: np.asarray(value, dtype=np.float64) for key, value in trace.items()}
-        if data.uses_cooccurrence:
-            self.cooccurrence_weights_ = np.asarray(state.r, dtype=np.float64)
+        schedule = Schedule.of(self, X_bias, n_topics, validating=validation is not None)
+        capacity = draw_capacity(self, data.n_labels, X_bias.shape[1], n_topics)
+        chain = GibbsChain(self, data, state, rng, schedule, capacity, validation).run(self.history_)
+        self._keep_posterior(chain, seen, X.shape[1])
         return self
 
-    def _auto_sweeps(self, X_bias: sp.csr_matrix, n_topics: int) -> int:
-        """The ``"auto"`` schedule's most sweeps: ``max_sweeps``, or for ``"auto"`` the sweeps that the
-        budget buys by the cost model above, within AUTO_SWEEP_RANGE."""
-        if self.max_sweeps != "auto":
-            return int(self.max_sweeps)
-        seconds = n_topics * (SECONDS_PER_ENTRY * X_bias.nnz + SECONDS_PER_FEATURE * X_bias.shape[1])
-        low, high = AUTO_SWEEP_RANGE
-        return int(np.clip(AUTO_BUDGET_SECONDS // max(seconds, 1e-12), low, high))
+    def _training_rows(self, X, Y, rng):
+        """The chain's training rows: (X' = the binary features that occur in them plus the bias column,
+        their labels Y (CSR), the held-out rows of ``validation_fraction`` (``"auto"``) as (X' CSR
+        float64, positive rows, positive columns) or None, the indices of the features that occur).
+        Features never on in the training rows keep their prior: they are not sampled (h = E[h])."""
+        X_binary = self._binary_features(X, warn=True)
+        n_rows = X_binary.shape[0]
+        Y = sp.csr_matrix(Y)
+        held_out = None
+        if self.schedule == "auto" and self.validation_fraction is not None:
+            n_val = max(1, int(round(float(self.validation_fraction) * n_rows)))
+            if n_val >= n_rows:
+                raise ValidationError("validation_fraction leaves no training rows")
+            order = rng.permutation(n_rows)
+            val_rows, train_rows = np.sort(order[:n_val]), np.sort(order[n_val:])
+            held_out = (X_binary[val_rows], Y[val_rows])
+            X_binary, Y = X_binary[train_rows], Y[train_rows]
+        seen = np.flatnonzero(np.diff(X_binary.tocsc().indptr) > 0)
+        validation = None
+        if held_out is not None:
+            val_y = sp.coo_matrix(held_out[1])
+            validation = (sp.csr_matrix(self._with_bias(held_out[0][:, seen]), dtype=np.float64),
+                          val_y.row.astype(np.int64), val_y.col.astype(np.int64))
+        return self._with_bias(X_binary[:, seen]), Y, validation, seen
 
-    def _draw_capacity(self, n_labels: int, n_features_bias: int, n_topics: int) -> int:
-        """Draws to keep: all ``n_samples`` with ``"fixed"``; with ``"auto"``, ``max_kept_draws`` or, for
-        ``"auto"``, at most 50 and at most 64 MB of ``sample_dtype``."""
-        if self.schedule == "fixed":
-            return int(self.n_samples)
-        if self.max_kept_draws != "auto":
-            return int(self.max_kept_draws)
-        per_draw = (n_labels + n_features_bias) * n_topics * np.dtype(self.sample_dtype).itemsize
-        return int(min(AUTO_MAX_DRAWS, AUTO_DRAW_BYTES // per_draw))
+    def _keep_posterior(self, chain: GibbsChain, seen: np.ndarray, n_features: int) -> None:
+        """The fitted attributes from a finished ``chain`` run on the ``seen`` features."""
+        prior_log_h = float(np.log(float(self.mu0) / float(self.nu0)))
+        for name, value in chain.posterior(seen, n_features, prior_log_h, self.sample_dtype).items():
+            setattr(self, name, value)
+        moments, schedule = chain.moments, chain.schedule
+        enough = self.phi_samples_.shape[0] >= AUTO_MIN_PREDICTIVE_DRAWS
+        self.predictor_ = "draws" if not schedule.auto or enough else "moments"
+        self.beta0_ = float(chain.state.beta0)
+        self.topic_usage_ = moments.usage_sum / moments.count
+        self.n_sweeps_ = chain.sweeps
+        self.n_burnin_ = int(schedule.burnin_end) if schedule.burnin_end is not None else chain.sweeps
+        self.n_collected_ = moments.count
+        self.sweep_step_seconds_ = {key: float(value) for key, value in chain.timings.items()}
+        self.schedule_trace_ = {key: np.asarray(value, dtype=np.float64) for key, value in schedule.trace.items()}
+        if chain.data.uses_cooccurrence:
+            self.cooccurrence_weights_ = np.asarray(chain.state.r, dtype=np.float64)
 
     # ---- prediction ---------------------------------------------------------------------------
     def _feature_tensor(self, X: sp.csr_matrix, device: torch.device) -> torch.Tensor:
