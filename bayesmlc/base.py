@@ -52,10 +52,18 @@ __all__ = ["MultiLabelEstimator"]
 
 PREDICT_BATCH_ROWS = 2048
 
-#: the public methods that fit or predict; each runs inside :func:`bayesmlc.threads.compute_threads`
-#: (:func:`computes_with_threads`), in this class and in every subclass that defines one of them
+#: the public methods that fit or predict; each runs inside :func:`bayesmlc.threads.compute_threads`:
+#: the base class's own in a ``with`` block (no extra frame, so a warning's ``stacklevel`` still reaches
+#: the caller), a subclass's own through :func:`computes_with_threads`
 COMPUTING_METHODS = ("fit", "partial_fit", "decision_function", "predict_proba", "predict", "predict_topk", "score",
                      "score_and_proba", "predict_interval")
+
+
+def _thread_parameter(estimator) -> int | None:
+    """``estimator.n_threads`` when it is a positive integer, else ``None``."""
+    threads = getattr(estimator, "n_threads", None)
+    valid = isinstance(threads, numbers.Integral) and not isinstance(threads, bool) and threads >= 1
+    return int(threads) if valid else None
 
 
 def computes_with_threads(method):
@@ -63,15 +71,15 @@ def computes_with_threads(method):
     estimator's ``n_threads``: that count when it is a positive integer, else (``None``, no such
     parameter, or a bad value that ``fit``'s parameter check reports) the count of an enclosing
     ``use_threads`` block or one thread per idle core. A nested call (``predict`` calling
-    ``predict_proba``) keeps the count of the outer one."""
+    ``predict_proba``) keeps the count of the outer one. The wrapper is one more frame between the
+    caller and ``method``: a warning raised inside with a ``stacklevel`` counted for a direct call
+    points one frame short."""
     if getattr(method, "computes_with_threads", False):
         return method
 
     @functools.wraps(method)
     def with_threads(self, *args, **kwargs):
-        threads = getattr(self, "n_threads", None)
-        valid = isinstance(threads, numbers.Integral) and not isinstance(threads, bool) and threads >= 1
-        with compute_threads(int(threads) if valid else None):
+        with compute_threads(_thread_parameter(self)):
             return method(self, *args, **kwargs)
 
     with_threads.computes_with_threads = True
@@ -211,6 +219,12 @@ class MultiLabelEstimator(BaseEstimator):
 
     #: parameter name -> list of allowed values or constraints (bayesmlc.parameters)
     _parameter_constraints: dict = {}
+
+    def _computing_threads(self):
+        """:func:`bayesmlc.threads.compute_threads` with this estimator's ``n_threads`` (a positive
+        integer, else ``None``: a missing parameter, or a bad value that ``fit``'s parameter check
+        reports); every public method that computes runs in it."""
+        return compute_threads(_thread_parameter(self))
 
     def __init_subclass__(cls, **kwargs):
         """Run the :data:`COMPUTING_METHODS` a subclass defines inside ``compute_threads`` too."""
@@ -377,7 +391,6 @@ class MultiLabelEstimator(BaseEstimator):
         return all(member._devices_available() for _, member in self._fitted_members())
 
     # ---- public API -------------------------------------------------------------------------
-    @computes_with_threads
     def fit(self, X, Y, label_mask=None, **fit_params):
         """Fit the model.
 
@@ -395,32 +408,33 @@ class MultiLabelEstimator(BaseEstimator):
         -------
         self
         """
-        check_parameters(self)
-        self._check_fit_params(fit_params)
-        names = feature_names(X)
-        Y = self._take_label_names(Y, first=True)
-        X, Y, label_mask = check_fit_inputs(X, Y, label_mask, estimator_name=type(self).__name__)
-        n_labels = Y.shape[1]
-        self.n_features_in_ = X.shape[1]
-        if names is None:
-            self.__dict__.pop("feature_names_in_", None)
-        else:
-            self.feature_names_in_ = names
-        self.n_labels_ = n_labels
-        self._set_label_statistics(*label_counts(Y, label_mask))
-        if self.empty_labels_.size:
-            shown = ", ".join(map(str, self.empty_labels_[:10])) + (" ..." if self.empty_labels_.size > 10 else "")
-            warnings.warn(
-                f"{self.empty_labels_.size} label column(s) have no positive training example ({shown}); "
-                "they are kept and predicted from the prior",
-                UserWarning,
-                stacklevel=2,
-            )
-        if self._conditions_on_a_label:
-            _warn_about_empty_rows(Y, label_mask, type(self).__name__)
-        self.history_ = {"wall_time": [], "objective": []}
-        self._fit(X, Y, label_mask, **fit_params)
-        return self
+        with self._computing_threads():
+            check_parameters(self)
+            self._check_fit_params(fit_params)
+            names = feature_names(X)
+            Y = self._take_label_names(Y, first=True)
+            X, Y, label_mask = check_fit_inputs(X, Y, label_mask, estimator_name=type(self).__name__)
+            n_labels = Y.shape[1]
+            self.n_features_in_ = X.shape[1]
+            if names is None:
+                self.__dict__.pop("feature_names_in_", None)
+            else:
+                self.feature_names_in_ = names
+            self.n_labels_ = n_labels
+            self._set_label_statistics(*label_counts(Y, label_mask))
+            if self.empty_labels_.size:
+                shown = ", ".join(map(str, self.empty_labels_[:10])) + (" ..." if self.empty_labels_.size > 10 else "")
+                warnings.warn(
+                    f"{self.empty_labels_.size} label column(s) have no positive training example ({shown}); "
+                    "they are kept and predicted from the prior",
+                    UserWarning,
+                    stacklevel=2,
+                )
+            if self._conditions_on_a_label:
+                _warn_about_empty_rows(Y, label_mask, type(self).__name__)
+            self.history_ = {"wall_time": [], "objective": []}
+            self._fit(X, Y, label_mask, **fit_params)
+            return self
 
     def _take_label_names(self, Y, first: bool):
         """Record the label names of a DataFrame ``Y`` (:func:`label_names_of`) as ``label_names_``
@@ -482,16 +496,16 @@ class MultiLabelEstimator(BaseEstimator):
                              f"rows and {self.n_labels_} labels: its fitted state is inconsistent")
         return values
 
-    @computes_with_threads
     def decision_function(self, X) -> np.ndarray:
         """Scores, shape (n_samples, n_labels): higher is more likely. Use for ranking metrics."""
-        return self._batched(X, self._decision_function, self._prior_logit() if hasattr(self, "label_prior_") else None)
+        with self._computing_threads():
+            fill = self._prior_logit() if hasattr(self, "label_prior_") else None
+            return self._batched(X, self._decision_function, fill)
 
     def _prior_logit(self) -> np.ndarray:
         """The logit of ``label_prior_``: the score of a label without a training positive."""
         return np.log(self.label_prior_) - np.log1p(-self.label_prior_)
 
-    @computes_with_threads
     def predict_proba(self, X, top_k: int | None = None):
         """Probabilities that each label is on; conditioned on at least one label per row when the
         model's ``label_cardinality`` is "at_least_one" (:func:`at_least_one_label`).
@@ -515,12 +529,13 @@ class MultiLabelEstimator(BaseEstimator):
         ``min(top_k, n_labels_)`` stored entries per row (their probabilities, zeros included, in
         ascending column order; every other entry is absent).
         """
-        if top_k is not None:
-            return self._top_probabilities(X, top_k)
-        proba = self._batched(X, self._predict_proba, getattr(self, "label_prior_", None))
-        if self._conditions_on_a_label:
-            proba = at_least_one_label(proba)
-        return proba
+        with self._computing_threads():
+            if top_k is not None:
+                return self._top_probabilities(X, top_k)
+            proba = self._batched(X, self._predict_proba, getattr(self, "label_prior_", None))
+            if self._conditions_on_a_label:
+                proba = at_least_one_label(proba)
+            return proba
 
     def _top_probabilities(self, X, top_k) -> sp.csr_matrix:
         """``predict_proba(X, top_k=top_k)``: the dense probabilities of one batch of rows at a time,
@@ -540,7 +555,6 @@ class MultiLabelEstimator(BaseEstimator):
             raise ValidationError(f"{name} must be a positive integer, got {k!r}")
         return min(int(k), self.n_labels_)
 
-    @computes_with_threads
     def score_and_proba(self, X, return_labels: bool = False):
         """``(decision_function(X), predict_proba(X))``, equal to what the two methods return, from
         one pass of the model over each batch of rows (:meth:`_scores_and_proba`); with
@@ -552,23 +566,23 @@ class MultiLabelEstimator(BaseEstimator):
         scores, proba : ndarray of float32, shape (n_samples, n_labels)
         labels : sparse 0/1 CSR, shape (n_samples, n_labels), only with ``return_labels``
         """
-        X = self._validated(X)
-        scores = np.empty((X.shape[0], self.n_labels_), dtype=np.float32)
-        proba = np.empty_like(scores)
-        for rows in iter_batches(X.shape[0], PREDICT_BATCH_ROWS):
-            block = X[rows]
-            for out, values in zip((scores, proba), self._scores_and_proba(block)):
-                out[rows] = self._checked_block(values, block.shape[0])
-        if self.empty_labels_.size:
-            scores[:, self.empty_labels_] = self._prior_logit()[self.empty_labels_]
-            proba[:, self.empty_labels_] = self.label_prior_[self.empty_labels_]
-        if self._conditions_on_a_label:
-            proba = at_least_one_label(proba)
-        if not return_labels:
-            return scores, proba
-        return scores, proba, self._labels_from_proba(proba, X)
+        with self._computing_threads():
+            X = self._validated(X)
+            scores = np.empty((X.shape[0], self.n_labels_), dtype=np.float32)
+            proba = np.empty_like(scores)
+            for rows in iter_batches(X.shape[0], PREDICT_BATCH_ROWS):
+                block = X[rows]
+                for out, values in zip((scores, proba), self._scores_and_proba(block)):
+                    out[rows] = self._checked_block(values, block.shape[0])
+            if self.empty_labels_.size:
+                scores[:, self.empty_labels_] = self._prior_logit()[self.empty_labels_]
+                proba[:, self.empty_labels_] = self.label_prior_[self.empty_labels_]
+            if self._conditions_on_a_label:
+                proba = at_least_one_label(proba)
+            if not return_labels:
+                return scores, proba
+            return scores, proba, self._labels_from_proba(proba, X)
 
-    @computes_with_threads
     def predict(self, X, threshold=0.5, top_k: int | None = None) -> sp.csr_matrix:
         """Sparse 0/1 predictions: labels with probability >= ``threshold``, or the ``top_k`` best
         (by :meth:`decision_function`, as :meth:`predict_topk`).
@@ -577,24 +591,24 @@ class MultiLabelEstimator(BaseEstimator):
         numbers in [0, 1], one per label column (tuned per label, for example); anything else is a
         ``ValidationError`` naming ``threshold`` (:func:`check_threshold`).
         """
-        if top_k is not None:
-            indices, _ = self.predict_topk(X, top_k)
-            n, k = indices.shape
-            return sp.csr_matrix(
-                (np.ones(n * k, dtype=np.float32), indices.ravel(), np.arange(0, n * k + 1, k)),
-                shape=(n, self.n_labels_),
-            )
-        self._check_is_fitted()
-        threshold = check_threshold(threshold, self.n_labels_)
-        X = self._validated(X)
-        parts = []
-        for rows in iter_batches(X.shape[0], PREDICT_BATCH_ROWS):
-            parts.append(_labels_at_threshold(self.predict_proba(X[rows]), threshold))
-        if not parts:
-            return sp.csr_matrix((0, self.n_labels_), dtype=np.float32)
-        return sp.vstack(parts, format="csr")
+        with self._computing_threads():
+            if top_k is not None:
+                indices, _ = self.predict_topk(X, top_k)
+                n, k = indices.shape
+                return sp.csr_matrix(
+                    (np.ones(n * k, dtype=np.float32), indices.ravel(), np.arange(0, n * k + 1, k)),
+                    shape=(n, self.n_labels_),
+                )
+            self._check_is_fitted()
+            threshold = check_threshold(threshold, self.n_labels_)
+            X = self._validated(X)
+            parts = []
+            for rows in iter_batches(X.shape[0], PREDICT_BATCH_ROWS):
+                parts.append(_labels_at_threshold(self.predict_proba(X[rows]), threshold))
+            if not parts:
+                return sp.csr_matrix((0, self.n_labels_), dtype=np.float32)
+            return sp.vstack(parts, format="csr")
 
-    @computes_with_threads
     def predict_topk(self, X, k: int = 5, batch_size: int = PREDICT_BATCH_ROWS):
         """The ``k`` highest-scoring labels per row, best first (ties to the lower label index),
         one batch of scores at a time.
@@ -604,21 +618,22 @@ class MultiLabelEstimator(BaseEstimator):
         indices : ndarray of int64, shape (n_samples, k)
         scores : ndarray of float32, shape (n_samples, k)
         """
-        k = self._checked_k(k)
-        X = self._validated(X)
-        indices = np.empty((X.shape[0], k), dtype=np.int64)
-        scores = np.empty((X.shape[0], k), dtype=np.float32)
-        for rows in iter_batches(X.shape[0], batch_size):
-            # ties go to the lower label index, as in bayesmlc.metrics.topk
-            indices[rows], scores[rows] = topk(self.decision_function(X[rows]), k)
-        return indices, scores
+        with self._computing_threads():
+            k = self._checked_k(k)
+            X = self._validated(X)
+            indices = np.empty((X.shape[0], k), dtype=np.int64)
+            scores = np.empty((X.shape[0], k), dtype=np.float32)
+            for rows in iter_batches(X.shape[0], batch_size):
+                # ties go to the lower label index, as in bayesmlc.metrics.topk
+                indices[rows], scores[rows] = topk(self.decision_function(X[rows]), k)
+            return indices, scores
 
-    @computes_with_threads
     def score(self, X, y) -> float:
         """Precision at 1 on (X, y), the field's headline number; ``y`` is the (n, L) 0/1 label
         matrix, dense or sparse (named ``y`` as scikit-learn's model selection passes it)."""
-        scores = self.decision_function(X)  # X is checked before y, as in scikit-learn
-        return float(precision_at_k(y, scores, k=1))
+        with self._computing_threads():
+            scores = self.decision_function(X)  # X is checked before y, as in scikit-learn
+            return float(precision_at_k(y, scores, k=1))
 
     # ---- named configurations (bayesmlc.presets) ---------------------------------------------
     @classmethod

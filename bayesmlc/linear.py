@@ -156,7 +156,7 @@ class LogisticRegression(MultiLabelEstimator):
         warnings.warn(
             f"LogisticRegression: L-BFGS-B stopped at max_iter={self.max_iter} iterations before the gradient met "
             f"tol={self.tol:g} for {labels.size} of {n_labels} labels ({shown}); increase max_iter or tol, or "
-            "scale the features (standardize=True)", ConvergenceWarning, stacklevel=5)
+            "scale the features (standardize=True)", ConvergenceWarning, stacklevel=4)
 
     def _solve_block(self, chunks, labels, initial_bias, n, d, device, record, bar):
         """L-BFGS-B on the labels ``labels``; returns their weights (D, |labels|), biases, iterations and

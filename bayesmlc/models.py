@@ -21,7 +21,8 @@ MODEL_CLASSES = {
 }
 
 #: The models that need an optional package, which the ``[compare]`` extra installs: name -> package.
-COMPARE_MODELS = MappingProxyType({"napkinxc_plt": "napkinxc", "omikuji_parabel": "omikuji", "omikuji_bonsai": "omikuji"})
+COMPARE_MODELS = MappingProxyType({"napkinxc_plt": "napkinxc", "omikuji_parabel": "omikuji",
+                                   "omikuji_bonsai": "omikuji"})
 INSTALL_COMPARE = "install it with: pip install 'bayesmlc[compare]'"
 
 

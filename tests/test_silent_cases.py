@@ -3,6 +3,7 @@ without ``--out``, and the order of labels tied by an isotonic calibration map."
 
 from __future__ import annotations
 
+import inspect
 import warnings
 
 import numpy as np
@@ -16,10 +17,14 @@ from bayesmlc.linear import LogisticRegression
 
 
 def _fit_recording_warnings(model, X, Y):
+    """The ConvergenceWarnings of ``model.fit(X, Y)``; each must point at the line of that call."""
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
+        line = inspect.currentframe().f_lineno + 1
         model.fit(X, Y)
-    return [w for w in caught if issubclass(w.category, ConvergenceWarning)]
+    caught = [w for w in caught if issubclass(w.category, ConvergenceWarning)]
+    assert all((w.filename, w.lineno) == (__file__, line) for w in caught)
+    return caught
 
 
 def test_logistic_regression_warns_when_it_stops_at_max_iter():
@@ -28,7 +33,6 @@ def test_logistic_regression_warns_when_it_stops_at_max_iter():
     (warning,) = _fit_recording_warnings(stopped, X, Y)  # one warning for the fit, not one per label
     assert stopped.n_iter_ == 3
     assert "max_iter=3" in str(warning.message) and "4 of 4 labels" in str(warning.message)
-    assert warning.filename == __file__  # it points at the caller's line
     # a solver given room converges before max_iter (its own count says so) and is silent
     converged = LogisticRegression(C=1.0, max_iter=500, tol=1e-4)
     assert _fit_recording_warnings(converged, X, Y) == [] and converged.n_iter_ < 500
