@@ -103,12 +103,16 @@ def column_mean_and_scale(X, n_rows: int | None = None, reduce=None) -> tuple[np
     return mean, std
 
 
-def resolve_idf(idf, n_rows: int) -> bool:
+def resolve_idf(idf, n_rows: int, counts: bool = True) -> bool:
     """Whether to idf-weight the columns, from an ``idf`` setting of "auto", True or False: "auto"
-    weights them from ``IDF_MIN_ROWS`` training rows on. The idf of a few hundred rows mostly
-    amplifies features seen once or twice, whose weight then dominates the rows they occur in."""
+    weights them from ``IDF_MIN_ROWS`` training rows on, and only when the features are ``counts``
+    (every stored value a whole number: term counts or binary indicators). The idf of a few hundred
+    rows mostly amplifies features seen once or twice, whose weight then dominates the rows they
+    occur in; real-valued features (tf-idf as the extreme-classification sets ship them) are weighted
+    already, and a second idf cost MLGPF 1.8-3 P@1 on the EURLex-4K shape (docs/experiments.md,
+    "MLGPF ablations by label-frequency band")."""
     if isinstance(idf, str) and idf == "auto":
-        return n_rows >= IDF_MIN_ROWS
+        return n_rows >= IDF_MIN_ROWS and counts
     return bool(idf)
 
 
@@ -139,7 +143,8 @@ class FeaturePreprocessor(TransformerMixin, BaseEstimator):
     idf : {"auto", True, False}, default False
         Multiply every column by its smoothed inverse document frequency in the training rows
         (:func:`inverse_document_frequency`, counted on the raw features). "auto" does so from
-        ``IDF_MIN_ROWS`` (2,500) training rows on (:func:`resolve_idf`).
+        ``IDF_MIN_ROWS`` (2,500) training rows on, for count or binary features only (every stored
+        value a whole number; :func:`resolve_idf`).
     normalize : bool, default False
         Scale every row to unit L2 norm, last (all-zero rows stay zero).
     dtype : {"float32", "float64"}, default "float32"
@@ -197,7 +202,9 @@ class FeaturePreprocessor(TransformerMixin, BaseEstimator):
         if self.standardized_:
             mean, self.scale_ = column_mean_and_scale(X, n_rows, reduce)
             self.mean_ = mean if self.with_mean else None
-        if resolve_idf(self.idf, n_rows):
+        non_integer = np.count_nonzero(X.data != np.round(X.data))
+        counts = int(total(np.array([non_integer], dtype=np.int64))[0]) == 0
+        if resolve_idf(self.idf, n_rows, counts):
             counts = np.bincount(X.indices[X.data != 0], minlength=X.shape[1])
             self.idf_ = inverse_document_frequency(total(counts), n_rows)
         return self

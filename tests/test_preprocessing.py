@@ -141,6 +141,22 @@ def test_idf_auto_weights_from_idf_min_rows_on():
     assert shard.idf_ is not None
 
 
+def test_idf_auto_skips_real_valued_features_even_when_one_shard_holds_counts():
+    """idf="auto" weights counts only: tf-idf values (whole numbers nowhere) are left as they are, and
+    the decision is the same on every process (a shard of whole numbers whose peers hold real
+    values does not weight)."""
+    X = sp.random(IDF_MIN_ROWS, 30, density=0.1, format="csr", random_state=np.random.RandomState(0))
+    X.data = np.round(X.data * 5) + 1.0  # term counts 1..6
+    assert FeaturePreprocessor(idf="auto").fit(X).idf_ is not None
+    X.data[7] += 0.25  # one real value
+    assert FeaturePreprocessor(idf="auto").fit(X).idf_ is None
+    assert FeaturePreprocessor(idf=True).fit(X).idf_ is not None  # an explicit True still weights
+    counts_here = X[:100].copy()
+    counts_here.data = np.ceil(counts_here.data)
+    peers_real = FeaturePreprocessor(idf="auto").fit(counts_here, n_rows=IDF_MIN_ROWS, reduce=lambda a: a + 1)
+    assert peers_real.idf_ is None
+
+
 def test_normalize_matches_sklearn_and_keeps_zero_rows():
     X = _counts(2).tolil()
     X[5] = 0
