@@ -31,6 +31,7 @@ from __future__ import annotations
 import functools
 import inspect
 import numbers
+import re
 import warnings
 
 import numpy as np
@@ -193,6 +194,11 @@ def _warn_about_empty_rows(Y, label_mask, name: str) -> None:
                       stacklevel=3)
 
 
+def _is_fitted_attribute_name(key) -> bool:
+    """A name scikit-learn's convention gives a fitted attribute: ``lower_case_``, not private."""
+    return isinstance(key, str) and re.fullmatch(r"[a-z][a-z0-9_]*_", key) is not None
+
+
 class MultiLabelEstimator(BaseEstimator):
     """Base class: ``fit``, ``decision_function``, ``predict_proba``, ``predict``, ``predict_topk``,
     ``score``, ``save`` and ``load`` for every model.
@@ -313,6 +319,14 @@ class MultiLabelEstimator(BaseEstimator):
         return state
 
     def _set_state(self, state: dict) -> None:
+        """Set the fitted attributes a model file holds. Only fitted-attribute names are accepted (a
+        public lower-case name ending in ``_`` that the class does not define itself): a state entry
+        named after a method, a property or a private attribute (``"_check_loaded": null`` would
+        switch off every load check) is refused with ``ModelFormatError``."""
+        for key in state:
+            if not _is_fitted_attribute_name(key) or hasattr(type(self), key):
+                raise ModelFormatError(f"the fitted state has an entry {str(key)[:80]!r} that is not a fitted "
+                                       f"attribute of {type(self).__name__}")
         for key, value in state.items():
             setattr(self, key, value)
         for name in ("feature_names_in_", "label_names_"):

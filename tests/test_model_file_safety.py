@@ -415,3 +415,28 @@ def test_a_model_saved_for_a_device_this_machine_lacks_still_loads(tmp_path):
     with pytest.raises(ValidationError, match="CUDA is not available"):
         loaded.predict_proba(X)
     np.testing.assert_allclose(loaded.set_params(device="cpu").predict_proba(X), expected, rtol=1e-6)
+
+
+@pytest.mark.parametrize("class_path", [
+    "bayesmlc.linear:LogisticRegression", "bayesmlc.baselines:KNNBaseline", "bayesmlc.gp.model:MLGPF",
+    "bayesmlc.bmls.model:BMLS", "bayesmlc.bnmc.model:BNMC", "bayesmlc.calibration:CalibratedClassifier",
+    "bayesmlc.ensemble:AveragingEnsemble",
+])
+@pytest.mark.parametrize("entry", ["_check_loaded", "_check_fitted_state", "predict_proba", "Evil_", "n_labels"])
+def test_a_state_entry_that_is_not_a_fitted_attribute_is_refused_at_load(tmp_path, class_path, entry):
+    """Issue 32, point 5: a state entry named after a method (``"_check_loaded": null`` shadowed the
+    load checks, and a BMLS covering 3 of 6 labels then predicted for all six) or any name that is
+    not a fitted attribute is refused before anything is checked or predicted."""
+    rng = np.random.default_rng(0)
+    X, Y = rng.random((60, 5)), (rng.random((60, 3)) < 0.4).astype(np.int8)
+    Y[:, 0] = 1
+    path = tmp_path / "model.npz"
+    _build(class_path).fit(X, Y).save(path)
+
+    def edit(meta, arrays):
+        meta["state"][entry] = None
+
+    _rewrite_meta(path, edit)
+    with pytest.raises(ModelFormatError, match=re.escape(f"{path}: the fitted state has an entry {entry!r} that is "
+                                                         "not a fitted attribute")):
+        MultiLabelEstimator.load(path)
