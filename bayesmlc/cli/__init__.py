@@ -11,9 +11,10 @@ Exit codes: 0 success; 2 bad arguments, bad input or a failed run (one line ``ba
 naming the argument, file or line; no traceback); 130 interrupted (Ctrl-C); 1 an unexpected internal
 error (one line; ``BAYESMLC_TRACEBACK=1`` shows the traceback).
 
-``train --out DIR`` writes the run into a temporary sibling folder and moves it to ``DIR`` when
-everything is written, so ``DIR`` holds one whole run or nothing; an existing run is replaced only
-with ``--overwrite``.
+``train --out DIR`` writes the run into a marked temporary folder and moves it into ``DIR`` when
+everything is written, never moving the folder's own files; a failure or Ctrl-C during the move
+leaves ``DIR`` as it was; an existing run is replaced only with ``--overwrite``
+(:mod:`bayesmlc.cli.run_directory`).
 """
 
 from __future__ import annotations
