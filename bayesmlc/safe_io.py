@@ -50,8 +50,10 @@ _FALLBACK_LIMIT = 16 * 2**30
 _SUFFIXES = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
 _READ_BLOCK = 1 << 20
 #: a file may always declare this many feature or label columns, however small it is
-#: (:func:`check_file_width`); beyond it, at most one column per byte of the file
-MIN_WIDTH_BOUND = 1024
+#: (:func:`check_file_width`); beyond it, at most one column per byte of the file. 2^20 columns cost
+#: BYTES_PER_COLUMN x 2^20 = 64 MiB of per-column arrays, and let a short file of a wide vocabulary
+#: (one document to score, a sample of a text set) name the feature indices it really uses
+MIN_WIDTH_BOUND = 1 << 20
 #: deflate's largest expansion: a 258-byte match coded in 2 bits, about 1032 to 1
 DEFLATE_MAX_RATIO = 1032
 #: the marker in the name of every temporary file or folder bayesmlc writes; nothing else is ever cleaned

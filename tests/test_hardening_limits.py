@@ -131,10 +131,10 @@ def test_small_crafted_file_allocates_little_and_fails_in_one_line(folder, bare_
 
 
 @pytest.mark.parametrize("declared, bound, accepted", [
-    (1024, 20, True),            # every file may declare MIN_WIDTH_BOUND columns
-    (1025, 20, False),
-    (5000, 5000, True),          # one column per byte of the file
-    (5001, 5000, False),
+    (1 << 20, 20, True),         # every file may declare MIN_WIDTH_BOUND columns
+    ((1 << 20) + 1, 20, False),
+    ((1 << 20) + 5000, (1 << 20) + 5000, True),  # one column per byte of the file
+    ((1 << 20) + 5001, (1 << 20) + 5000, False),
 ])
 def test_declared_width_is_bounded_by_the_bytes_of_the_file(tmp_path, declared, bound, accepted):
     header = f"1 {declared} 2\n".encode()
@@ -152,10 +152,12 @@ def test_declared_width_is_bounded_by_the_bytes_of_the_file(tmp_path, declared, 
 def test_svmlight_widths_the_caller_gives_are_not_bounded_by_the_file(tmp_path):
     path = tmp_path / "one.svm"
     path.write_bytes(b"0 5000:1\n")
-    with pytest.raises(DataFormatError, match="D=5000: too large for a file of 9 bytes"):
+    assert read_dataset(path).n_features == 5000  # a short file may use up to MIN_WIDTH_BOUND columns
+    path.write_bytes(b"0 5000000:1\n")
+    with pytest.raises(DataFormatError, match="D=5000000: too large for a file of 12 bytes"):
         read_dataset(path)
-    dataset = read_dataset(path, n_features=100_000, n_labels=3000)
-    assert (dataset.n_features, dataset.n_labels) == (100_000, 3000) and dataset.X[0, 4999] == 1
+    dataset = read_dataset(path, n_features=6_000_000, n_labels=3000)
+    assert (dataset.n_features, dataset.n_labels) == (6_000_000, 3000) and dataset.X[0, 4_999_999] == 1
 
 
 def _replace_member(path: Path, key: str, n_bytes: int) -> None:
