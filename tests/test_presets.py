@@ -73,6 +73,15 @@ def test_benchmark_script_measures_the_preset_recipes():
         [(n, m.get_params()) for n, m in MLGPF.preset("best").estimators]
 
 
+def test_fast_mlgpf_is_the_defaults_with_at_most_a_third_of_the_epochs():
+    """docs/presets.md: ``fast`` keeps the per-epoch work of the defaults (every training setting
+    but the epochs) and runs at most a third of their epochs; ``rank_by`` only changes prediction."""
+    fast, default = MLGPF.preset("fast").get_params(), MLGPF().get_params()
+    changed = {key for key in default if fast[key] != default[key]}
+    assert changed == {"epochs", "rank_by"}
+    assert fast["epochs"] * 3 <= default["epochs"] and fast["rank_by"] == "proba"
+
+
 def test_overrides_and_the_ensembles_own_parameters():
     model = MLGPF.preset("fast", epochs=3, n_inducing=7)
     assert model.epochs == 3 and model.n_inducing == 7 and model.kl_weight == 0.5
@@ -179,7 +188,7 @@ def test_cli_trains_with_a_preset_and_set_overrides(tiny, capsys):
     record = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     params = json.loads((out / "meta.json").read_text())["params"]
     for key, value in (("epochs", 2), ("n_inducing", 8), ("kl_weight", 0.5), ("rank_by", "proba"),
-                       ("variational", "whitened"), ("random_state", 0)):
+                       ("variational", "shared"), ("random_state", 0)):
         assert record["params"][key] == value and params[key] == value, key
     assert len(json.loads((out / "history.json").read_text())["epoch"]) == 2
 
