@@ -33,11 +33,11 @@ def missing_optional_package(name: str) -> str | None:
     if package is None:
         return None
     if importlib.util.find_spec(package) is None:
-        return f"needs the optional package {package!r}, which is not installed ({INSTALL_COMPARE})"
+        return f"optional package {package!r} is not installed ({INSTALL_COMPARE})"
     try:
         importlib.import_module(package)
     except ImportError as exc:
-        return f"needs the optional package {package!r}, which does not import ({exc}; reinstall it: {INSTALL_COMPARE})"
+        return f"optional package {package!r} does not import ({exc}; reinstall it: {INSTALL_COMPARE})"
     return None
 
 

@@ -52,7 +52,7 @@ def test_train_without_the_package_is_one_line_and_exit_2_before_reading(model, 
     assert main(["train", "--model", model, "--train", str(train), "--out", str(tmp_path / "run")]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1
-    assert err.startswith(f"bayesmlc: error: --model {model}: needs the optional package '{EXPECTED[model]}'")
+    assert err.startswith(f"bayesmlc: error: --model {model}: optional package '{EXPECTED[model]}' is not installed")
     assert "pip install 'bayesmlc[compare]'" in err and "a bug" not in err
     assert not (tmp_path / "run").exists()
 
@@ -75,7 +75,7 @@ def test_a_package_that_is_found_but_does_not_import_is_refused_too(tmp_path, ca
 def test_demo_without_the_package_is_one_line_and_exit_2(capsys, no_compare_packages):
     assert main(["demo", "--model", "omikuji_bonsai", "--quiet"]) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "--model omikuji_bonsai: needs the optional package 'omikuji'" in err
+    assert err.count("\n") == 1 and "--model omikuji_bonsai: optional package 'omikuji' is not installed" in err
 
 
 @pytest.mark.parametrize("command", ["train", "demo"])
@@ -96,5 +96,5 @@ def test_info_lists_the_models_with_the_mark_and_what_is_missing(capsys, no_comp
     assert main(["info", "--models"]) == 0
     lines = capsys.readouterr().out.splitlines()
     napkin = next(line for line in lines if line.startswith("napkinxc_plt "))
-    assert napkin.startswith("napkinxc_plt [compare]") and "not installed: needs the optional package" in napkin
+    assert napkin.startswith("napkinxc_plt [compare]") and "not installed: optional package 'napkinxc'" in napkin
     assert next(line for line in lines if line.startswith("logistic ")).endswith("available")
