@@ -36,7 +36,8 @@ from dataclasses import dataclass
 from .exceptions import ValidationError
 
 __all__ = ["ThreadChoice", "choose_threads", "compute_threads", "current_load", "decide_threads",
-           "enclosing_threads", "busy_cores_from_proc_stat", "load_average_busy", "usable_cores", "use_threads"]
+           "enclosing_threads", "cpu_times", "busy_cores_from_proc_stat", "sample_proc_stat", "load_average_busy",
+           "usable_cores", "use_threads"]
 
 #: environment variables through which a user (or ``bayesmlc bench --threads``) fixes the thread count
 THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
@@ -108,7 +109,7 @@ def _usable_cpu_ids() -> set[int]:
 def cpu_times(proc_stat_text: str, cpus=None) -> tuple[int, int, int] | None:
     """``(busy, total, n_cpus)`` clock ticks since boot from the text of ``/proc/stat``: summed over
     the ``cpuN`` lines of the CPU numbers in ``cpus`` when every one of them has a line, else from the
-    aggregate ``cpu`` line (all CPUs). Idle time is the idle and iowait fields; busy time the others
+    aggregate ``cpu`` line (all CPUs: as many as it has ``cpuN`` lines, else ``os.cpu_count()``). Idle time is the idle and iowait fields; busy time the others
     (user, nice, system, irq, softirq, steal). ``None`` when the text has no usable ``cpu`` line."""
     per_cpu, aggregate = {}, None
     for line in proc_stat_text.splitlines():
@@ -134,7 +135,7 @@ def cpu_times(proc_stat_text: str, cpus=None) -> tuple[int, int, int] | None:
         return None
     total = sum(sum(fields) for fields in rows)
     idle = sum(fields[i] for fields in rows for i in _IDLE_FIELDS if i < len(fields))
-    return total - idle, total, len(cpus) if cpus else 1
+    return total - idle, total, len(cpus) if cpus else (os.cpu_count() or 1)
 
 
 def busy_cores_from_proc_stat(before: str, after: str, own_cpu_seconds: float, wall_seconds: float,

@@ -85,9 +85,11 @@ def test_cpu_times_sum_busy_and_idle_ticks_of_the_chosen_cpus():
     assert threads.cpu_times(STAT_BEFORE, cpus=[1]) == (750, 4800, 1)  # the cpu1 line alone
     assert threads.cpu_times(STAT_BEFORE, cpus=[0, 1]) == (1500, 9600, 2)
     assert threads.cpu_times(STAT_BEFORE, cpus=[0, 5]) == (1500, 9600, 2)  # no cpu5 line: the aggregate
-    stolen = "cpu  10 1 2 30 4 5 6 7 100 100\n"  # steal (7) is busy; guest time (100, 100) is inside user/nice
+    stolen = "cpu  10 1 2 30 4 5 6 7 100 100\ncpu0 10 1 2 30 4 5 6 7 100 100\n"  # one CPU
+    # steal (7) is busy; guest time (100, 100) is inside user and nice already
     assert threads.cpu_times(stolen) == (10 + 1 + 2 + 5 + 6 + 7, 10 + 1 + 2 + 30 + 4 + 5 + 6 + 7, 1)
-    assert threads.cpu_times("cpu  1 2 3 4\n") == (6, 10, 1)  # an old kernel's four fields
+    # an old kernel's four fields; no cpuN lines to count the CPUs: os.cpu_count()
+    assert threads.cpu_times("cpu  1 2 3 4\n") == (6, 10, os.cpu_count())
     for unusable in ("", "intr 1 2 3\n", "cpu  a b c d\n", "cpu  1 2\n"):
         assert threads.cpu_times(unusable) is None
 
