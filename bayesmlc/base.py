@@ -47,7 +47,8 @@ from .parameters import check_parameters
 from .preprocessing import FeaturePreprocessor
 from .threads import compute_threads
 from .utils import iter_batches, resolve_device, sigmoid
-from .validation import check_feature_names, check_features, check_fit_inputs, feature_names
+from .validation import (check_feature_names, check_features, check_fit_inputs, feature_names,
+                         string_column_names)
 
 __all__ = ["MultiLabelEstimator"]
 
@@ -147,18 +148,9 @@ def label_names_of(Y) -> np.ndarray | None:
     """The column names of a pandas DataFrame ``Y`` as an object array when they are all strings,
     else None (an array or sparse matrix, or pandas' default integer names). Names of mixed types
     are refused with a ValidationError naming ``Y``."""
-    columns = getattr(Y, "columns", None)
-    if columns is None or sp.issparse(Y):
-        return None
-    names = np.asarray(list(columns), dtype=object)
-    is_string = np.array([isinstance(name, str) for name in names], dtype=bool)
-    if names.size and is_string.all():
-        return names
-    if is_string.any():
-        types = sorted({type(name).__name__ for name in names})
-        raise ValidationError(f"Y's column names (the label names) must all be strings, got {types}; convert them, "
-                              "e.g. Y.columns = Y.columns.astype(str)")
-    return None
+    return string_column_names(Y, lambda types: ValidationError(
+        f"Y's column names (the label names) must all be strings, got {types}; convert them, "
+        "e.g. Y.columns = Y.columns.astype(str)"))
 
 
 def _frame_values(Y):

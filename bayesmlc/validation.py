@@ -143,26 +143,31 @@ def check_fit_inputs(X, Y, label_mask=None, estimator_name: str = "the model"):
     return X, Y, mask
 
 
-def feature_names(X) -> np.ndarray | None:
-    """The column names of a DataFrame ``X`` as an object array when they are all strings, else None
-    (no columns, or non-string names such as pandas' default integers).
-
-    Names of mixed types are refused, as scikit-learn refuses them."""
-    columns = getattr(X, "columns", None)
-    if columns is None or sp.issparse(X):
+def string_column_names(table, mixed_types_error) -> np.ndarray | None:
+    """The column names of a DataFrame ``table`` as an object array when they are all strings, else
+    None (no columns, a sparse matrix, or non-string names such as pandas' default integers). Names of
+    mixed types raise ``mixed_types_error(types)`` (``types``: the sorted type names found)."""
+    columns = getattr(table, "columns", None)
+    if columns is None or sp.issparse(table):
         return None
     names = np.asarray(list(columns), dtype=object)
     is_string = np.array([isinstance(name, str) for name in names], dtype=bool)
     if names.size and is_string.all():
         return names
     if is_string.any():
-        types = sorted({type(name).__name__ for name in names})
-        raise TypeError(
-            f"Feature names are only supported if all input features have string names, but the input has "
-            f"{types} as feature name / column name types. Convert them all to strings, e.g. "
-            "X.columns = X.columns.astype(str)"
-        )
+        raise mixed_types_error(sorted({type(name).__name__ for name in names}))
     return None
+
+
+def feature_names(X) -> np.ndarray | None:
+    """The column names of a DataFrame ``X`` as an object array when they are all strings, else None
+    (no columns, or non-string names such as pandas' default integers).
+
+    Names of mixed types are refused, as scikit-learn refuses them."""
+    return string_column_names(X, lambda types: TypeError(
+        f"Feature names are only supported if all input features have string names, but the input has "
+        f"{types} as feature name / column name types. Convert them all to strings, e.g. "
+        "X.columns = X.columns.astype(str)"))
 
 
 def check_feature_names(fitted_names, X, estimator_name: str) -> None:
