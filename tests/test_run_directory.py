@@ -133,6 +133,7 @@ def test_ctrl_c_at_every_move_of_the_commit_leaves_the_folder_as_it_was(tmp_path
     _user_folder(out)
     _earlier_run(out)
     before = _snapshot(out)
+    handler_before = signal.getsignal(signal.SIGINT)  # SIG_IGN when the runner started in the background
     real_rename = run_directory._rename
     for step in range(1, 7):
         calls = []
@@ -151,7 +152,7 @@ def test_ctrl_c_at_every_move_of_the_commit_leaves_the_folder_as_it_was(tmp_path
         run.discard()
         assert _snapshot(out) == before, f"Ctrl-C at move {step} changed the folder"
         assert _no_temporaries(out)
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    assert signal.getsignal(signal.SIGINT) is handler_before  # the commit restores the handler it found
 
 
 def test_train_interrupted_by_a_real_sigint_mid_commit_keeps_every_file(tmp_path):
