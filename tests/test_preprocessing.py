@@ -19,7 +19,7 @@ from bayesmlc.preprocessing import (
     IDF_MIN_ROWS, FeaturePreprocessor, column_mean_and_scale, normalize_rows, resolve_standardize, row_square_sums,
 )
 
-LEGACY_DIR = os.path.join(os.path.dirname(__file__), "data", "legacy_models")
+LEGACY_DIR = os.path.join(os.path.dirname(__file__), "fixtures", "legacy_models")
 
 
 def _dense(seed=0, n=40):
@@ -252,7 +252,7 @@ def test_a_file_gets_the_lowest_format_version_that_holds_it(tmp_path):
 
 
 # ---- model files of the old form --------------------------------------------------------------
-# tests/data/legacy_models holds tiny synthetic models written by bayesmlc before FeaturePreprocessor
+# tests/fixtures/legacy_models holds tiny synthetic models written by bayesmlc before FeaturePreprocessor
 # (``feature_scale_`` was 1 / std in MLGPF and LogisticRegression files, the std in BNMC and KNN
 # files), with their predictions then: expected.npz holds X_<name> and proba_<name>.
 LEGACY_NAMES = ("logistic_standardized", "bnmc_dense", "bnmc_sparse", "knn_dense", "mlgpf_dense", "mlgpf_sparse")

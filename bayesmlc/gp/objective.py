@@ -17,7 +17,7 @@ uniformly without replacement from all L labels, and every row of the batch uses
     sum_{k in P_i} E log sigmoid(f_ik) + (L / |S|) sum_{l in S cap N_i} E log sigmoid(-f_il)
 
 Each label is in S with probability |S| / L, so the expectation over S of the second sum is the sum
-over all of N_i: the estimate is unbiased as well (tests/test_gp_objective.py checks it by Monte
+over all of N_i: the estimate is unbiased as well (tests/gp/test_gp_objective.py checks it by Monte
 Carlo). Its negatives form a dense B x |S| block of utility moments, two (B, P) x (P, |S|) products,
 with no per-row sampling or gathering.
 

@@ -20,7 +20,7 @@ from bayesmlc.cli import main
 from bayesmlc.gp.training import load_checkpoint, save_checkpoint
 from bayesmlc.persistence import write_npz_atomically
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 _RESUMED = itertools.count()
 SETTINGS = ("n_inducing=6", "n_latent=3", "random_state=0", "lr_decay=0", "checkpoint_every=1")
 

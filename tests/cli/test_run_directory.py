@@ -23,7 +23,7 @@ from bayesmlc.cli.run_directory import RunDirectory
 from bayesmlc.exceptions import OutputPathError
 from bayesmlc.safe_io import TEMPORARY_MARKER
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _write_xc(path: Path, n=40, d=12, n_labels=4, seed=0) -> Path:

@@ -8,7 +8,7 @@ import pytest
 
 from bayesmlc.data.synthetic import make_train_test
 
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_bnmc.py"
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_bnmc.py"
 FAST = ["--set", "n_passes=1", "--set", "n_mode_steps=2", "--set", "n_sweeps=1", "--set", "n_keep=1"]
 
 
