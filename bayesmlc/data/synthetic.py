@@ -425,6 +425,15 @@ def make_multilabel(
         feature_kind=feature_kind,
     )
 
+    X, Y, mask = _generate_rows(model, data_seq, mask_seq, n_samples, missing_fraction)
+    source = {"generator": "bayesmlc.datasets.make_multilabel", **params, "seed": seed}
+    return Dataset(X=X, Y=Y, label_mask=mask, source=source)
+
+
+def _generate_rows(model: "_TopicModel", data_seq, mask_seq, n_samples: int, missing_fraction: float):
+    """X, Y and the label mask (``None`` without missing entries), generated in chunks of
+    ``CHUNK_ROWS`` rows, each chunk from its own spawned seed."""
+    n_labels = model.labels.n_items
     n_chunks = -(-n_samples // CHUNK_ROWS)
     x_parts, y_parts, mask_parts = [], [], []
     for chunk_seq, chunk_mask_seq, start in zip(
@@ -436,12 +445,10 @@ def make_multilabel(
         y_parts.append(y_chunk)
         if missing_fraction > 0:
             mask_parts.append(_observed_mask(np.random.default_rng(chunk_mask_seq), n_rows, n_labels, missing_fraction))
-
-    X = _stack_csr(x_parts, n_features, np.float32)
+    X = _stack_csr(x_parts, model.words.n_items, np.float32)
     Y = _stack_csr(y_parts, n_labels, np.float32)
     mask = _stack_csr(mask_parts, n_labels, np.float32) if mask_parts else None
-    source = {"generator": "bayesmlc.datasets.make_multilabel", **params, "seed": seed}
-    return Dataset(X=X, Y=Y, label_mask=mask, source=source)
+    return X, Y, mask
 
 
 class _TopicModel:

@@ -203,6 +203,130 @@ def _label_positions(attributes: List[_Attribute], relation: str, label_names: O
     )
 
 
+def _read_header(stream, path) -> Tuple[str, List[_Attribute], int]:
+    """The header up to ``@data``: the relation name, the attributes and the line number of ``@data``."""
+    attributes: List[_Attribute] = []
+    relation = ""
+    line_no = 0
+    for raw in stream:
+        line_no += 1
+        line = raw.strip()
+        if not line or line.startswith("%"):
+            continue
+        lowered = line.lower()
+        if lowered.startswith("@relation"):
+            relation = _unquote(line[len("@relation"):])
+        elif lowered.startswith("@attribute"):
+            attributes.append(_parse_attribute(line[len("@attribute"):], path, line_no))
+        elif lowered.startswith("@data"):
+            break
+        else:
+            raise DataFormatError(f"unexpected header line {line[:60]!r} (expected @relation, @attribute or @data)",
+                                  path=path, line=line_no)
+    else:
+        raise DataFormatError("no @data section", path=path, line=line_no)
+    if not attributes:
+        raise DataFormatError("no @attribute declarations before @data", path=path, line=line_no)
+    return relation, attributes, line_no
+
+
+def _check_attributes(attributes: List[_Attribute], label_pos: List[int], path) -> None:
+    """Unique names, labels nominal {0,1}, and only numeric categories for nominal features."""
+    first_line = {}
+    for attribute in attributes:
+        if attribute.name in first_line:
+            raise DataFormatError(f"duplicate attribute name {attribute.name!r} (first declared at line "
+                                  f"{first_line[attribute.name]})", path=path, line=attribute.line)
+        first_line[attribute.name] = attribute.line
+    for pos in label_pos:
+        attribute = attributes[pos]
+        if attribute.kind == "nominal" and sorted(attribute.categories) != ["0", "1"]:
+            raise DataFormatError(
+                f"label attribute {attribute.name!r} must be nominal {{0,1}}, has categories {attribute.categories}",
+                path=path, line=attribute.line,
+            )
+    for attribute in attributes:
+        if attribute.kind == "nominal":
+            for category in attribute.categories:
+                try:
+                    float(category)
+                except ValueError:
+                    raise DataFormatError(
+                        f"nominal attribute {attribute.name!r} has non-numeric category {category!r}: "
+                        "only numeric categories can be read as features", path=path, line=attribute.line,
+                    ) from None
+
+
+def _sparse_row_pairs(line: str, n_attributes: int, path, line_no: int) -> list:
+    """The (attribute index, token) pairs of a sparse row ``{i v, j w, ...}``."""
+    if not line.endswith("}"):
+        raise DataFormatError(f"sparse row {line[:60]!r} does not end with '}}'", path=path, line=line_no)
+    body = line[1:-1].strip()
+    pairs = []
+    seen = set()
+    for item in (_split_values(body, path, line_no) if body else []):
+        parts = item.split(None, 1)
+        if len(parts) != 2 or not (parts[0].isascii() and parts[0].isdigit()):
+            raise DataFormatError(f"malformed sparse entry {item[:40]!r}: expected 'index value'",
+                                  path=path, line=line_no)
+        index = int(parts[0])
+        if index >= n_attributes:
+            raise DataFormatError(f"attribute index {index} out of range: the header declares "
+                                  f"{n_attributes} attributes", path=path, line=line_no)
+        if index in seen:
+            raise DataFormatError(f"duplicate attribute index {index} in the row", path=path, line=line_no)
+        seen.add(index)
+        pairs.append((index, parts[1].strip()))
+    return pairs
+
+
+class _Entries:
+    """The (row, column, value) triplets of the features, the positive labels and the missing labels."""
+
+    def __init__(self):
+        self.x_rows, self.x_cols, self.x_vals = [], [], []
+        self.y_rows, self.y_cols, self.missing_rows, self.missing_cols = [], [], [], []
+
+    def add(self, row: int, pairs, attributes: List[_Attribute], column: np.ndarray, path, line_no: int) -> None:
+        """Add a row's pairs; ``column[i]`` >= 0 is attribute i's feature column, < 0 its label -(j + 1)."""
+        for index, token in pairs:
+            target = column[index]
+            if token == "?":
+                if target >= 0:
+                    raise DataFormatError(f"missing value '?' for feature {attributes[index].name!r}: "
+                                          "missing features are not supported", path=path, line=line_no)
+                self.missing_rows.append(row)
+                self.missing_cols.append(int(-target - 1))
+                continue
+            value = _number(token, attributes[index], path, line_no)
+            if target >= 0:
+                if value != 0:
+                    self.x_rows.append(row)
+                    self.x_cols.append(int(target))
+                    self.x_vals.append(value)
+            elif value not in (0.0, 1.0):
+                raise DataFormatError(f"label {attributes[index].name!r} has value {token!r}: labels are 0/1",
+                                      path=path, line=line_no)
+            elif value == 1.0:
+                self.y_rows.append(row)
+                self.y_cols.append(int(-target - 1))
+
+    def matrices(self, n_rows: int, n_features: int, n_labels: int):
+        """X, Y (CSR float32) and the label mask (``None`` when no label value is missing)."""
+        X = sp.csr_matrix((np.asarray(self.x_vals, dtype=np.float32),
+                           (np.asarray(self.x_rows, dtype=np.int64), np.asarray(self.x_cols, dtype=np.int64))),
+                          shape=(n_rows, n_features))
+        Y = sp.csr_matrix((np.ones(len(self.y_rows), dtype=np.float32),
+                           (np.asarray(self.y_rows, dtype=np.int64), np.asarray(self.y_cols, dtype=np.int64))),
+                          shape=(n_rows, n_labels))
+        mask = None
+        if self.missing_rows:  # '?' label values are unobserved entries; every other entry is observed
+            observed = np.ones(Y.shape, dtype=bool)
+            observed[self.missing_rows, self.missing_cols] = False
+            mask = sp.csr_matrix(observed, dtype=np.float32)
+        return X, Y, mask
+
+
 def read_arff(path, *, n_labels: Optional[int] = None, label_names_file=None) -> Dataset:
     """Read a Mulan/MEKA multi-label ARFF file (dense or sparse rows) into a :class:`Dataset`."""
     path = Path(path)
@@ -210,56 +334,11 @@ def read_arff(path, *, n_labels: Optional[int] = None, label_names_file=None) ->
         None if n_labels is not None else find_mulan_xml(path))
     label_names = read_mulan_xml(xml_path) if xml_path is not None else None
 
-    attributes: List[_Attribute] = []
-    relation = ""
     # utf-8-sig: a byte-order mark some editors write is skipped, as in the XC and svmlight readers
     with open(path, "r", encoding="utf-8-sig", errors="replace", newline=None) as stream:
-        line_no = 0
-        in_data = False
-        for raw in stream:
-            line_no += 1
-            line = raw.strip()
-            if not line or line.startswith("%"):
-                continue
-            lowered = line.lower()
-            if lowered.startswith("@relation"):
-                relation = _unquote(line[len("@relation"):])
-            elif lowered.startswith("@attribute"):
-                attributes.append(_parse_attribute(line[len("@attribute"):], path, line_no))
-            elif lowered.startswith("@data"):
-                in_data = True
-                break
-            else:
-                raise DataFormatError(f"unexpected header line {line[:60]!r} (expected @relation, @attribute or @data)",
-                                      path=path, line=line_no)
-        if not in_data:
-            raise DataFormatError("no @data section", path=path, line=line_no)
-        if not attributes:
-            raise DataFormatError("no @attribute declarations before @data", path=path, line=line_no)
-        first_line = {}
-        for attribute in attributes:
-            if attribute.name in first_line:
-                raise DataFormatError(f"duplicate attribute name {attribute.name!r} (first declared at line "
-                                      f"{first_line[attribute.name]})", path=path, line=attribute.line)
-            first_line[attribute.name] = attribute.line
+        relation, attributes, line_no = _read_header(stream, path)
         label_pos = _label_positions(attributes, relation, label_names, n_labels, path, xml_path)
-        for pos in label_pos:
-            attribute = attributes[pos]
-            if attribute.kind == "nominal" and sorted(attribute.categories) != ["0", "1"]:
-                raise DataFormatError(
-                    f"label attribute {attribute.name!r} must be nominal {{0,1}}, has categories {attribute.categories}",
-                    path=path, line=attribute.line,
-                )
-        for attribute in attributes:
-            if attribute.kind == "nominal":
-                for category in attribute.categories:
-                    try:
-                        float(category)
-                    except ValueError:
-                        raise DataFormatError(
-                            f"nominal attribute {attribute.name!r} has non-numeric category {category!r}: "
-                            "only numeric categories can be read as features", path=path, line=attribute.line,
-                        ) from None
+        _check_attributes(attributes, label_pos, path)
         # column of each attribute: >= 0 feature column, < 0 label column -(j + 1)
         is_label = np.zeros(len(attributes), dtype=bool)
         is_label[label_pos] = True
@@ -267,7 +346,7 @@ def read_arff(path, *, n_labels: Optional[int] = None, label_names_file=None) ->
         column[~is_label] = np.arange(int((~is_label).sum()))
         column[label_pos] = -(np.arange(len(label_pos)) + 1)
 
-        x_rows, x_cols, x_vals, y_rows, y_cols, missing_rows, missing_cols = [], [], [], [], [], [], []
+        entries = _Entries()
         row = 0
         for raw in stream:
             line_no += 1
@@ -275,66 +354,16 @@ def read_arff(path, *, n_labels: Optional[int] = None, label_names_file=None) ->
             if not line or line.startswith("%"):
                 continue
             if line.startswith("{"):
-                if not line.endswith("}"):
-                    raise DataFormatError(f"sparse row {line[:60]!r} does not end with '}}'", path=path, line=line_no)
-                body = line[1:-1].strip()
-                pairs = []
-                seen = set()
-                for item in (_split_values(body, path, line_no) if body else []):
-                    parts = item.split(None, 1)
-                    if len(parts) != 2 or not (parts[0].isascii() and parts[0].isdigit()):
-                        raise DataFormatError(f"malformed sparse entry {item[:40]!r}: expected 'index value'",
-                                              path=path, line=line_no)
-                    index = int(parts[0])
-                    if index >= len(attributes):
-                        raise DataFormatError(f"attribute index {index} out of range: the header declares "
-                                              f"{len(attributes)} attributes", path=path, line=line_no)
-                    if index in seen:
-                        raise DataFormatError(f"duplicate attribute index {index} in the row", path=path, line=line_no)
-                    seen.add(index)
-                    pairs.append((index, parts[1].strip()))
+                pairs = _sparse_row_pairs(line, len(attributes), path, line_no)
             else:
                 values = _split_values(line, path, line_no)
                 if len(values) != len(attributes):
                     raise DataFormatError(f"row has {len(values)} values, the header declares {len(attributes)} "
                                           "attributes", path=path, line=line_no)
                 pairs = list(enumerate(values))
-            for index, token in pairs:
-                target = column[index]
-                if token == "?":
-                    if target >= 0:
-                        raise DataFormatError(f"missing value '?' for feature {attributes[index].name!r}: "
-                                              "missing features are not supported", path=path, line=line_no)
-                    missing_rows.append(row)
-                    missing_cols.append(int(-target - 1))
-                    continue
-                value = _number(token, attributes[index], path, line_no)
-                if target >= 0:
-                    if value != 0:
-                        x_rows.append(row)
-                        x_cols.append(int(target))
-                        x_vals.append(value)
-                else:
-                    if value not in (0.0, 1.0):
-                        raise DataFormatError(f"label {attributes[index].name!r} has value {token!r}: labels are 0/1",
-                                              path=path, line=line_no)
-                    if value == 1.0:
-                        y_rows.append(row)
-                        y_cols.append(int(-target - 1))
+            entries.add(row, pairs, attributes, column, path, line_no)
             row += 1
-    n_rows = row
-    n_features = int((~is_label).sum())
-    X = sp.csr_matrix((np.asarray(x_vals, dtype=np.float32), (np.asarray(x_rows, dtype=np.int64),
-                                                               np.asarray(x_cols, dtype=np.int64))),
-                      shape=(n_rows, n_features))
-    Y = sp.csr_matrix((np.ones(len(y_rows), dtype=np.float32), (np.asarray(y_rows, dtype=np.int64),
-                                                                 np.asarray(y_cols, dtype=np.int64))),
-                      shape=(n_rows, len(label_pos)))
-    mask = None
-    if missing_rows:  # '?' label values are unobserved entries; every other entry is observed
-        observed = np.ones(Y.shape, dtype=bool)
-        observed[missing_rows, missing_cols] = False
-        mask = sp.csr_matrix(observed, dtype=np.float32)
+    X, Y, mask = entries.matrices(row, int((~is_label).sum()), len(label_pos))
     feature_names = [a.name for a, lab in zip(attributes, is_label) if not lab]
     return Dataset(X=X, Y=Y, label_mask=mask, feature_names=feature_names,
                    label_names=[attributes[p].name for p in label_pos],
