@@ -22,9 +22,8 @@ from .schedule import AUTO_MIN_PREDICTIVE_DRAWS, AUTO_WINDOW, Schedule, draw_cap
 __all__ = ["BMLS", "cooccurrence_matrix"]
 
 # n_topics="auto": K = sqrt(positive label entries of the training rows), within [AUTO_MIN_TOPICS,
-# AUTO_MAX_TOPICS] (the papers' K = 100 on Bibtex, whose 11,729 positives give 108). With 100 topics for
-# the 418 positives of medical, P@1 was 41 against 66 with 20 (docs/experiments.md, "BMLS: the number
-# of topics").
+# AUTO_MAX_TOPICS] (the papers' K = 100 on Bibtex, whose 11,729 positives give 108); too many topics for
+# few positives ranks far worse (docs/experiments.md, "BMLS: the number of topics").
 AUTO_MIN_TOPICS = 10
 AUTO_MAX_TOPICS = 100
 
@@ -266,8 +265,8 @@ class BMLS(MultiLabelEstimator):
         """``feature_thresholds_``: with ``binarize_threshold="auto"`` and dense training features
         (more than half of the entries non-zero, the rule of ``standardize="auto"``), each column's
         median over the training rows (zeros included); else None. On dense descriptors x > 0 is
-        on almost everywhere and says nothing (scene: P@1 17% with it, 62% with the medians;
-        docs/experiments.md, "BMLS: binary features from dense descriptors")."""
+        on almost everywhere and says nothing (docs/experiments.md, "BMLS: binary features from
+        dense descriptors")."""
         self.feature_thresholds_ = None
         if self.binarize_threshold == "auto" and resolve_standardize("auto", X.nnz, X.shape[0] * X.shape[1]):
             self.feature_thresholds_ = np.median(X.toarray(), axis=0).astype(np.float64)

@@ -55,9 +55,8 @@ class MLGPF(MultiLabelEstimator):
     kernel : {"auto", "linear", "se", "linear+se"}, default "auto"
         "auto" (``kernel_`` holds the choice): the squared exponential for dense features (more than
         half the entries non-zero: audio, image or expression descriptors), the linear kernel for
-        sparse ones (text), where it is the papers' choice. On the dense sets of the standard suite
-        the linear kernel ranks below the baselines (scene P@1 67.5 against 75.8 with "se";
-        docs/experiments.md, "MLGPF: the kernel of dense features").
+        sparse ones (text), where it is the papers' choice; on dense descriptors the linear kernel
+        ranks below the baselines (docs/experiments.md, "MLGPF: the kernel of dense features").
     ard : bool, per-dimension weights (per feature for fixed/free inducing inputs; per subspace
         coordinate plus one for the complement for subspace ones).
     inducing : {"subspace", "subspace-fixed", "free", "fixed"}
@@ -88,8 +87,8 @@ class MLGPF(MultiLabelEstimator):
         "batch" forms a B x S block of utilities instead of B x L, and on hmc_cellcycle_go and the
         EURLex-4K shape it ranked as well or better (docs/experiments.md, "MLGPF at scale").
     quadrature_points : int, Gauss-Hermite nodes.
-    kl_weight : float, weight of sum_p KL: 0.5 (the authors' code's weight) by default, which on
-        bibtex_xc halves the top-1 calibration error of the paper's bound (1) at the same P@1
+    kl_weight : float, weight of sum_p KL: 0.5 (the authors' code's weight) by default, which
+        calibrates the top label better than the paper's bound (1) at the same ranking
         (docs/experiments.md, "Calibration: the KL weight").
     init_factors : {"svd", "random"}, Phi from the top-P singular vectors of the label matrix, or
         N(0, 1/P) draws as in the authors' code.
@@ -136,9 +135,9 @@ class MLGPF(MultiLabelEstimator):
         w_l ~ N(0, ``linear_prior_variance`` I): an independent linear-kernel GP per label beside the
         shared latent GPs, estimated by MAP (the prior as an L2 penalty) with sparse steps
         (:mod:`bayesmlc.gp.linear_term`). Needs labels x features <= ``linear_max_entries``, one
-        process and ``negative_sampling="batch"``. Off by default: on validation rows it gained 0.6
-        P@1 on bibtex_xc and 4.7 on the EURLex-4K shape at a quarter, lost 1.5 on delicious, and
-        doubles the training time (docs/experiments.md, "MLGPF: a per-label linear term").
+        process and ``negative_sampling="batch"``. Off by default: it helps on wide features with
+        many labels, not everywhere, and doubles the training time (docs/experiments.md, "MLGPF: a
+        per-label linear term").
     linear_prior_variance : float > 0, default 16, s2 of the linear term's prior (its penalty
         |W|^2 / (2 s2)); with ``linear_learning_rate`` chosen on validation rows of three sets.
     linear_learning_rate : float or None, default 0.1, the linear term's (lazy) Adam step size
