@@ -22,8 +22,18 @@ __all__ = [
     "BNMC",
     "MLGPF",
     "CalibratedClassifier",
+    "load_model",
     "__version__",
 ]
+
+
+def load_model(path, allow_native: bool = False):
+    """The fitted model saved in ``path`` (any bayesmlc model; :func:`bayesmlc.persistence.load_model`).
+    ``allow_native=True`` is needed for a napkinXC or omikuji baseline, whose embedded model files a
+    native library reads trusting them: pass it only for files you trust."""
+    from .persistence import load_model as load
+
+    return load(path, allow_native=allow_native)
 
 
 def __getattr__(name):

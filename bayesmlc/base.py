@@ -661,10 +661,12 @@ class MultiLabelEstimator(BaseEstimator):
         persistence.save_model(path, self, __version__)
 
     @classmethod
-    def load(cls, path):
+    def load(cls, path, allow_native: bool = False):
         """Load a model saved by :meth:`save`. ``MultiLabelEstimator.load`` accepts any model;
-        ``Model.load`` checks that the file holds a ``Model``."""
-        model = persistence.load_model(path)
+        ``Model.load`` checks that the file holds a ``Model``. ``allow_native``: load a napkinXC or
+        omikuji baseline, whose embedded files a native library reads (only from files you trust;
+        :func:`bayesmlc.persistence.load_model`)."""
+        model = persistence.load_model(path, allow_native=allow_native)
         if not isinstance(model, cls):
             raise ModelFormatError(f"{path}: holds a {type(model).__name__}, not a {cls.__name__}")
         return model

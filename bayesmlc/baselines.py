@@ -35,6 +35,7 @@ from .fitted_state import check_sparse
 from .models import COMPARE_MODELS, INSTALL_COMPARE, missing_optional_package
 from .parameters import Integer, Options, Real
 from .preprocessing import STANDARDIZE_CONSTRAINT, FeaturePreprocessor, legacy_preprocessor_state
+from .safe_io import remove_stale_temporaries, temporary_prefix
 from .threads import choose_threads, enclosing_threads
 from .utils import iter_batches, numpy_rng
 
@@ -264,7 +265,12 @@ class _FileBackedModel(_StandardisingBaseline):
     """
 
     def _new_workdir(self) -> str:
-        path = tempfile.mkdtemp(prefix="bayesmlc-baseline-")
+        """A private temporary folder, removed with the model. Its name carries the bayesmlc marker and
+        this process's id (:func:`bayesmlc.safe_io.temporary_prefix`), so the folders of a process that
+        died (a native library's crash included) are removed by the next one that makes its own."""
+        parent = tempfile.gettempdir()
+        remove_stale_temporaries(parent)
+        path = tempfile.mkdtemp(prefix=temporary_prefix("baseline"), dir=parent)
         weakref.finalize(self, shutil.rmtree, path, True)
         return path
 
@@ -309,6 +315,7 @@ class _FileBackedModel(_StandardisingBaseline):
         super()._check_fitted_state()
         if not isinstance(getattr(self, "model_files_", None), dict) or not self.model_files_:
             raise ModelFormatError(f"{type(self).__name__} model_files_ must hold the library's model files")
+        self._check_model_files()
 
     def __getstate__(self):
         """Pickle without the library's in-memory model (it cannot be pickled); it is loaded again
@@ -318,9 +325,21 @@ class _FileBackedModel(_StandardisingBaseline):
         return state
 
     def _model(self):
+        """The library's model, loaded from ``model_files_`` on first use after
+        :meth:`_check_model_files`; the unpacked folder is removed at once when loading fails."""
         if getattr(self, "_loaded", None) is None:
-            self._loaded = self._load_from(self._unpacked_folder())
+            self._check_model_files()
+            folder = self._unpacked_folder()
+            try:
+                self._loaded = self._load_from(folder)
+            except BaseException:
+                shutil.rmtree(os.path.dirname(folder), ignore_errors=True)
+                raise
         return self._loaded
+
+    def _check_model_files(self) -> None:
+        """Refuse (``ModelFormatError``) library files whose declared sizes the bytes present cannot
+        hold, before the library reads them; subclasses check what their library's format declares."""
 
     def _load_from(self, folder: str):  # pragma: no cover - abstract
         raise NotImplementedError
@@ -412,9 +431,61 @@ class NapkinXCPLT(_FileBackedModel):
         model.load()
         return model
 
+    def _check_model_files(self) -> None:
+        """napkinXC's files: ``tree.bin`` whole (:func:`check_napkinxc_tree`), and ``weights.bin``
+        declaring one record per tree node with at least the bytes of that many records (its weight
+        vectors are not parsed: a file cut inside the last one still reaches napkinXC)."""
+        files = self.model_files_
+        for name in ("args.bin", "tree.bin", "weights.bin"):
+            if name not in files:
+                raise ModelFormatError(f"NapkinXCPLT model files lack {name}")
+        n_nodes = check_napkinxc_tree(files["tree.bin"], self.n_labels_)
+        weights = files["weights.bin"]
+        declared = int(weights[:4].view("<i4")[0]) if weights.size >= 4 else None
+        if declared != n_nodes or weights.size < 4 + _NAPKINXC_MIN_NODE_BYTES * n_nodes:
+            raise ModelFormatError(f"NapkinXCPLT weights.bin ({weights.size} bytes) does not hold the weights of the "
+                                   f"tree's {n_nodes} nodes (it declares {declared})")
+
     def _proba_batch(self, X) -> np.ndarray:
         pairs = self._model().predict_proba(X, top_k=_labels_scored(self.predict_top_k, self.n_labels_), threshold=0)
         return _scores_from_pairs(pairs, self.n_labels_)
+
+
+#: napkinXC 0.7's ``weights.bin``: an int32 node count, then one record per node of at least three int32s
+_NAPKINXC_MIN_NODE_BYTES = 12
+
+
+def check_napkinxc_tree(content: np.ndarray, n_labels: int) -> int:
+    """Check napkinXC's ``tree.bin`` (bytes) before napkinXC reads it; returns its number of nodes.
+
+    The file is int32 little-endian: the label count k and node count t, then (index, label) per node
+    (label -1 for an inner node), the root's index and each node's parent (-1 for the root): exactly
+    12 + 12 t bytes. Refused (``ModelFormatError``): any other size (a tree declaring 10^6 nodes in a
+    few bytes, a truncated file), k outside [1, ``n_labels``], nodes out of order, a label out of
+    range or on two leaves, a parent out of range, or a root that has a parent.
+    """
+    raw = np.asarray(content, dtype=np.uint8)
+    header = raw[:8].view("<i4") if raw.size >= 8 else np.zeros(0, np.int32)
+    k, t = (int(header[0]), int(header[1])) if header.size == 2 else (0, 0)
+    if not (1 <= k <= n_labels and t >= 1 and raw.size == 12 + 12 * t):
+        raise ModelFormatError(f"NapkinXCPLT tree.bin ({raw.size} bytes) is not a tree of at most {n_labels} labels "
+                               f"(it declares {k} labels and {t} nodes, which take {12 + 12 * max(t, 0)} bytes)")
+    ints = raw.view("<i4")
+    nodes, root, parents = ints[2 : 2 + 2 * t].reshape(t, 2), int(ints[2 + 2 * t]), ints[3 + 2 * t :]
+    labels = nodes[:, 1]
+    leaf_labels = labels[labels >= 0]
+    problems = [
+        (not np.array_equal(nodes[:, 0], np.arange(t)), "its nodes are not numbered in order"),
+        (labels.min() < -1 or labels.max() >= k, f"a node's label lies outside [-1, {k})"),
+        (np.unique(leaf_labels).size != leaf_labels.size, "a label sits on two nodes"),
+        (not 0 <= root < t or parents[root] != -1, "its root is not a node without a parent"),
+        (parents.min() < -1 or parents.max() >= t or np.count_nonzero(parents == -1) != 1,
+         "a parent lies outside its nodes"),
+    ]
+    for failed, why in problems:
+        if failed:
+            raise ModelFormatError(f"NapkinXCPLT tree.bin is not a label tree: {why}")
+    return t
 
 
 @contextlib.contextmanager
@@ -505,6 +576,26 @@ class _OmikujiTrees(_FileBackedModel):
         omikuji = _import_optional("omikuji")
         with _stdout_to_stderr():
             return omikuji.Model.load(folder)
+
+    def _check_model_files(self) -> None:
+        """omikuji's files: ``settings.json`` a JSON object whose ``n_features`` is the model's width,
+        and trees ``tree0.cbor`` .. ``tree{n-1}.cbor`` of ``n_trees`` (omikuji's own reader, in Rust,
+        checks their contents), nothing else."""
+        import json
+
+        files = self.model_files_
+        try:
+            settings = json.loads(files["settings.json"].tobytes().decode("utf-8")) if "settings.json" in files else None
+        except (ValueError, UnicodeDecodeError, RecursionError):
+            settings = None
+        if not isinstance(settings, dict) or settings.get("n_features") != self.n_features_in_:
+            raise ModelFormatError(f"{type(self).__name__} settings.json must be a JSON object with n_features "
+                                   f"{self.n_features_in_}")
+        trees = {f"tree{i}.cbor" for i in range(int(self.n_trees))}
+        if set(files) != trees | {"settings.json"} or any(files[name].size == 0 for name in trees):
+            raise ModelFormatError(f"{type(self).__name__} model files must be settings.json and {len(trees)} "
+                                   f"non-empty trees tree0.cbor .. tree{len(trees) - 1}.cbor, got "
+                                   f"{', '.join(sorted(files))[:200]}")
 
     def _proba_batch(self, X) -> np.ndarray:
         model = self._model()

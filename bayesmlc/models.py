@@ -63,6 +63,12 @@ _CURRENT_CLASSES = (
     "bayesmlc.baselines:OmikujiParabel",
     "bayesmlc.baselines:OmikujiBonsai",
 )
+#: The classes whose fitted state holds a native library's own model files (napkinXC's C++ reader,
+#: omikuji's Rust one), which that library reads trusting their contents: a model file naming one of
+#: them (current or earlier name, at any depth) loads only when the caller opts in
+#: (``load_model(path, allow_native=True)``, the CLI's ``--allow-native-baselines``).
+NATIVE_CLASSES = frozenset({"bayesmlc.baselines:NapkinXCPLT", "bayesmlc.baselines:OmikujiParabel",
+                            "bayesmlc.baselines:OmikujiBonsai"})
 #: Names written by earlier versions -> the class's current "module:Class".
 _MOVED_CLASSES = {
     "bayesmlc.bench.baselines:KNNBaseline": "bayesmlc.baselines:KNNBaseline",

@@ -35,13 +35,13 @@ import torch
 from sklearn.base import BaseEstimator
 
 from .exceptions import ModelFormatError
-from .models import LOADABLE_CLASSES
+from .models import LOADABLE_CLASSES, NATIVE_CLASSES
 from .safe_io import LazyNpz, checked_csr, error_factory, make_temporary_file, remove_stale_temporaries
 
 FORMAT_NAME = "bayesmlc-model"
 FORMAT_VERSION = 3  # 2 added nested estimators, 3 a nested FeaturePreprocessor; a file gets the lowest that holds it
 
-__all__ = ["FORMAT_VERSION", "save_model", "load_model", "encode", "decode", "estimator_class", "write_npz_atomically",
+__all__ = ["FORMAT_VERSION", "NATIVE_OPT_IN", "save_model", "load_model", "native_classes_named", "encode", "decode", "estimator_class", "write_npz_atomically",
            "read_npz"]
 
 
@@ -257,8 +257,59 @@ def read_npz(path) -> tuple[dict, LazyNpz]:
     return meta, arrays
 
 
-def load_model(path):
+#: deeper than any record bayesmlc writes (an ensemble of calibrated models is about 10 levels)
+_MAX_RECORD_DEPTH = 200
+#: what a refusal of a native baseline names: the two ways to opt in
+NATIVE_OPT_IN = "load_model(path, allow_native=True), or --allow-native-baselines on the command line"
+
+
+def native_classes_named(encoded) -> list:
+    """The classes of :data:`bayesmlc.models.NATIVE_CLASSES` that a model file's JSON record names,
+    at its top (``"class"``) or nested (``"__estimator__"``), in the order met; nothing is imported."""
+    found = []
+
+    def walk(node, depth):
+        if depth > _MAX_RECORD_DEPTH:
+            raise ModelFormatError("corrupt model file (nested too deeply)")
+        if isinstance(node, dict):
+            for key in ("class", "__estimator__"):
+                name = LOADABLE_CLASSES.get(node.get(key)) if isinstance(node.get(key), str) else None
+                if name in NATIVE_CLASSES and name not in found:
+                    found.append(name)
+            for value in node.values():
+                walk(value, depth + 1)
+        elif isinstance(node, list):
+            for value in node:
+                walk(value, depth + 1)
+
+    walk(encoded, 0)
+    return found
+
+
+def refuse_native_classes(path, meta: dict) -> None:
+    """``ModelFormatError`` (one line, naming the opt-in) when the record ``meta`` of model file
+    ``path`` names a class whose state a native library reads (:func:`native_classes_named`)."""
+    try:
+        named = native_classes_named(meta)
+    except ModelFormatError as exc:
+        raise ModelFormatError(f"{path}: {exc}") from None
+    if named:
+        shown = named[0].rpartition(":")[2]
+        raise ModelFormatError(
+            f"{path}: holds a {shown}, whose model files a native library (napkinXC or omikuji) reads trusting "
+            f"their contents; load it only from a file you trust, with {NATIVE_OPT_IN}")
+
+
+def load_model(path, allow_native: bool = False):
     """Read a model file; returns the fitted model. Refuses newer format versions.
+
+    A file that holds a napkinXC or omikuji baseline (:data:`bayesmlc.models.NATIVE_CLASSES`, at any
+    depth: an ensemble member too) embeds that library's own model files, which its C++ or Rust reader
+    trusts: such a file loads only with ``allow_native=True`` (the CLI's ``--allow-native-baselines``),
+    and is otherwise refused, before anything is decoded or any native code runs, with a
+    :class:`ModelFormatError` that names the option. Pass it only for files you trust as you would a
+    program: bayesmlc bounds what it can in those files before the library sees them (declared sizes
+    against the bytes present, the tree's structure), not everything the library reads.
 
     Anything wrong with the file (not an archive, damaged members, a missing or malformed entry, a
     class that is not on the allow-list, parameters the class does not take, a state the class
@@ -293,6 +344,8 @@ def load_model(path):
             )
         if not isinstance(meta.get("params"), dict) or "state" not in meta:
             raise ModelFormatError(f"{path}: not a bayesmlc model file (no params or state)")
+        if not allow_native:
+            refuse_native_classes(path, meta)
         try:
             model = _build(meta.get("class"), meta["params"], meta["state"], arrays)
             check = getattr(model, "_check_loaded", None) if meta["state"] is not None else None

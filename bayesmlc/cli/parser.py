@@ -114,11 +114,18 @@ def _add_train(command) -> None:
     p.set_defaults(func=cmd_train)
 
 
+def _add_allow_native(p) -> None:
+    p.add_argument("--allow-native-baselines", action="store_true",
+                   help="load a napkinxc_plt or omikuji_* model, whose files a native library reads trusting "
+                        "them: only for a run folder you trust (default: such a model is refused)")
+
+
 def _add_evaluate(command) -> None:
     p = command("evaluate", "score a saved model on a test file",
                 "bayesmlc evaluate --model-dir runs/lr --test test.txt --json")
     p.add_argument("--model-dir", required=True, metavar="DIR", help="folder written by 'train --out' (required)")
     p.add_argument("--test", required=True, metavar="FILE", help="test data file (required)")
+    _add_allow_native(p)
     _add_common(p, model=False)
     p.set_defaults(func=cmd_evaluate)
 
@@ -138,6 +145,7 @@ def _add_predict(command) -> None:
     p.add_argument("--names", action="store_true", help="print label names (default: label indices)")
     p.add_argument("--scores", action="store_true",
                    help="print raw decision_function scores (default: probabilities from predict_proba)")
+    _add_allow_native(p)
     _add_common(p, model=False)
     p.set_defaults(func=cmd_predict)
 
@@ -177,6 +185,7 @@ def _add_topics(command) -> None:
     p.add_argument("--model-dir", required=True, metavar="DIR",
                    help="folder written by 'train --model bmls --out' (required)")
     p.add_argument("--n-top", type=_positive_int, default=5, metavar="N", help="labels and features per topic (default 5)")
+    _add_allow_native(p)
     p.set_defaults(func=cmd_topics)
 
 

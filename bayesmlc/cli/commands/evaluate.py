@@ -15,7 +15,7 @@ from .saved_run import load_model_dir
 
 
 def cmd_evaluate(args) -> int:
-    model, meta = load_model_dir(args.model_dir)
+    model, meta = load_model_dir(args.model_dir, getattr(args, "allow_native_baselines", False))
     test = read_for_model(args.test, args.format, model, labels=True)
     inv_prop = None
     if "inv_propensity" in meta:

@@ -15,7 +15,7 @@ from .saved_run import load_model_dir, names_from_meta
 
 
 def cmd_predict(args) -> int:
-    model, meta = load_model_dir(args.model_dir)
+    model, meta = load_model_dir(args.model_dir, getattr(args, "allow_native_baselines", False))
     names = names_from_meta(meta, "label_names", model.n_labels_, args.model_dir) if args.names else None
     if args.names and names is None:
         raise CLIError(f"--names: {Path(args.model_dir) / META_FILE} holds no label names")

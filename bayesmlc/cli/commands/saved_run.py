@@ -9,14 +9,15 @@ from ..output import printable, read_json
 from ..run_directory import META_FILE, MODEL_FILE
 
 
-def load_model_dir(model_dir):
-    """``(model, meta)`` of a ``--model-dir``; meta is ``{}`` when there is no ``meta.json``."""
+def load_model_dir(model_dir, allow_native: bool = False):
+    """``(model, meta)`` of a ``--model-dir``; meta is ``{}`` when there is no ``meta.json``.
+    ``allow_native``: ``--allow-native-baselines`` (a napkinXC or omikuji model loads only with it)."""
     from ...base import MultiLabelEstimator
 
     folder = Path(model_dir)
     if not (folder / MODEL_FILE).exists():
         raise CLIError(f"--model-dir {folder}: no {MODEL_FILE} there (train with --out {folder} first)")
-    model = MultiLabelEstimator.load(folder / MODEL_FILE)
+    model = MultiLabelEstimator.load(folder / MODEL_FILE, allow_native=allow_native)
     meta = read_json(folder / META_FILE, META_FILE) if (folder / META_FILE).exists() else {}
     if not isinstance(meta, dict):
         raise CLIError(f"{folder / META_FILE}: corrupt {META_FILE} (not a JSON object)")

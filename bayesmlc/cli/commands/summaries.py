@@ -52,7 +52,7 @@ def _print_models(as_json: bool) -> int:
 def cmd_topics(args) -> int:
     from ...bmls.topics import format_topics
 
-    model, meta = load_model_dir(args.model_dir)
+    model, meta = load_model_dir(args.model_dir, getattr(args, "allow_native_baselines", False))
     if not hasattr(model, "topics"):
         raise CLIError(f"--model-dir {args.model_dir}: holds a {type(model).__name__}; topics exist only for bmls")
     label_names = names_from_meta(meta, "label_names", model.n_labels_, args.model_dir)
