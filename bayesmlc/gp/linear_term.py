@@ -245,3 +245,28 @@ class LinearTerm(nn.Module):
         self.weight[rows, cols] = new
         self.exp_avg[rows, cols] = m
         self.exp_avg_sq[rows, cols] = v
+
+
+def utility_curvature(X: sp.csr_matrix, f_mean: np.ndarray, label_mask: sp.csr_matrix | None = None) -> np.ndarray:
+    """d_lj = sum_i lambda_il x_ij^2 (L, D): the diagonal of the logistic log-likelihood's negative
+    Hessian in w_l (the Gauss-Newton / Laplace curvature, lambda = sigmoid(f) (1 - sigmoid(f)) at the
+    utilities ``f_mean`` (n, L) of the prepared rows ``X`` (n, D); entries outside ``label_mask``
+    have no likelihood, lambda = 0)."""
+    lam = 1.0 / (1.0 + np.exp(-np.asarray(f_mean, dtype=np.float64)))
+    lam *= 1.0 - lam
+    if label_mask is not None:
+        lam *= sp.csr_matrix(label_mask).toarray() != 0
+    squared = sp.csr_matrix(X, dtype=np.float64).multiply(X).tocsr()
+    return np.asarray((squared.T @ lam).T)
+
+
+def evidence_prior_variance(weight: np.ndarray, curvature: np.ndarray, prior_variance: float):
+    """MacKay's evidence update of s2 for w_l ~ N(0, s2 I) at the MAP ``weight`` (L, D) fitted with
+    ``prior_variance``, under the Laplace approximation with the diagonal ``curvature`` d of
+    :func:`utility_curvature` (MacKay 1992, "Bayesian interpolation"; Bishop 2006, eqs. (3.91)-(3.92);
+    for a logistic likelihood Tipping 2001, sec. 2.4): gamma = sum_lj s2 d_lj / (1 + s2 d_lj), the
+    number of well-determined weights, and s2_new = |W|^2 / gamma. Returns (s2_new, gamma)."""
+    d = np.asarray(curvature, dtype=np.float64)
+    gamma = float(np.sum(prior_variance * d / (1.0 + prior_variance * d)))
+    sq_norm = float(np.sum(np.asarray(weight, dtype=np.float64) ** 2))
+    return (sq_norm / gamma if gamma > 0 else 0.0), gamma
