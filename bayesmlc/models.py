@@ -57,6 +57,7 @@ _CURRENT_CLASSES = (
     "bayesmlc.gp.model:MLGPF",
     "bayesmlc.ensemble:AveragingEnsemble",
     "bayesmlc.calibration:CalibratedClassifier",
+    "bayesmlc.risk_control.controller:RiskController",
     "bayesmlc.preprocessing:FeaturePreprocessor",
     "bayesmlc.baselines:KNNBaseline",
     "bayesmlc.baselines:NapkinXCPLT",
