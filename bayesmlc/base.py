@@ -42,6 +42,7 @@ from sklearn.utils import ClassifierTags
 from . import persistence
 from .exceptions import ModelFormatError, NotFittedError, ValidationError
 from .fitted_state import check_array, check_integer, probe_predictions
+from .label_statistics import LabelStatistics
 from .metrics import precision_at_k, topk
 from .parameters import check_parameters
 from .preprocessing import FeaturePreprocessor
@@ -86,16 +87,6 @@ def computes_with_threads(method):
 
     with_threads.computes_with_threads = True
     return with_threads
-
-
-def label_counts(Y, label_mask=None) -> tuple[np.ndarray, np.ndarray]:
-    """Per label, the positive entries of the CSR ``Y`` and the observed entries (every row when
-    ``label_mask`` is None, else the stored entries of the CSR mask): two (L,) int64 arrays."""
-    n, n_labels = Y.shape
-    positives = np.bincount(Y.indices, minlength=n_labels).astype(np.int64)
-    observed = (np.full(n_labels, n, dtype=np.int64) if label_mask is None
-                else np.bincount(label_mask.indices, minlength=n_labels).astype(np.int64))
-    return positives, observed
 
 
 #: ``label_cardinality``: "independent" leaves the per-label probabilities as the model gives them;
@@ -209,6 +200,7 @@ class MultiLabelEstimator(BaseEstimator):
     n_labels_ : int
     label_frequencies_ : ndarray (L,), positives per label in the observed training labels
     label_prior_ : ndarray (L,), smoothed positive rate (freq + 0.5) / (observed + 1) per label
+        (:class:`~bayesmlc.label_statistics.LabelStatistics`, which reads both counts back)
     empty_labels_ : ndarray of int, label columns with no positive training example; their
         probabilities are the prior and their scores its logit.
     history_ : dict of equal-length lists, at least ``wall_time`` (seconds since fit began) and
@@ -265,13 +257,33 @@ class MultiLabelEstimator(BaseEstimator):
         return np.arange(self.n_labels_)
 
     # ---- hooks ------------------------------------------------------------------------------
-    def _set_label_statistics(self, positives, observed) -> None:
-        """``label_frequencies_``, ``label_prior_`` and ``empty_labels_`` from per-label counts of
-        positive and of observed training entries (a data-parallel model passes counts summed over
-        its processes)."""
-        self.label_frequencies_ = np.asarray(positives, dtype=np.int64)
-        self.label_prior_ = (self.label_frequencies_ + 0.5) / (np.asarray(observed) + 1.0)
-        self.empty_labels_ = np.flatnonzero(self.label_frequencies_ == 0)
+    def _set_label_statistics(self, statistics: LabelStatistics) -> None:
+        """``label_frequencies_``, ``label_prior_`` and ``empty_labels_`` from the label counts of the
+        training rows (:class:`~bayesmlc.label_statistics.LabelStatistics`; a data-parallel model
+        passes the counts summed over its processes)."""
+        for name, value in statistics.fitted_attributes().items():
+            setattr(self, name, value)
+
+    def _start_partial_fit(self, Y, classes):
+        """The start every ``partial_fit`` shares: ``classes`` checked, whether this call is the first
+        (the model is not fitted), and ``Y`` with its label names taken (:meth:`_take_label_names`).
+        Returns ``(first, Y)``."""
+        self._check_partial_fit_classes(classes)
+        first = not hasattr(self, "n_labels_")
+        return first, self._take_label_names(Y, first)
+
+    def _add_label_statistics(self, batch: LabelStatistics, first: bool, n_features: int) -> LabelStatistics:
+        """Count one ``partial_fit`` batch's labels (``batch``) into the label statistics. The first
+        call fixes ``n_features_in_`` and ``n_labels_`` and starts an empty ``history_``; a later one
+        adds ``batch`` to the counts kept of earlier calls (or of ``fit``, a loaded model's
+        included: :meth:`LabelStatistics.of_fitted`). Returns the counts of every row seen."""
+        if first:
+            self.n_features_in_, self.n_labels_ = n_features, batch.n_labels
+            self.history_ = {"wall_time": [], "objective": []}
+        else:
+            batch = LabelStatistics.of_fitted(self) + batch
+        self._set_label_statistics(batch)
+        return batch
 
     def _fit(self, X, Y, label_mask, **fit_params):  # pragma: no cover - abstract
         raise NotImplementedError
@@ -427,7 +439,7 @@ class MultiLabelEstimator(BaseEstimator):
             else:
                 self.feature_names_in_ = names
             self.n_labels_ = n_labels
-            self._set_label_statistics(*label_counts(Y, label_mask))
+            self._set_label_statistics(LabelStatistics.of_labels(Y, label_mask))
             if self.empty_labels_.size:
                 shown = ", ".join(map(str, self.empty_labels_[:10])) + (" ..." if self.empty_labels_.size > 10 else "")
                 warnings.warn(

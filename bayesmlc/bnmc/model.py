@@ -11,11 +11,12 @@ import numpy as np
 import scipy.sparse as sp
 from tqdm.auto import tqdm
 
-from ..base import LABEL_CARDINALITY, MultiLabelEstimator, label_counts
+from ..base import LABEL_CARDINALITY, MultiLabelEstimator
 from ..data.shard import RowShard
 from ..distributed import ONE_PROCESS
 from ..exceptions import ModelFormatError, ValidationError
 from ..fitted_state import check_number
+from ..label_statistics import LabelStatistics
 from ..parameters import Boolean, Integer, Options, Real, check_parameters
 from ..preprocessing import STANDARDIZE_CONSTRAINT, FeaturePreprocessor, legacy_preprocessor_state
 from ..utils import iter_batches, numpy_rng, resolve_device, sigmoid
@@ -339,8 +340,7 @@ class BNMC(MultiLabelEstimator):
             if self.online or self.inference != "variational":
                 raise ValidationError("BNMC on several processes fits the batch variational model only "
                                       "(online=False, inference='variational')")
-            totals = parallel.reduce_sum(np.concatenate(label_counts(Y, label_mask)))
-            self._set_label_statistics(totals[: Y.shape[1]], totals[Y.shape[1]:])
+            self._set_label_statistics(LabelStatistics.of_labels(Y, label_mask).summed(parallel.reduce_sum))
             self._fit_rows(X, Y, label_mask, parallel, shard)
         except Exception as exc:
             parallel.sync_failure(exc)  # the other processes raise RankFailedError naming this one
@@ -360,9 +360,9 @@ class BNMC(MultiLabelEstimator):
         labelled_all = parallel.reduce_sum(labelled_all) > 0  # every row's flag, on every process
         if not labelled_all.any():
             raise ValidationError("Y has no labelled row: BNMC needs at least one observed label vector")
-        self.observed_counts_ = parallel.reduce_sum(entries.per_label()).astype(np.int64)  # observed entries per label
-        if label_mask is None and not labelled_all.all():  # empty rows are missing, not negative
-            self.label_prior_ = (self.label_frequencies_ + 0.5) / (self.observed_counts_ + 1.0)
+        # observed entries per label: without a label_mask, only the labelled rows' (empty rows may be missing)
+        self.observed_counts_ = parallel.reduce_sum(entries.per_label()).astype(np.int64)
+        self._set_label_statistics(LabelStatistics(self.label_frequencies_, self.observed_counts_))
         self.count_sums_ = np.zeros(3)
         self.label_count_mean_, self.label_count_std_ = 1.0, 0.0
         self._update_count_stats(Y, entries, labelled, parallel)
@@ -518,10 +518,9 @@ class BNMC(MultiLabelEstimator):
         from the posterior mean of its classifiers. ``classes``: None or a subset of [0, 1],
         scikit-learn's ``partial_fit`` argument; the label set is the columns of ``Y``.
         """
-        self._check_partial_fit_classes(classes)
+        first, Y = self._start_partial_fit(Y, classes)
         check_parameters(self)
         self._check_n_keep()
-        first = not hasattr(self, "n_labels_")
         if first:
             X, Y, label_mask = check_fit_inputs(X, Y, label_mask)
         else:
@@ -535,15 +534,12 @@ class BNMC(MultiLabelEstimator):
         rng = self._stream_rng
         n = X.shape[0]
         entries, labelled = observed_entries(Y, label_mask, self.unlabeled_rows == "missing")
+        batch = LabelStatistics(np.bincount(Y.indices, minlength=Y.shape[1]), entries.per_label())
+        self.observed_counts_ = self._add_label_statistics(batch, first, X.shape[1]).observed
         if first:
-            self.n_features_in_ = X.shape[1]
-            self.n_labels_ = Y.shape[1]
-            self.history_ = {"wall_time": [], "objective": []}
             self._setup_preprocessing(X)
             self.count_sums_ = np.zeros(3)
             self.label_count_mean_, self.label_count_std_ = 1.0, 0.0
-            self.label_frequencies_ = np.zeros(self.n_labels_, dtype=np.int64)
-            self.observed_counts_ = np.zeros(self.n_labels_, dtype=np.int64)
             self.n_seen_ = 0
             self.svi_steps_ = 0
             self._reset_calibration()
@@ -551,10 +547,6 @@ class BNMC(MultiLabelEstimator):
             self.classifier_trace_ = np.zeros(0)
             self.solver_ = "sgd"
             self.classifier_ = self._classifier_kind()
-        self.label_frequencies_ = self.label_frequencies_ + np.bincount(Y.indices, minlength=self.n_labels_)
-        self.observed_counts_ = self.observed_counts_ + entries.per_label()
-        self.label_prior_ = (self.label_frequencies_ + 0.5) / (self.observed_counts_ + 1.0)
-        self.empty_labels_ = np.flatnonzero(self.label_frequencies_ == 0)
         self._update_count_stats(Y, entries, labelled)
         self.n_seen_ += n
 

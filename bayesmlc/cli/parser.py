@@ -51,11 +51,12 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _add_common(p, model=True, data=True) -> None:
+def _add_common(p, model=True, data=True,
+                json_help="print one JSON object as the last line of stdout (default: a table)",
+                quiet_help="no progress output on stderr (default: progress shown)") -> None:
     """The options every computing command takes: output style, input format, model settings, threads."""
-    p.add_argument("--json", action="store_true",
-                   help="print one JSON object as the last line of stdout (default: a table)")
-    p.add_argument("--quiet", action="store_true", help="no progress output on stderr (default: progress shown)")
+    p.add_argument("--json", action="store_true", help=json_help)
+    p.add_argument("--quiet", action="store_true", help=quiet_help)
     if data:
         p.add_argument("--format", default=None,
                        help="input format: xc, arff, svmlight, mat or npz (default: from the file extension)")
@@ -137,7 +138,7 @@ def _add_predict(command) -> None:
                             "header line, then 'label:probability ...' per row, best first. --scores prints "
                             "the raw decision_function scores instead; --json prints one JSON object per row "
                             "({\"labels\": [...], \"probabilities\": [...]}) and no header; --quiet drops "
-                            "the header.")
+                            "the header and the progress output.")
     p.add_argument("--model-dir", required=True, metavar="DIR", help="folder written by 'train --out' (required)")
     p.add_argument("--input", required=True, metavar="FILE", help="data file to predict, any supported format (required)")
     p.add_argument("--top-k", type=_positive_int, default=5, metavar="K", help="labels printed per row (default 5)")
@@ -146,7 +147,10 @@ def _add_predict(command) -> None:
     p.add_argument("--scores", action="store_true",
                    help="print raw decision_function scores (default: probabilities from predict_proba)")
     _add_allow_native(p)
-    _add_common(p, model=False)
+    _add_common(p, model=False,
+                json_help="one JSON object per row, {\"labels\": [...], \"probabilities\": [...]}, and no "
+                          "header (default: 'label:probability ...' lines)",
+                quiet_help="no '#' header line and no progress output on stderr (default: both shown)")
     p.set_defaults(func=cmd_predict)
 
 

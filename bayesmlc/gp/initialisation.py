@@ -16,9 +16,9 @@ import warnings
 import numpy as np
 import torch
 
-from ..base import label_counts
 from ..distributed import ParallelContext
 from ..exceptions import ModelFormatError
+from ..label_statistics import LabelStatistics
 from ..linalg import top_singular_vectors
 from ..safe_io import physical_memory_bytes
 from ..utils import logit
@@ -74,8 +74,7 @@ def initial_arrays(settings, X, Y, rng: np.random.Generator, context: ParallelCo
         arrays["Z"] = kmeans_centres(X, M, seed, context=context)
     else:  # fixed: a random subset of training rows
         arrays["Z"] = context.gather(X, np.sort(rng.choice(n, M, replace=False)))
-    positives = context.reduce_sum(label_counts(Y)[0])
-    prior = np.clip((positives + 0.5) / (n + 1.0), 1e-6, 1 - 1e-6)
+    prior = np.clip(LabelStatistics.of_labels(Y).summed(context.reduce_sum).prior, 1e-6, 1 - 1e-6)  # mask ignored
     arrays["bias"] = logit(prior, floor=0.0).astype(np.float32)
     arrays["Phi"] = initial_factors(Y, settings.n_latent, settings.init_factors, rng, context, settings.svd_max_rows)
     if getattr(settings, "linear_term", False):

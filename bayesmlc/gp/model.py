@@ -13,10 +13,11 @@ from types import SimpleNamespace
 import numpy as np
 import torch
 
-from ..base import LABEL_CARDINALITY, MultiLabelEstimator, label_counts
+from ..base import LABEL_CARDINALITY, MultiLabelEstimator
 from ..distributed import ONE_PROCESS, ParallelContext
 from ..exceptions import ModelFormatError, ValidationError
 from ..fitted_state import check_integer, check_number
+from ..label_statistics import LabelStatistics
 from ..parameters import Boolean, Integer, Options, Real, check_parameters
 from ..preprocessing import STANDARDIZE_CONSTRAINT, FeaturePreprocessor, legacy_preprocessor_state
 from ..safe_io import check_output_target
@@ -292,8 +293,7 @@ class MLGPF(MultiLabelEstimator):
                 X, Y, label_mask, shard = parallel.local_data(X, Y, label_mask)
                 self._check_against_data(shard.n_total)
                 if parallel.world_size > 1:  # the label statistics of all processes' rows (fit counted this one's)
-                    totals = parallel.reduce_sum(np.concatenate(label_counts(Y, label_mask)))
-                    self._set_label_statistics(totals[: Y.shape[1]], totals[Y.shape[1] :])
+                    self._set_label_statistics(LabelStatistics.of_labels(Y, label_mask).summed(parallel.reduce_sum))
                 check_linear_term(self, Y.shape[1], X.shape[1], parallel.world_size)
                 self.preprocessor_ = self._preprocessor().fit(X, n_rows=shard.n_total, reduce=parallel.reduce_sum)
                 self.kernel_, self.n_latent_ = resolved_structure(self.get_params(), X, Y.shape[1], shard.n_total,
@@ -352,9 +352,7 @@ class MLGPF(MultiLabelEstimator):
         -------
         self
         """
-        self._check_partial_fit_classes(classes)
-        first = not hasattr(self, "n_labels_")
-        Y = self._take_label_names(Y, first)
+        first, Y = self._start_partial_fit(Y, classes)
         X, Y, label_mask = check_fit_inputs(X, Y, label_mask)
         if first:  # before the model takes any fitted attribute, so a refused first batch leaves it unfitted
             check_parameters(self)
@@ -367,17 +365,11 @@ class MLGPF(MultiLabelEstimator):
                                   "(fixed by its first fit)")
         if n_total is not None and (not isinstance(n_total, (int, np.integer)) or n_total < X.shape[0]):
             raise ValidationError(f"n_total must be an integer >= the rows of this call ({X.shape[0]}), got {n_total!r}")
-        positives, observed = label_counts(Y, label_mask)
+        if not first and not hasattr(self, "n_rows_seen_"):  # a model saved before partial_fit existed
+            self.n_rows_seen_ = LabelStatistics.of_fitted(self).n_rows
+        self._add_label_statistics(LabelStatistics.of_labels(Y, label_mask), first, X.shape[1])
         if first:
-            self.n_features_in_, self.n_labels_ = X.shape[1], Y.shape[1]
-            self.history_ = {"wall_time": [], "objective": []}
             self.n_rows_seen_ = 0
-        else:  # the observed counts, recovered from the stored smoothed prior
-            previous = np.rint((self.label_frequencies_ + 0.5) / self.label_prior_ - 1.0).astype(np.int64)
-            if not hasattr(self, "n_rows_seen_"):  # a model saved before partial_fit existed
-                self.n_rows_seen_ = int(previous.max())
-            positives, observed = positives + self.label_frequencies_, observed + previous
-        self._set_label_statistics(positives, observed)
         start = time.perf_counter()
         with torch_threads(self.n_threads):
             if first:

@@ -23,6 +23,7 @@ import re
 import numpy as np
 
 from ..exceptions import ValidationError
+from ..label_statistics import LabelStatistics
 from ._checks import _check_k
 from .ranking import (
     inverse_propensity,
@@ -47,18 +48,15 @@ _SHORT_NAMES = {"p": "precision", "psprecision": "psp"}
 
 def training_inverse_propensity(estimator, A: float = 0.55, B: float = 1.5) -> np.ndarray:
     """Jain et al.'s inverse propensities (:func:`~bayesmlc.metrics.inverse_propensity_from_counts`)
-    from the label counts a fitted bayesmlc estimator keeps of its training rows: N_l =
-    ``label_frequencies_``, and N the number of training rows, recovered with each label's observed
-    entries from ``label_prior_`` = (N_l + 0.5) / (observed_l + 1) as the largest of them (the row
-    count whenever some label is observed in every row, always without a ``label_mask``)."""
-    frequencies = getattr(estimator, "label_frequencies_", None)
-    prior = getattr(estimator, "label_prior_", None)
-    if frequencies is None or prior is None:
+    from the label counts a fitted bayesmlc estimator keeps of its training rows
+    (:meth:`~bayesmlc.label_statistics.LabelStatistics.of_fitted`): N_l = ``label_frequencies_``, and N
+    the number of training rows, the largest observed count (the row count whenever some label is
+    observed in every row, always without a ``label_mask``)."""
+    if getattr(estimator, "label_frequencies_", None) is None or getattr(estimator, "label_prior_", None) is None:
         raise ValidationError(f"{type(estimator).__name__} keeps no training label counts (label_frequencies_, "
                               "label_prior_): give the scorer propensities= or Y_train=")
-    frequencies = np.asarray(frequencies, dtype=np.float64)
-    observed = np.rint((frequencies + 0.5) / np.asarray(prior, dtype=np.float64) - 1.0)
-    return inverse_propensity_from_counts(frequencies, int(observed.max()), A=A, B=B)
+    counts = LabelStatistics.of_fitted(estimator)
+    return inverse_propensity_from_counts(counts.positives, counts.n_rows, A=A, B=B)
 
 
 def _ranking(estimator, X, k: int):
