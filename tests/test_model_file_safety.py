@@ -227,6 +227,8 @@ def _build(class_path, **params):
     cls = estimator_class(class_path)
     if class_path == "bayesmlc.calibration:CalibratedClassifier":
         return cls(estimator=_build("bayesmlc.linear:LogisticRegression"), min_label_positives=5, random_state=0, **params)
+    if class_path == "bayesmlc.risk_control.controller:RiskController":
+        return cls(estimator=_build("bayesmlc.linear:LogisticRegression"), top_k=2, random_state=0, **params)
     if class_path == "bayesmlc.ensemble:AveragingEnsemble":
         return cls([("lr", _build("bayesmlc.linear:LogisticRegression")), ("knn", _build("bayesmlc.baselines:KNNBaseline"))],
                    **params)
@@ -284,6 +286,10 @@ _CRAFTED = [
     ("bayesmlc.ensemble:AveragingEnsemble", "scalar", ("estimators_", 0, "state", "n_iter_"), 1.5,
      "estimators_[0]: n_iter_ must be an integer >= 0, got '1.5'"),
     ("bayesmlc.ensemble:AveragingEnsemble", "array", "weights_", np.ones(3), "weights_ must be a float array of shape (2,)"),
+    ("bayesmlc.risk_control.controller:RiskController", "scalar", "threshold_", 1.5,
+     "threshold_ must be a number in [0, 1] or inf, got '1.5'"),
+    ("bayesmlc.risk_control.controller:RiskController", "array", "calibration_rows_", np.zeros(2, _F32),
+     "calibration_rows_ must be a integer array of shape (*,)"),
 ]
 _OPTIONAL = {"bayesmlc.baselines:NapkinXCPLT": "napkinxc", "bayesmlc.baselines:OmikujiParabel": "omikuji",
              "bayesmlc.baselines:OmikujiBonsai": "omikuji"}

@@ -12,6 +12,7 @@ from bayesmlc.baselines import KNNBaseline, NapkinXCPLT, OmikujiParabel
 from bayesmlc.bmls import BMLS
 from bayesmlc.bnmc import BNMC
 from bayesmlc.calibration import CalibratedClassifier
+from bayesmlc.risk_control import RiskController
 from bayesmlc.ensemble import AveragingEnsemble
 from bayesmlc.exceptions import ValidationError
 from bayesmlc.gp import MLGPF
@@ -113,7 +114,7 @@ def _loadable_classes():
 def test_declared_names_are_constructor_parameters_and_defaults_pass(cls):
     declared = set(getattr(cls, "_parameter_constraints", {}))
     assert declared <= set(inspect.signature(cls.__init__).parameters) - {"self"}
-    if cls is CalibratedClassifier:
+    if cls in (CalibratedClassifier, RiskController):
         check_parameters(cls(LogisticRegression()))
     elif cls is AveragingEnsemble:
         check_parameters(cls([("logistic", LogisticRegression())]))

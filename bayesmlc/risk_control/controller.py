@@ -26,14 +26,47 @@ from sklearn.base import clone
 
 from ..base import PREDICT_BATCH_ROWS, MultiLabelEstimator
 from ..exceptions import ModelFormatError, ValidationError
+from ..fitted_state import Field, array, check_fitted_state, integer, number, rule
 from ..metrics import topk
 from ..parameters import InstanceOf, Integer, Options, Real
+from ..state_checks import COMMON_FIELDS
 from ..utils import iter_batches
 from .candidates import candidates_from_model
 from .evaluation import realised
 from .procedures import FWER_PROCEDURES, METHODS, RCPS_BOUNDS, RISKS, calibrate_threshold
 
-__all__ = ["RiskController"]
+__all__ = ["RiskController", "RISK_CONTROL_FIELDS"]
+
+
+def _threshold_in_range(model, dims) -> None:
+    """``threshold_`` is a probability in [0, 1], or ``inf`` (no label)."""
+    threshold = model.threshold_
+    if (isinstance(threshold, bool) or not isinstance(threshold, (int, float, np.floating))
+            or not (0.0 <= threshold <= 1.0 or threshold == np.inf)):
+        raise ModelFormatError(f"threshold_ must be a number in [0, 1] or inf, got {str(threshold)[:40]!r}")
+
+
+def _feasible_flag(model, dims) -> None:
+    if not isinstance(model.feasible_, (bool, np.bool_)):
+        raise ModelFormatError(f"feasible_ must be true or false, got {str(model.feasible_)[:40]!r}")
+
+
+def _method_of_risk(model, dims) -> None:
+    if model.method_ not in METHODS.get(model.risk, ()):
+        raise ModelFormatError(f"method_ must be a method of the {model.risk} risk, got {str(model.method_)[:40]!r}")
+
+
+#: the fitted fields of :class:`RiskController` (checked at load, :mod:`bayesmlc.fitted_state`)
+RISK_CONTROL_FIELDS = COMMON_FIELDS + (
+    Field(path=("estimator_",), kind="estimator"),
+    rule("threshold_", _threshold_in_range),
+    rule("feasible_", _feasible_flag),
+    rule("method_", _method_of_risk),
+    number("calibration_risk_", 0.0, high=1.0),
+    integer("n_calibration_rows_", 0),
+    array("calibration_rows_", (None,), dtype="iu", low=0),
+    number("calibration_seconds_", 0.0, optional=True),
+)
 
 
 class RiskController(MultiLabelEstimator):
@@ -56,6 +89,8 @@ class RiskController(MultiLabelEstimator):
         RCPS's upper confidence bound.
     fwer : "fixed_sequence" or "holm"
         LTT's multiple-testing procedure over :data:`~bayesmlc.risk_control.procedures.DEFAULT_GRID`.
+    n_starts : int >= 1 or None
+        Fixed-sequence chains (None: :data:`~bayesmlc.risk_control.procedures.DEFAULT_STARTS`).
     top_k : int >= 1
         Candidates per row; a true label outside them is always missed (recall).
     calibration_fraction : float in (0, 1)
@@ -84,6 +119,7 @@ class RiskController(MultiLabelEstimator):
         "method": [None, Options("crc", "rcps", "ltt")],
         "bound": [Options(*RCPS_BOUNDS)],
         "fwer": [Options(*FWER_PROCEDURES)],
+        "n_starts": [None, Integer(1)],
         "top_k": [Integer(1)],
         "calibration_fraction": [Real(0, 1, low_open=True, high_open=True)],
         "empty_set_loss": [Real(0, 1)],
@@ -91,7 +127,7 @@ class RiskController(MultiLabelEstimator):
     }
 
     def __init__(self, estimator=None, risk="recall", alpha=0.1, delta=0.1, method=None, bound="hb",
-                 fwer="fixed_sequence", top_k=100, calibration_fraction=0.2, empty_set_loss=0.0, random_state=None):
+                 fwer="fixed_sequence", n_starts=None, top_k=100, calibration_fraction=0.2, empty_set_loss=0.0, random_state=None):
         self.estimator = estimator
         self.risk = risk
         self.alpha = alpha
@@ -99,6 +135,7 @@ class RiskController(MultiLabelEstimator):
         self.method = method
         self.bound = bound
         self.fwer = fwer
+        self.n_starts = n_starts
         self.top_k = top_k
         self.calibration_fraction = calibration_fraction
         self.empty_set_loss = empty_set_loss
@@ -164,7 +201,7 @@ class RiskController(MultiLabelEstimator):
         candidates = candidates_from_model(self.estimator_, X, Y, self.top_k, label_mask)
         method = self._resolved_method()
         chosen = calibrate_threshold(candidates, self.risk, self.alpha, self.delta, method, bound=self.bound,
-                                     fwer=self.fwer, empty_set_loss=self.empty_set_loss)
+                                     fwer=self.fwer, empty_set_loss=self.empty_set_loss, n_starts=self.n_starts)
         self.method_ = method
         self.threshold_ = float(chosen.threshold)
         self.feasible_ = bool(chosen.feasible)
@@ -225,12 +262,4 @@ class RiskController(MultiLabelEstimator):
         return [("estimator_", self.estimator_)]
 
     def _check_fitted_state(self) -> None:
-        super()._check_fitted_state()
-        threshold = self.threshold_
-        if (isinstance(threshold, bool) or not isinstance(threshold, (int, float, np.floating))
-                or not (0.0 <= threshold <= 1.0 or threshold == np.inf)):
-            raise ModelFormatError(f"threshold_ must be a number in [0, 1] or inf, got {str(threshold)[:40]!r}")
-        if not isinstance(self.feasible_, (bool, np.bool_)):
-            raise ModelFormatError("feasible_ must be true or false")
-        if self.method_ not in METHODS.get(self.risk, ()):
-            raise ModelFormatError(f"method_ must be a method of the {self.risk} risk, got {str(self.method_)[:40]!r}")
+        check_fitted_state(self, RISK_CONTROL_FIELDS)

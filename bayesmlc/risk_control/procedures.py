@@ -55,8 +55,8 @@ The procedures
     the most conservative threshold to the most liberal, stopping at the first p-value above delta,
     or by Bonferroni-Holm (``fwer="holm"``, as MAPIE's controller does). ``n_starts`` > 1 runs
     that many fixed-sequence chains from equally spaced grid points, each at level delta /
-    ``n_starts`` (Bonferroni over the chains; LTT's fixed-sequence testing with multiple starts). The chosen threshold is the
-    most liberal rejected one; then P(risk(t_hat) <= alpha) >= 1 - delta. For the selective risk the
+    ``n_starts`` (Bonferroni over the chains; LTT's fixed-sequence testing with multiple starts;
+    default :data:`DEFAULT_STARTS`). The chosen threshold is the most liberal rejected one; then P(risk(t_hat) <= alpha) >= 1 - delta. For the selective risk the
     p-value of H_t takes the n_t answered rows only: given n_t, their errors are Binomial(n_t,
     risk(t)), so it is valid for the conditional risk (LTT's selective classification example).
     A consequence: the most conservative grid points answer few rows and cannot be rejected, and
@@ -81,7 +81,7 @@ from scipy.stats import binom
 from ..exceptions import ValidationError
 from .candidates import Candidates
 
-__all__ = ["RISKS", "METHODS", "RCPS_BOUNDS", "FWER_PROCEDURES", "DEFAULT_GRID", "Calibration", "crc", "rcps", "ltt",
+__all__ = ["RISKS", "METHODS", "RCPS_BOUNDS", "FWER_PROCEDURES", "DEFAULT_GRID", "DEFAULT_STARTS", "Calibration", "crc", "rcps", "ltt",
            "calibrate_threshold", "recall_risk_curve", "precision_risk_curve", "selective_risk_curve",
            "hoeffding_bentkus_p_value", "row_losses"]
 
@@ -90,6 +90,11 @@ METHODS = {"recall": ("crc", "rcps"), "precision": ("ltt",), "selective": ("ltt"
 RISKS = tuple(METHODS)
 RCPS_BOUNDS = ("hb", "hoeffding", "bernstein")
 FWER_PROCEDURES = ("fixed_sequence", "holm")
+#: LTT's fixed-sequence starts per risk when none is given: one for precision (its most conservative
+#: thresholds leave most sets empty, a loss of 0, so the sequence does not stall there); 25 for
+#: selective (a start every 0.04), since the few rows answered at its most conservative thresholds
+#: cannot reject (docs/experiments.md, "Selective top-1: fixed-sequence starts")
+DEFAULT_STARTS = {"precision": 1, "selective": 25}
 #: LTT's grid when none is given: MAPIE's ``np.arange(0, 1, 0.01)``
 DEFAULT_GRID = np.round(np.arange(0, 100) / 100.0, 2)
 
@@ -290,13 +295,14 @@ def _fixed_sequence(p_values: np.ndarray, delta: float, n_starts: int = 1) -> np
 
 
 def ltt(candidates: Candidates, risk: str, alpha: float, delta: float, thresholds=None, fwer: str = "fixed_sequence",
-        empty_set_loss: float = 0.0, n_starts: int = 1) -> Calibration:
+        empty_set_loss: float = 0.0, n_starts: int | None = None) -> Calibration:
     """Learn then Test for the ``precision`` or ``selective`` risk (module docstring): the most liberal
     grid threshold whose null hypothesis risk > alpha is rejected, the family-wise error rate
     controlled at ``delta`` by fixed-sequence testing (conservative to liberal) or Bonferroni-Holm."""
     alpha, delta = _check_level("alpha", alpha), _check_level("delta", delta)
     if fwer not in FWER_PROCEDURES:
         raise ValidationError(f"fwer must be one of {', '.join(FWER_PROCEDURES)}, got {fwer!r}")
+    n_starts = DEFAULT_STARTS.get(risk, 1) if n_starts is None else n_starts
     grid = np.unique(np.asarray(DEFAULT_GRID if thresholds is None else thresholds, dtype=np.float64))[::-1]
     if grid.size == 0 or np.any(np.isnan(grid)):
         raise ValidationError("thresholds must be a non-empty grid of numbers")
@@ -326,7 +332,7 @@ def ltt(candidates: Candidates, risk: str, alpha: float, delta: float, threshold
 
 def calibrate_threshold(candidates: Candidates, risk: str, alpha: float, delta: float = 0.1, method: str | None = None,
                         bound: str = "hb", fwer: str = "fixed_sequence", thresholds=None,
-                        empty_set_loss: float = 0.0, n_starts: int = 1) -> Calibration:
+                        empty_set_loss: float = 0.0, n_starts: int | None = None) -> Calibration:
     """The threshold of ``risk`` with ``method`` (None: the risk's default, :data:`METHODS`)."""
     if risk not in METHODS:
         raise ValidationError(f"risk must be one of {', '.join(RISKS)}, got {risk!r}")

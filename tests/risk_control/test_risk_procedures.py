@@ -116,7 +116,7 @@ def test_ltt_fixed_sequence_by_hand():
                           for e, a in zip(errors, answered)])
     assert np.all(hoeffding <= p + 1e-12)
     run = np.logical_and.accumulate(hoeffding <= delta)
-    chosen = ltt(c, "selective", alpha, delta)
+    chosen = ltt(c, "selective", alpha, delta, n_starts=1)
     if run.any():
         assert chosen.threshold == pytest.approx(grid[np.flatnonzero(run)[-1]])
     else:
