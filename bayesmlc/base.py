@@ -653,17 +653,6 @@ class MultiLabelEstimator(BaseEstimator):
             scores = self.decision_function(X)  # X is checked before y, as in scikit-learn
             return float(precision_at_k(y, scores, k=1))
 
-    # ---- named configurations (bayesmlc.presets) ---------------------------------------------
-    @classmethod
-    def preset(cls, name: str, **params):
-        """An unfitted estimator with this model's named configuration ``name`` (``"fast"``,
-        ``"paper"`` or ``"best"``; ``bayesmlc info --presets`` lists them with their measured
-        figures); ``params`` override the preset's. ``MLGPF.preset("best")`` is an
-        :class:`~bayesmlc.ensemble.AveragingEnsemble` of two MLGPF recipes."""
-        from .presets import build_preset, model_key
-
-        return build_preset(model_key(cls), name, params)
-
     # ---- persistence ------------------------------------------------------------------------
     def save(self, path) -> None:
         """Save the fitted model to ``path`` (a versioned ``.npz`` archive, no pickle)."""

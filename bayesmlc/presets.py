@@ -22,10 +22,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from .ensemble import AveragingEnsemble
 from .exceptions import ValidationError
+from .models import MODEL_CLASSES, get_model_class
 
 __all__ = ["Measurement", "Preset", "PRESETS", "PRESET_NAMES", "get_preset", "build_preset", "model_key",
-           "format_presets", "presets_as_dicts", "check_cli_preset"]
+           "format_presets", "presets_as_dicts", "check_cli_preset", "HasPresets"]
 
 PRESET_NAMES = ("fast", "paper", "best")
 
@@ -212,8 +214,6 @@ def get_preset(model: str, name: str, option: str = "preset") -> Preset:
 
 def model_key(cls) -> str:
     """The ``bayesmlc.models`` name of the estimator class ``cls`` (``MLGPF`` -> ``"mlgpf"``)."""
-    from .models import MODEL_CLASSES
-
     for key, path in MODEL_CLASSES.items():
         module, _, class_name = path.partition(":")
         if class_name == cls.__name__ and (cls.__module__ == module or cls.__module__.startswith(module + ".")):
@@ -223,19 +223,27 @@ def model_key(cls) -> str:
 
 def build_preset(model: str, name: str, params: dict | None = None):
     """An unfitted estimator: preset ``name`` of ``model`` with ``params`` overriding its parameters."""
-    from .models import get_model_class
-
     preset = get_preset(model, name)
     cls = get_model_class(model)
     params = dict(params or {})
     if not preset.is_ensemble:
         return cls(**{**preset.params, **params})
-    from .ensemble import AveragingEnsemble
-
     own = {key: params.pop(key) for key in ("random_state", "verbose") if key in params}
     members = [(member, cls(**{**member_params, **params, "verbose": own.get("verbose", False)}))
                for member, member_params in preset.members]
     return AveragingEnsemble(members, **own)
+
+
+class HasPresets:
+    """Mixin of the models that have presets (:data:`PRESETS`): the class method ``preset``."""
+
+    @classmethod
+    def preset(cls, name: str, **params):
+        """An unfitted estimator with this model's named configuration ``name`` (``"fast"``,
+        ``"paper"`` or ``"best"``; ``bayesmlc info --presets`` lists them with their measured
+        figures); ``params`` override the preset's. ``MLGPF.preset("best")`` is an
+        :class:`~bayesmlc.ensemble.AveragingEnsemble` of two MLGPF recipes."""
+        return build_preset(model_key(cls), name, params)
 
 
 def presets_as_dicts() -> list[dict]:

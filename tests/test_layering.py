@@ -2,10 +2,12 @@
 
 * no model imports another model, the CLI or the benchmark harness;
 * ``data`` and ``metrics`` import no model (nor the model registry, the CLI or the harness);
-* the model registry ``models.py`` does not import the benchmark harness, nor name a class there.
+* the model registry ``models.py`` does not import the benchmark harness, nor name a class there;
+* no module imports itself through others: the import graph has no cycle.
 
-Every ``import`` counts, module-level or inside a function, and so does everything it imports in turn
-(the checks follow the package-internal import graph to its closure).
+Every ``import`` counts, module-level or inside a function, absolute or relative, and so does an
+``importlib.import_module("...")`` (or ``__import__``) of a string literal; the checks follow the
+package-internal import graph to its closure.
 """
 
 from __future__ import annotations
@@ -42,14 +44,38 @@ def _module_name(path: Path) -> str:
     return ".".join(parts)
 
 
+def _imported_string(node: ast.AST, package: str) -> str | None:
+    """The module named by a call ``importlib.import_module("name"[, "package"])``, ``import_module(...)``
+    or ``__import__("name")`` with a string literal (a relative name resolved against its literal
+    package, else against ``package``); None for any other node."""
+    if not (isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant)
+            and isinstance(node.args[0].value, str)):
+        return None
+    function = node.func
+    name = function.attr if isinstance(function, ast.Attribute) else getattr(function, "id", None)
+    if name not in ("import_module", "__import__"):
+        return None
+    target = node.args[0].value
+    if name == "import_module" and target.startswith("."):
+        anchor = node.args[1].value if len(node.args) > 1 and isinstance(node.args[1], ast.Constant) else package
+        level = len(target) - len(target.lstrip("."))
+        base = anchor.split(".")
+        target = ".".join(base[: len(base) - (level - 1)] + ([target.lstrip(".")] if target.lstrip(".") else []))
+    return target
+
+
 def _imports(source: str, module: str, is_package: bool) -> set[str]:
     """Absolute names of the ``bayesmlc`` modules that ``source`` (the text of ``module``) imports.
-    ``from X import name`` counts X and, in case ``name`` is a submodule, ``X.name``; the package
+    ``from X import name`` counts X and, in case ``name`` is a submodule, ``X.name``; an
+    ``import_module`` of a string literal counts that module (:func:`_imported_string`); the package
     ``bayesmlc`` itself is not counted (every submodule's import runs it first)."""
     package = module if is_package else module.rpartition(".")[0]
     found = set()
     for node in ast.walk(ast.parse(source)):
-        if isinstance(node, ast.Import):
+        literal = _imported_string(node, package)
+        if literal is not None:
+            found.add(literal)
+        elif isinstance(node, ast.Import):
             found.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
             if node.level:
@@ -107,6 +133,33 @@ def _violations(graph: dict[str, set[str]]) -> list[str]:
     return problems
 
 
+def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One import cycle of ``graph`` as the modules along it, the first repeated at the end, or None
+    (a depth-first search that keeps the path it is on)."""
+    done, on_path, path = set(), set(), []
+
+    def visit(module):
+        path.append(module)
+        on_path.add(module)
+        for target in sorted(graph.get(module, ())):
+            if target in on_path:
+                return path[path.index(target):] + [target]
+            if target not in done:
+                found = visit(target)
+                if found:
+                    return found
+        on_path.discard(path.pop())
+        done.add(module)
+        return None
+
+    for start in sorted(graph):
+        if start not in done:
+            found = visit(start)
+            if found:
+                return found
+    return None
+
+
 @pytest.fixture(scope="module")
 def graph():
     return _import_graph()
@@ -134,6 +187,41 @@ def test_a_broken_layer_is_reported(graph, module, source, culprit):
     graph[module] = graph[module] | (_imports(source, module, is_package) & graph.keys())
     problems = _violations(graph)
     assert problems and all(culprit in problem for problem in problems), problems
+
+
+def test_the_import_graph_has_no_cycle(graph):
+    cycle = _cycle(graph)
+    assert cycle is None, "import cycle: " + " -> ".join(cycle)
+
+
+@pytest.mark.parametrize("module, source, cycle", [
+    # base -> presets -> ensemble -> base, as it was, through an import inside a function
+    ("bayesmlc.base", "def preset():\n    from .presets import build_preset\n",
+     ["bayesmlc.base", "bayesmlc.presets", "bayesmlc.ensemble", "bayesmlc.base"]),
+    # a string handed to importlib, relative to the module's package
+    ("bayesmlc.gp.history", "import importlib\nimportlib.import_module('.training', 'bayesmlc.gp')\n",
+     ["bayesmlc.gp.history", "bayesmlc.gp.training", "bayesmlc.gp.history"]),
+    ("bayesmlc.metrics.ranking", "def f():\n    return __import__('bayesmlc.metrics.scorers')\n",
+     ["bayesmlc.metrics.ranking", "bayesmlc.metrics.scorers", "bayesmlc.metrics.ranking"]),
+])
+def test_an_import_cycle_is_found_and_printed(graph, module, source, cycle):
+    graph = dict(graph)
+    graph[module] = graph[module] | (_imports(source, module, False) & graph.keys())
+    # the cycle's modules only: the injected import closes it through the package's real imports
+    assert _cycle({name: graph[name] & set(cycle) for name in cycle}) == cycle
+
+
+def test_the_cycle_search_finds_a_cycle_far_from_its_start_and_none_in_a_tree():
+    tree = {"a": {"b", "c"}, "b": {"d"}, "c": {"d"}, "d": set(), "e": {"a"}}
+    assert _cycle(tree) is None
+    assert _cycle({**tree, "d": {"f"}, "f": {"g"}, "g": {"d"}}) == ["d", "f", "g", "d"]
+    assert _cycle({"x": {"x"}}) == ["x", "x"]
+
+
+def test_a_string_import_is_read():
+    source = "import importlib\nm = importlib.import_module('bayesmlc.bmls.model')\nn = import_module('..x', 'bayesmlc.a.b')\n"
+    assert _imports(source, "bayesmlc.linear", False) == {"bayesmlc.bmls.model", "bayesmlc.a.x"}
+    assert _imports("importlib.import_module(name)\n", "bayesmlc.linear", False) == set()
 
 
 def test_the_model_registry_names_no_class_in_the_harness():

@@ -14,7 +14,8 @@ from bayesmlc.base import MultiLabelEstimator
 from bayesmlc.cli import main
 from bayesmlc.ensemble import AveragingEnsemble
 from bayesmlc.exceptions import ValidationError
-from bayesmlc.presets import PRESET_NAMES, PRESETS, Measurement, Preset, build_preset, format_presets
+from bayesmlc.presets import (PRESET_NAMES, PRESETS, Measurement, Preset, build_preset, format_presets, get_preset,
+                              model_key)
 
 DOCS = Path(__file__).resolve().parents[1] / "docs"
 
@@ -96,10 +97,12 @@ def test_overrides_and_the_ensembles_own_parameters():
 def test_unknown_names_are_one_line_errors():
     with pytest.raises(ValidationError, match=r"unknown preset for mlgpf; valid presets: fast, paper, best"):
         MLGPF.preset("quick")
+    # only the models with presets have the class method (bayesmlc.presets.HasPresets)
+    assert not hasattr(LogisticRegression, "preset") and not hasattr(AveragingEnsemble, "preset")
+    with pytest.raises(ValidationError, match="AveragingEnsemble has no presets; presets exist for bmls"):
+        model_key(AveragingEnsemble)
     with pytest.raises(ValidationError, match="preset fast: model 'logistic' has no presets; presets exist for bmls"):
-        LogisticRegression.preset("fast")
-    with pytest.raises(ValidationError, match="AveragingEnsemble has no presets"):
-        AveragingEnsemble.preset("best")
+        get_preset("logistic", "fast")
     with pytest.raises(ValidationError, match="model 'logistic' has no presets"):
         build_preset("logistic", "fast")
     with pytest.raises(ValidationError, match=r"^preset quick: unknown preset for bnmc"):

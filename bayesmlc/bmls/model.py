@@ -14,6 +14,7 @@ from ..exceptions import ModelFormatError, ValidationError
 from ..fitted_state import check_array, check_integer, check_number
 from ..parameters import Boolean, Integer, Options, Real
 from ..preprocessing import resolve_standardize
+from ..presets import HasPresets
 from ..utils import iter_batches, logit, numpy_rng, resolve_device
 from .chain import GibbsChain
 from .gibbs import SweepData, init_state
@@ -74,7 +75,7 @@ def _pairs_from_matrix(C, n_labels: int, diagonal: bool = False):
     return upper.row[keep].astype(np.int64), upper.col[keep].astype(np.int64), np.rint(upper.data[keep]).astype(np.int64)
 
 
-class BMLS(MultiLabelEstimator):
+class BMLS(HasPresets, MultiLabelEstimator):
     """Bayesian multi-label learning with sparse features and labels (BMLS / BMLS-co).
 
     Model (paper eqs. (1)-(12)): y_ln = 1[z_ln > 0], z_ln ~ Poisson(sum_k phi_lk theta_kn),

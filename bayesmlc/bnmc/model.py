@@ -19,6 +19,7 @@ from ..fitted_state import check_number
 from ..label_statistics import LabelStatistics
 from ..parameters import Boolean, Integer, Options, Real, check_parameters
 from ..preprocessing import STANDARDIZE_CONSTRAINT, FeaturePreprocessor, legacy_preprocessor_state
+from ..presets import HasPresets
 from ..utils import iter_batches, numpy_rng, resolve_device, sigmoid
 from ..validation import check_features, check_fit_inputs
 from .classifiers import SGDClassifier, classifier_evidence
@@ -39,7 +40,7 @@ _RANK_TERM_ATTRIBUTES = ("top_label_offset_", "top_label_slope_", "top_label_run
                          "second_label_slope_", "next_labels_offset_", "next_labels_slope_")
 
 
-class BNMC(MultiLabelEstimator):
+class BNMC(HasPresets, MultiLabelEstimator):
     """Bayesian nonparametric multi-label classification (BNMC), batch and online.
 
     A truncated stick-breaking DP mixture over patterns {phi_k, psi_k} (features and labels) is fitted

@@ -27,6 +27,8 @@ import torch
 from ..exceptions import ModelFormatError
 from ..fitted_state import check_integer, check_number
 from ..persistence import decode, encode, read_npz, write_npz_atomically
+from .history import EPOCH_FIELDS, STEP_FIELDS
+from .initialisation import module_from_parameters
 
 __all__ = ["CHECKPOINT_FORMAT", "CHECKPOINT_VERSION", "save_checkpoint", "load_checkpoint", "module_from_checkpoint",
            "optimizer_state_from_checkpoint"]
@@ -37,8 +39,6 @@ CHECKPOINT_VERSION = 1
 #: the payload's fields; ``best_state`` may be absent (None)
 REQUIRED_FIELDS = ("params", "n_features", "n_labels", "n_rows", "epoch", "parameters", "optimizer", "rng_state",
                    "history", "steps", "jitter", "val_rows", "elapsed")
-#: the per-step history's lists
-STEP_FIELDS = ("step", "wall_time", "elbo")
 #: the state of one parameter under Adam without amsgrad (the only Adam :func:`make_optimizer` builds)
 ADAM_STATE_FIELDS = frozenset({"step", "exp_avg", "exp_avg_sq"})
 #: Adam counts steps in a float32 tensor, exact up to 2**24; a count beyond 2**53 is no count at all
@@ -160,9 +160,7 @@ def _real_numbers(values) -> bool:
 def _check_history(history, steps, epoch: int) -> None:
     """Per-epoch history lists (those of a fresh trainer) of ``epoch`` numbers each; per-step lists of
     equal length."""
-    from .training import new_history
-
-    keys = set(new_history())
+    keys = set(EPOCH_FIELDS)
     if not isinstance(history, dict) or set(history) != keys:
         raise _fail("history", f"must hold exactly the lists {', '.join(sorted(keys))}")
     for name, values in history.items():
@@ -194,8 +192,6 @@ def _check_rng_state(state) -> None:
 def module_from_checkpoint(settings, checkpoint: dict, path, device, dtype):
     """The MLGPF module holding ``checkpoint["parameters"]``; ``ModelFormatError`` naming ``path``
     when they do not form the module ``settings`` describe (names, shapes)."""
-    from .initialisation import module_from_parameters
-
     try:
         return module_from_parameters(settings, checkpoint["parameters"], device, dtype)
     except (RuntimeError, ValueError, TypeError, IndexError, KeyError) as exc:

@@ -20,6 +20,7 @@ from ..fitted_state import check_integer, check_number
 from ..label_statistics import LabelStatistics
 from ..parameters import Boolean, Integer, Options, Real, check_parameters
 from ..preprocessing import STANDARDIZE_CONSTRAINT, FeaturePreprocessor, legacy_preprocessor_state
+from ..presets import HasPresets
 from ..safe_io import check_output_target
 from ..utils import numpy_rng, resolve_device, torch_threads
 from ..validation import check_fit_inputs
@@ -38,7 +39,7 @@ __all__ = ["MLGPF"]
 _DTYPES = {"float32": torch.float32, "float64": torch.float64}
 
 
-class MLGPF(MultiLabelEstimator):
+class MLGPF(HasPresets, MultiLabelEstimator):
     """Multi-label Gaussian-process factor model (MLGPF).
 
     P independent latent GPs h_p ~ GP(0, k) share M inducing inputs Z; the label utilities are

@@ -23,6 +23,7 @@ import torch
 from ..distributed import ONE_PROCESS, ParallelContext
 from ..exceptions import ModelFormatError, ValidationError
 from .checkpoints import load_checkpoint, module_from_checkpoint, optimizer_state_from_checkpoint, save_checkpoint
+from .history import new_history, new_step_history
 from .initialisation import ProjectionCache, feature_batch, initial_module, training_projection
 from .likelihoods import BernoulliLogit
 from .objective import (
@@ -163,12 +164,6 @@ RESUMABLE_SETTINGS = frozenset({
 })
 
 
-def new_history() -> dict:
-    """Empty per-epoch history lists (see ``MLGPF.history_``)."""
-    keys = ("epoch", "wall_time", "objective", "kl", "batch_size", "jitter", "train_P@1", "val_P@1", "val_P@3", "val_P@5")
-    return {key: [] for key in keys}
-
-
 def skip_negative_draws(n_negatives: np.ndarray, negative_samples: int, rng: np.random.Generator) -> None:
     """Advance ``rng`` as :func:`~bayesmlc.gp.objective.sample_label_entries` does for rows with
     ``n_negatives`` negatives (one draw of ``negative_samples`` of them without replacement per row
@@ -286,7 +281,7 @@ class Trainer:
         self.rng = rng
         self.device, self.dtype = device, dtype
         self.jitter = self.settings.jitter if jitter is None else float(jitter)
-        self.history, self.steps = new_history(), {"step": [], "wall_time": [], "elbo": []}
+        self.history, self.steps = new_history(), new_step_history()
         self.module = self.optimizer = None
         self._start_clock, self._elapsed_before = time.perf_counter(), 0.0
         self._rate_factor = 1.0  # the schedule's factor of the linear term's rate (the others' is in Adam's groups)
