@@ -41,11 +41,11 @@ from sklearn.utils import ClassifierTags
 
 from . import persistence
 from .exceptions import ModelFormatError, NotFittedError, ValidationError
-from .fitted_state import check_array, check_integer, probe_predictions
+from .fitted_state import check_fitted_state, probe_predictions
 from .label_statistics import LabelStatistics
 from .metrics import precision_at_k, topk
 from .parameters import check_parameters
-from .preprocessing import FeaturePreprocessor
+from .state_checks import COMMON_FIELDS
 from .threads import compute_threads
 from .utils import iter_batches, resolve_device, sigmoid
 from .validation import (check_feature_names, check_features, check_fit_inputs, feature_names,
@@ -347,53 +347,11 @@ class MultiLabelEstimator(BaseEstimator):
 
     def _check_fitted_state(self) -> None:
         """Type and shape checks of what a model file sets, each failure a ``ModelFormatError`` naming
-        the field: the declared parameters, the fitted attributes every model has (``n_features_in_``,
-        ``n_labels_``, the label statistics, ``feature_names_in_``, ``preprocessor_``) and, through
-        :meth:`_fitted_members`, the nested fitted estimators. Models extend it with their own fields."""
-        try:
-            check_parameters(self)
-        except ValidationError as exc:
-            raise ModelFormatError(f"parameter {exc}") from None
-        for name in ("n_features_in_", "n_labels_", "label_frequencies_", "label_prior_", "empty_labels_"):
-            if not hasattr(self, name):
-                raise ModelFormatError(f"the fitted state has no {name}")
-        check_integer("n_features_in_", self.n_features_in_, 0)
-        check_integer("n_labels_", self.n_labels_, 1)
-        n_features, n_labels = self.n_features_in_, self.n_labels_
-        check_array("label_frequencies_", self.label_frequencies_, (n_labels,), kind="iu", low=0)
-        prior = self.label_prior_
-        check_array("label_prior_", prior, (n_labels,))
-        if prior.size and not (prior.min() > 0 and prior.max() < 1):
-            raise ModelFormatError("label_prior_ must lie strictly between 0 and 1")
-        check_array("empty_labels_", self.empty_labels_, (None,), kind="iu", low=0, high=n_labels - 1)
-        if hasattr(self, "feature_names_in_"):
-            names = self.feature_names_in_
-            if not (isinstance(names, np.ndarray) and names.shape == (n_features,)
-                    and all(isinstance(name, str) for name in names)):
-                raise ModelFormatError(f"feature_names_in_ must be {n_features} strings")
-        if hasattr(self, "label_names_"):
-            names = self.label_names_
-            if not (isinstance(names, np.ndarray) and names.shape == (n_labels,)
-                    and all(isinstance(name, str) for name in names)):
-                raise ModelFormatError(f"label_names_ must be {n_labels} strings (one per label)")
-        if hasattr(self, "preprocessor_"):
-            preprocessor = self.preprocessor_
-            if not isinstance(preprocessor, FeaturePreprocessor) or not hasattr(preprocessor, "n_features_in_"):
-                raise ModelFormatError(f"preprocessor_ must be a fitted FeaturePreprocessor, got "
-                                       f"{type(preprocessor).__name__}")
-            if preprocessor.n_features_in_ != n_features:
-                raise ModelFormatError(f"preprocessor_ has {preprocessor.n_features_in_} features, the model "
-                                       f"{n_features}")
-        for name, member in self._fitted_members():
-            if not (isinstance(member, MultiLabelEstimator) and hasattr(member, "n_labels_")):
-                raise ModelFormatError(f"{name} must be a fitted bayesmlc estimator, got {type(member).__name__}")
-            try:
-                member._check_fitted_state()
-            except ModelFormatError as exc:
-                raise ModelFormatError(f"{name}: {exc}") from None
-            if (member.n_features_in_, member.n_labels_) != (n_features, n_labels):
-                raise ModelFormatError(f"{name} has {member.n_features_in_} features and {member.n_labels_} labels, "
-                                       f"the model {n_features} and {n_labels}")
+        the field: :func:`bayesmlc.fitted_state.check_fitted_state` with the model's table (here the
+        fields every model has, :data:`bayesmlc.state_checks.COMMON_FIELDS`; each model passes its
+        own), which also checks the declared parameters and, through :meth:`_fitted_members`, the
+        nested fitted estimators."""
+        check_fitted_state(self, COMMON_FIELDS)
 
     def _fitted_members(self) -> list:
         """The fitted estimators this one predicts with, as (field name, estimator) pairs (an

@@ -31,11 +31,12 @@ import scipy.sparse as sp
 
 from .base import MultiLabelEstimator
 from .exceptions import ModelFormatError, ValidationError
-from .fitted_state import check_sparse
+from .fitted_state import check_fitted_state
 from .models import COMPARE_MODELS, INSTALL_COMPARE, missing_optional_package
 from .parameters import Integer, Options, Real
 from .preprocessing import STANDARDIZE_CONSTRAINT, FeaturePreprocessor, legacy_preprocessor_state
 from .safe_io import remove_stale_temporaries, temporary_prefix
+from .state_checks import FILE_BACKED_FIELDS, KNN_FIELDS
 from .threads import choose_threads, enclosing_threads
 from .utils import iter_batches, numpy_rng
 
@@ -230,14 +231,7 @@ class KNNBaseline(_StandardisingBaseline):
         return proba + 1e-6 * self.label_prior_.astype(np.float32), proba
 
     def _check_fitted_state(self) -> None:
-        super()._check_fitted_state()
-        check_sparse("train_features_", self.train_features_, (None, self.n_features_in_))
-        n_train = self.train_features_.shape[0]
-        if n_train == 0:
-            raise ModelFormatError("train_features_ must hold at least one training row")
-        check_sparse("train_labels_", self.train_labels_, (n_train, self.n_labels_))
-        if self.train_mask_ is not None:
-            check_sparse("train_mask_", self.train_mask_, (n_train, self.n_labels_))
+        check_fitted_state(self, KNN_FIELDS)
 
 
 def _is_plain_file_name(name) -> bool:
@@ -312,10 +306,7 @@ class _FileBackedModel(_StandardisingBaseline):
         self._loaded = None
 
     def _check_fitted_state(self) -> None:
-        super()._check_fitted_state()
-        if not isinstance(getattr(self, "model_files_", None), dict) or not self.model_files_:
-            raise ModelFormatError(f"{type(self).__name__} model_files_ must hold the library's model files")
-        self._check_model_files()
+        check_fitted_state(self, FILE_BACKED_FIELDS)
 
     def __getstate__(self):
         """Pickle without the library's in-memory model (it cannot be pickled); it is loaded again

@@ -58,8 +58,9 @@ from sklearn.base import clone
 from sklearn.isotonic import IsotonicRegression
 
 from .base import PREDICT_BATCH_ROWS, MultiLabelEstimator
-from .exceptions import ModelFormatError, ValidationError
-from .fitted_state import check_array
+from .exceptions import ValidationError
+from .fitted_state import check_fitted_state
+from .state_checks import CALIBRATION_FIELDS
 from .metrics import topk
 from .parameters import InstanceOf, Integer, Options, Real
 from .utils import iter_batches, logit, sigmoid
@@ -321,28 +322,14 @@ class CalibratedClassifier(MultiLabelEstimator):
     # ---- persistence: the fitted estimator is stored whole (bayesmlc.persistence nests it) ---
     def _set_state(self, state: dict) -> None:
         super()._set_state(state)
-        self.label_maps_ = [np.asarray(m, dtype=np.float64) for m in self.label_maps_]
-        self.global_map_ = np.asarray(self.global_map_, dtype=np.float64)
-        self.calibrated_labels_ = np.asarray(self.calibrated_labels_, dtype=np.int64)
+        # lists become arrays; no dtype is imposed, so that the table refuses what is not float (integer)
+        if isinstance(self.label_maps_, (list, tuple)):
+            self.label_maps_ = [np.asarray(m) for m in self.label_maps_]
+        self.global_map_ = np.asarray(self.global_map_)
+        self.calibrated_labels_ = np.asarray(self.calibrated_labels_)
 
     def _fitted_members(self) -> list:
         return [("estimator_", self.estimator_)]
 
-    def _check_map(self, name: str, calibration_map) -> None:
-        if self.method == "isotonic":  # (2, m) thresholds: x non-decreasing, g(x) in [0, 1]
-            check_array(name, calibration_map, (2, None))
-            x, g = calibration_map
-            if x.size == 0 or np.any(np.diff(x) < 0) or g.min() < 0 or g.max() > 1:
-                raise ModelFormatError(f"{name} must be isotonic thresholds: x non-decreasing, g(x) in [0, 1]")
-        else:
-            check_array(name, calibration_map, (2,))
-
     def _check_fitted_state(self) -> None:
-        super()._check_fitted_state()
-        self._check_map("global_map_", self.global_map_)
-        check_array("calibrated_labels_", self.calibrated_labels_, (None,), kind="iu", low=0, high=self.n_labels_ - 1)
-        if len(self.label_maps_) != self.calibrated_labels_.size:
-            raise ModelFormatError(f"label_maps_ must hold one map per calibrated label "
-                                   f"({self.calibrated_labels_.size}), got {len(self.label_maps_)}")
-        for i, calibration_map in enumerate(self.label_maps_):
-            self._check_map(f"label_maps_[{i}]", calibration_map)
+        check_fitted_state(self, CALIBRATION_FIELDS)

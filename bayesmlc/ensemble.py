@@ -26,7 +26,8 @@ from sklearn.base import clone
 
 from .base import MultiLabelEstimator
 from .exceptions import ModelFormatError, ValidationError
-from .fitted_state import check_array
+from .fitted_state import check_fitted_state
+from .state_checks import ENSEMBLE_FIELDS
 from .parameters import Integer
 from .utils import logit
 
@@ -148,7 +149,7 @@ class AveragingEnsemble(MultiLabelEstimator):
     def _set_state(self, state: dict) -> None:
         super()._set_state(state)
         self.estimators_ = list(self.estimators_)
-        self.weights_ = np.asarray(self.weights_, dtype=np.float64)
+        self.weights_ = np.asarray(self.weights_)  # no coercion: the table refuses a non-float dtype
         names = [name for name, _ in self.estimators]
         self.named_estimators_ = dict(zip(names, self.estimators_))
 
@@ -158,5 +159,4 @@ class AveragingEnsemble(MultiLabelEstimator):
         return [(f"estimators_[{i}]", member) for i, member in enumerate(self.estimators_)]
 
     def _check_fitted_state(self) -> None:
-        super()._check_fitted_state()
-        check_array("weights_", self.weights_, (len(self.estimators_),), low=0.0)
+        check_fitted_state(self, ENSEMBLE_FIELDS)

@@ -13,7 +13,8 @@ from sklearn.exceptions import ConvergenceWarning
 from tqdm.auto import tqdm
 
 from .base import MultiLabelEstimator
-from .fitted_state import check_array, check_integer
+from .fitted_state import check_fitted_state
+from .state_checks import LOGISTIC_FIELDS
 from .parameters import Boolean, Integer, Real
 from .preprocessing import FeaturePreprocessor, legacy_preprocessor_state
 from .utils import csr_to_torch, iter_batches, numpy_rng, resolve_device
@@ -207,7 +208,4 @@ class LogisticRegression(MultiLabelEstimator):
         super()._set_state(legacy_preprocessor_state(state, self._preprocessor().get_params(), reciprocal_scale=True))
 
     def _check_fitted_state(self) -> None:
-        super()._check_fitted_state()
-        check_array("coef_", self.coef_, (self.n_features_in_, self.n_labels_))
-        check_array("intercept_", self.intercept_, (self.n_labels_,))
-        check_integer("n_iter_", self.n_iter_, 0)
+        check_fitted_state(self, LOGISTIC_FIELDS)

@@ -21,7 +21,9 @@ import scipy.sparse as sp
 from sklearn.base import BaseEstimator, TransformerMixin
 
 from .exceptions import ModelFormatError, NotFittedError, ValidationError
+from .fitted_state import check_fields
 from .parameters import Boolean, Options, check_parameters
+from .state_checks import PREPROCESSOR_FIELDS
 
 __all__ = ["FeaturePreprocessor", "IDF_MIN_ROWS", "MAX_CENTRED_ENTRIES", "STANDARDIZE_CONSTRAINT", "column_mean_and_scale",
            "inverse_document_frequency", "legacy_preprocessor_state", "normalize_rows", "resolve_idf", "resolve_standardize"]
@@ -280,20 +282,7 @@ class FeaturePreprocessor(TransformerMixin, BaseEstimator):
         """Set the fitted state, checking what a model file could get wrong."""
         if set(state) != set(_STATE):
             raise ModelFormatError(f"a FeaturePreprocessor state needs exactly {', '.join(_STATE)}")
-        n_features = state["n_features_in_"]
-        if not isinstance(n_features, int) or n_features < 0:
-            raise ModelFormatError(f"FeaturePreprocessor n_features_in_ must be a non-negative integer, got {n_features!r}")
-        if not isinstance(state["standardized_"], bool) or state["standardized_"] != (state["scale_"] is not None):
-            raise ModelFormatError("FeaturePreprocessor standardized_ must be True exactly when scale_ is set")
-        for name in ("mean_", "scale_", "idf_"):
-            array = state[name]
-            if array is None:
-                continue
-            if not (isinstance(array, np.ndarray) and array.shape == (n_features,) and array.dtype.kind == "f"
-                    and np.all(np.isfinite(array))):
-                raise ModelFormatError(f"FeaturePreprocessor {name} must be None or {n_features} finite floats")
-            if name == "scale_" and not np.all(array > 0):
-                raise ModelFormatError("FeaturePreprocessor scale_ must be positive")
+        check_fields(state, PREPROCESSOR_FIELDS)  # before any conversion: a non-float array is refused
         for name in _STATE:
             value = state[name]
             setattr(self, name, value.astype(np.float64) if isinstance(value, np.ndarray) else value)

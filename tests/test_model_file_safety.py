@@ -188,7 +188,7 @@ def _refused_at_load(model, tmp_path, field, value, message):
     ("top_label_runner_up_", "x", "top_label_runner_up_ must be a finite number, got 'x'"),
     ("next_labels_slope_", [1, 2], "next_labels_slope_ must be a finite number"),
     ("second_label_offset_", None, "second_label_offset_ must be a finite number, got 'None'"),
-    ("top_label_offset_", -1.0, "top_label_offset_ must be >= 0"),
+    ("top_label_offset_", -1.0, "top_label_offset_ must be a finite number >= 0, got '-1.0'"),
     ("threshold_", "x", "threshold_ must be a finite number >= 0, got 'x'"),
     ("label_count_std_", -2.0, "label_count_std_ must be a finite number >= 0, got '-2.0'"),
     ("count_rule_", "evil", "count_rule_ must be one of threshold, count, expected, sample, got 'evil'"),
@@ -256,15 +256,15 @@ _CRAFTED = [
     ("bayesmlc.baselines:KNNBaseline", "array", "label_prior_", np.full(2, 0.5), "label_prior_ must be a float array of shape (3,)"),
     ("bayesmlc.baselines:KNNBaseline", "array", "empty_labels_", np.array([7]), "empty_labels_ must lie in [0, 2]"),
     ("bayesmlc.baselines:KNNBaseline", "scalar", ("preprocessor_", "state", "n_features_in_"), 7,
-     "FeaturePreprocessor mean_ must be None or 7 finite floats"),
+     "FeaturePreprocessor mean_ must be a float array of shape (7,), got a float64 array of shape (5,)"),
     ("bayesmlc.baselines:KNNBaseline", "array", ("preprocessor_", "state", "scale_"), np.ones(4),
-     "FeaturePreprocessor scale_ must be None or 5 finite floats"),
+     "FeaturePreprocessor scale_ must be a float array of shape (5,), got a float64 array of shape (4,)"),
     ("bayesmlc.baselines:NapkinXCPLT", "scalar", "n_features_in_", 2.5, "n_features_in_ must be an integer >= 0, got '2.5'"),
     ("bayesmlc.baselines:NapkinXCPLT", "array", "label_frequencies_", np.zeros((3, 1), np.int64),
      "label_frequencies_ must be a integer array of shape (3,)"),
     ("bayesmlc.baselines:OmikujiParabel", "scalar", "n_labels_", 0, "n_labels_ must be an integer >= 1, got '0'"),
     ("bayesmlc.baselines:OmikujiParabel", "array", "label_prior_", np.full(3, 1.5), "label_prior_ must lie strictly between 0 and 1"),
-    ("bayesmlc.baselines:OmikujiBonsai", "scalar", "model_files_", {}, "OmikujiBonsai model_files_ must hold the library's model files"),
+    ("bayesmlc.baselines:OmikujiBonsai", "scalar", "model_files_", {}, "model_files_ must hold the library's model files"),
     ("bayesmlc.baselines:OmikujiBonsai", "array", "empty_labels_", np.zeros(1), "empty_labels_ must be a integer array"),
     ("bayesmlc.bmls.model:BMLS", "scalar", "predictor_", "evil", "predictor_ must be one of moments, draws, got 'evil'"),
     ("bayesmlc.bmls.model:BMLS", "scalar", "beta0_", "x", "beta0_ must be a finite number >= 0, got 'x'"),
@@ -272,12 +272,14 @@ _CRAFTED = [
     ("bayesmlc.bmls.model:BMLS", "array", "log_h_", np.zeros((5, 4)), "log_h_ must be a float array of shape (6, 4)"),
     ("bayesmlc.bmls.model:BMLS", "array", "feature_thresholds_", np.zeros(2), "feature_thresholds_ must be a float array of shape (5,)"),
     ("bayesmlc.bnmc.model:BNMC", "scalar", "n_features_in_", -1, "n_features_in_ must be an integer >= 0, got '-1'"),
-    # fields without a check of their own: the probe's prediction refuses them
-    ("bayesmlc.bnmc.model:BNMC", "array", "classifier_samples_", np.zeros((2, 6, 2), _F32), "fitted state does not predict ("),
-    ("bayesmlc.gp.model:MLGPF", "scalar", "n_latent_", 4, "fitted state does not predict (RuntimeError: "),
-    ("bayesmlc.gp.model:MLGPF", "array", ("parameters_", "bias"), np.zeros(4, _F32), "fitted state does not predict (RuntimeError: "),
+    # fields every table declares (issue 32, point 6): each refused by name
+    ("bayesmlc.bnmc.model:BNMC", "array", "classifier_samples_", np.zeros((2, 6, 2), _F32),
+     "classifier_samples_ must be a float array of shape (*, *, 3), got a float32 array of shape (2, 6, 2)"),
+    ("bayesmlc.gp.model:MLGPF", "scalar", "n_latent_", 4, "parameters_['Phi'] must be a float tensor of shape (3, 4), got shape (3, 3)"),
+    ("bayesmlc.gp.model:MLGPF", "array", ("parameters_", "bias"), np.zeros(4, _F32),
+     "parameters_['bias'] must be a float tensor of shape (3,), got shape (4,)"),
     ("bayesmlc.gp.model:MLGPF", "array", ("parameters_", "bias"), np.full(3, np.nan, _F32),
-     "fitted state does not predict: its scores are not all finite numbers"),
+     "parameters_['bias'] must hold finite numbers (it holds NaN or infinity)"),
     ("bayesmlc.calibration:CalibratedClassifier", "scalar", "calibrated_labels_", [7], "calibrated_labels_ must lie in [0, 2]"),
     ("bayesmlc.calibration:CalibratedClassifier", "array", "global_map_", np.zeros((3, 4)),
      "global_map_ must be a float array of shape (2, *)"),
@@ -311,8 +313,8 @@ def test_every_loadable_class_has_a_crafted_scalar_and_array_case():
 
 
 @pytest.mark.parametrize("field, value, message", [
-    ("n_features_in_", "x", "FeaturePreprocessor n_features_in_ must be a non-negative integer, got 'x'"),
-    ("scale_", np.ones((5, 1)), "FeaturePreprocessor scale_ must be None or 5 finite floats"),
+    ("n_features_in_", "x", "FeaturePreprocessor n_features_in_ must be an integer >= 0, got 'x'"),
+    ("scale_", np.ones((5, 1)), "FeaturePreprocessor scale_ must be a float array of shape (5,), got a float64 array of shape (5, 1)"),
 ])
 def test_a_crafted_feature_preprocessor_file_is_refused_at_load(tmp_path, field, value, message):
     from bayesmlc.persistence import load_model, save_model

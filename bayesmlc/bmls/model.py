@@ -10,14 +10,15 @@ import scipy.sparse as sp
 import torch
 
 from ..base import LABEL_CARDINALITY, MultiLabelEstimator
-from ..exceptions import ModelFormatError, ValidationError
-from ..fitted_state import check_array, check_integer, check_number
+from ..exceptions import ValidationError
+from ..fitted_state import check_fitted_state
 from ..parameters import Boolean, Integer, Options, Real
 from ..preprocessing import resolve_standardize
 from ..presets import HasPresets
 from ..utils import iter_batches, logit, numpy_rng, resolve_device
 from .chain import GibbsChain
 from .gibbs import SweepData, init_state
+from .state_checks import BMLS_FIELDS
 from .schedule import AUTO_MIN_PREDICTIVE_DRAWS, AUTO_WINDOW, Schedule, draw_capacity
 
 __all__ = ["BMLS", "cooccurrence_matrix"]
@@ -475,29 +476,8 @@ class BMLS(HasPresets, MultiLabelEstimator):
 
     # ---- persistence ---------------------------------------------------------------------------
     def _check_fitted_state(self) -> None:
-        super()._check_fitted_state()
-        if self.predictor_ not in ("moments", "draws"):
-            raise ModelFormatError(f"predictor_ must be one of moments, draws, got {str(self.predictor_)[:40]!r}")
-        check_array("phi_", self.phi_, (self.n_labels_, None), low=0.0)
-        n_topics = self.phi_.shape[1]
-        stored = getattr(self, "n_topics_", n_topics)  # files written before n_topics_ existed: phi_'s
-        check_integer("n_topics_", stored, 1)
-        if stored != n_topics:
-            raise ModelFormatError(f"n_topics_ is {stored} but phi_ holds {n_topics} topics")
-        check_array("log_h_", self.log_h_, (self.n_features_in_ + 1, n_topics))
-        check_array("log_h_var_", self.log_h_var_, (self.n_features_in_ + 1, n_topics), low=0.0)
-        # the draws are summed only by predict_interval (and by prediction with predictor_ "draws", which the probe runs)
-        check_array("phi_samples_", self.phi_samples_, (None, self.n_labels_, n_topics), finite=False)
-        n_draws = self.phi_samples_.shape[0]
-        check_array("log_h_samples_", self.log_h_samples_, (n_draws, self.n_features_in_ + 1, n_topics), finite=False)
-        if self.predictor_ == "draws" and n_draws == 0:
-            raise ModelFormatError("predictor_ 'draws' needs kept draws, phi_samples_ holds none")
-        check_array("topic_usage_", self.topic_usage_, (n_topics,), low=0.0)
-        if getattr(self, "feature_thresholds_", None) is not None:
-            check_array("feature_thresholds_", self.feature_thresholds_, (self.n_features_in_,))
-        check_number("beta0_", self.beta0_, 0.0)
-        for name in ("n_sweeps_", "n_burnin_", "n_collected_"):
-            check_integer(name, getattr(self, name), 0)
+        """The declared fields of :data:`bayesmlc.bmls.state_checks.BMLS_FIELDS`."""
+        check_fitted_state(self, BMLS_FIELDS)
 
     # ---- interpretation -----------------------------------------------------------------------
     def topics(self, n_top: int = 10):

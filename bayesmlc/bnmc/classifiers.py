@@ -555,8 +555,7 @@ class SGDClassifier:
         return {"W": self.W, "W_avg": self.W_avg, "steps": self.steps, "n_averaged": self.n_averaged, "alpha": self.alpha}
 
     def set_state(self, state: dict) -> None:
-        self.W = np.asarray(state["W"], dtype=np.float64)
-        self.W_avg = np.asarray(state["W_avg"], dtype=np.float64)
-        self.steps = int(state["steps"])
-        self.n_averaged = int(state["n_averaged"])
-        self.alpha = float(state["alpha"])
+        # no coercion: BNMC's state table (bnmc/state_checks.py) refuses what is not float or int
+        self.W = np.asarray(state["W"])
+        self.W_avg = np.asarray(state["W_avg"])
+        self.steps, self.n_averaged, self.alpha = state["steps"], state["n_averaged"], state["alpha"]

@@ -89,7 +89,7 @@ class DirichletEmission:
         return {"conc": self.conc}
 
     def set_state(self, state: dict) -> None:
-        self.conc = np.asarray(state["conc"], dtype=np.float64)
+        self.conc = np.asarray(state["conc"])  # no coercion: BNMC's state table refuses a non-float dtype
 
 
 class GaussianEmission:
@@ -181,10 +181,10 @@ class GaussianEmission:
         }
 
     def set_state(self, state: dict) -> None:
-        for key in ("kappa", "h", "twice_shape", "g", "mean0", "rate0"):
-            setattr(self, key, np.asarray(state[key], dtype=np.float64))
-        self.kappa0 = float(state["kappa0"])
-        self.shape0 = float(state["shape0"])
+        for key in ("kappa", "h", "twice_shape", "g", "mean0", "rate0"):  # BNMC's state table checks each
+            setattr(self, key, np.asarray(state[key]))
+        self.kappa0 = state["kappa0"]
+        self.shape0 = state["shape0"]
 
 
 class DPMixture:
@@ -396,9 +396,10 @@ class DPMixture:
         return {"label_conc": self.label_conc, "stick_a": self.stick_a, "stick_b": self.stick_b}
 
     def set_state(self, state: dict) -> None:
-        self.label_conc = np.asarray(state["label_conc"], dtype=np.float64)
-        self.stick_a = np.asarray(state["stick_a"], dtype=np.float64)
-        self.stick_b = np.asarray(state["stick_b"], dtype=np.float64)
+        # no coercion: BNMC's state table (bnmc/state_checks.py) refuses a non-float dtype
+        self.label_conc = np.asarray(state["label_conc"])
+        self.stick_a = np.asarray(state["stick_a"])
+        self.stick_b = np.asarray(state["stick_b"])
 
 
 def _identity(array):

@@ -14,8 +14,8 @@ from tqdm.auto import tqdm
 from ..base import LABEL_CARDINALITY, MultiLabelEstimator
 from ..data.shard import RowShard
 from ..distributed import ONE_PROCESS
-from ..exceptions import ModelFormatError, ValidationError
-from ..fitted_state import check_number
+from ..exceptions import ValidationError
+from ..fitted_state import check_fitted_state
 from ..label_statistics import LabelStatistics
 from ..parameters import Boolean, Integer, Options, Real, check_parameters
 from ..preprocessing import STANDARDIZE_CONSTRAINT, FeaturePreprocessor, legacy_preprocessor_state
@@ -30,6 +30,7 @@ from .labels import (
 )
 from .mixture import DirichletEmission, DPMixture, GaussianEmission
 from .rank_calibration import TOP_LABEL_IDENTITY, RankTerms, calibrated_probability_logits, rank_adjusted_logits
+from .state_checks import BNMC_FIELDS
 from .svi import MixtureFitter
 
 __all__ = ["BNMC"]
@@ -459,29 +460,9 @@ class BNMC(HasPresets, MultiLabelEstimator):
         return RankTerms(*(float(getattr(self, name, 0.0)) for name in _RANK_TERM_ATTRIBUTES))
 
     def _check_fitted_state(self) -> None:
-        """Besides the fields every model has: the calibration and label-set rule, (a, b, d) and
-        (a', b', d') three finite numbers each, the rank terms finite numbers, the threshold and
-        label-count statistics finite and >= 0, ``count_rule_`` a known rule."""
-        super()._check_fitted_state()
-        for name in ("calibration_", "probability_calibration_"):
-            theta = np.asarray(getattr(self, name, self.calibration_), dtype=np.float64)
-            if theta.shape != (3,) or not np.all(np.isfinite(theta)):
-                raise ModelFormatError(f"{name} must be three finite numbers, got shape {theta.shape}")
-        for name in _RANK_TERM_ATTRIBUTES:
-            check_number(name, getattr(self, name, 0.0))
-        top_map = np.asarray(getattr(self, "top_label_map_", TOP_LABEL_IDENTITY), dtype=np.float64)
-        if top_map.shape != (3,) or not np.all(np.isfinite(top_map)) or top_map[:2].min() < 0:
-            raise ModelFormatError(f"top_label_map_ must be three finite numbers, the first two >= 0, got shape "
-                                   f"{top_map.shape}")
-        if self._rank_terms().offset < 0:
-            raise ModelFormatError("top_label_offset_ must be >= 0 (it keeps each row's ranking)")
-        for name in ("threshold_", "label_count_mean_", "label_count_std_"):
-            check_number(name, getattr(self, name), 0.0)
-        if getattr(self, "classifier_", CLASSIFIER_CHOICES[0]) not in CLASSIFIER_CHOICES:
-            raise ModelFormatError(f"classifier_ must be one of {', '.join(CLASSIFIER_CHOICES)}, got "
-                                   f"{str(self.classifier_)[:40]!r}")
-        if self.count_rule_ not in COUNT_RULES:
-            raise ModelFormatError(f"count_rule_ must be one of {', '.join(COUNT_RULES)}, got {str(self.count_rule_)[:40]!r}")
+        """The declared fields of :data:`bayesmlc.bnmc.state_checks.BNMC_FIELDS`: the calibration and
+        label-set rule, the rank terms, the classifiers and the mixture's state."""
+        check_fitted_state(self, BNMC_FIELDS)
 
     def _set_rank_terms(self, terms: RankTerms) -> None:
         for name, value in zip(_RANK_TERM_ATTRIBUTES, terms):

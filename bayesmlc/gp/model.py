@@ -15,8 +15,8 @@ import torch
 
 from ..base import LABEL_CARDINALITY, MultiLabelEstimator
 from ..distributed import ONE_PROCESS, ParallelContext
-from ..exceptions import ModelFormatError, ValidationError
-from ..fitted_state import check_integer, check_number
+from ..exceptions import ValidationError
+from ..fitted_state import check_fitted_state
 from ..label_statistics import LabelStatistics
 from ..parameters import Boolean, Integer, Options, Real, check_parameters
 from ..preprocessing import STANDARDIZE_CONSTRAINT, FeaturePreprocessor, legacy_preprocessor_state
@@ -31,6 +31,7 @@ from .linear_term import OPTIMISER_STATE as LINEAR_OPTIMISER_STATE
 from .linear_term import check_linear_term
 from .objective import NEGATIVE_SAMPLING
 from .prediction import mean_utilities, predictive_probabilities
+from .state_checks import MLGPF_FIELDS
 from .training import Trainer, TrainingDivergedError
 from .variational import VARIATIONAL_NAMES
 
@@ -464,22 +465,6 @@ class MLGPF(HasPresets, MultiLabelEstimator):
         self._stream = None
 
     def _check_fitted_state(self) -> None:
-        """Besides the fields every model has: ``kernel_`` a kernel name, ``n_latent_`` an integer >= 1,
-        ``jitter_`` a finite number >= 0 (files written before ``kernel_`` and ``n_latent_`` existed
-        have neither: their parameters name both)."""
-        super()._check_fitted_state()
-        if getattr(self, "kernel_", KERNEL_NAMES[0]) not in KERNEL_NAMES:
-            raise ModelFormatError(f"kernel_ must be one of {', '.join(KERNEL_NAMES)}, got {str(self.kernel_)[:40]!r}")
-        check_integer("n_latent_", getattr(self, "n_latent_", 1), 1)
-        check_number("jitter_", self.jitter_, 0.0)
-        weight = self.parameters_.get("linear.weight") if isinstance(self.parameters_, dict) else None
-        if weight is not None:
-            shape = (self.n_labels_, self.n_features_in_)
-            if not isinstance(weight, torch.Tensor) or not weight.is_floating_point() or tuple(weight.shape) != shape:
-                shown = tuple(weight.shape) if isinstance(weight, torch.Tensor) else type(weight).__name__
-                raise ModelFormatError(f"parameters_['linear.weight'] must be a float tensor of shape {shape} "
-                                       f"(labels, features), got {shown}")
-            if not bool(torch.isfinite(weight).all()):
-                raise ModelFormatError("parameters_['linear.weight'] must hold finite numbers (it holds NaN or infinity)")
-
-
+        """The declared fields of :data:`bayesmlc.gp.state_checks.MLGPF_FIELDS` (files written before
+        ``kernel_`` and ``n_latent_`` existed have neither: their parameters name both)."""
+        check_fitted_state(self, MLGPF_FIELDS)

@@ -1,0 +1,63 @@
+"""MLGPF's declared fitted fields (:func:`bayesmlc.fitted_state.check_fitted_state`).
+
+``parameters_`` holds the module's tensors by name; each name has a declared shape over the symbols
+``L`` (labels), ``D`` (features), ``Q`` (latent GPs), ``M`` (inducing variables) and ``R`` (the
+subspace rank), and every tensor must be floating point (never complex, integer or bool: the module
+would copy it silently) and finite (an infinite lengthscale, a NaN mean)."""
+
+from __future__ import annotations
+
+import fnmatch
+
+from ..exceptions import ModelFormatError
+from ..fitted_state import Field, _check_value, choice, integer, number, rule, tensor
+from ..state_checks import COMMON_FIELDS
+from .kernels import KERNEL_NAMES
+
+__all__ = ["MLGPF_FIELDS", "PARAMETER_SHAPES"]
+
+#: name pattern -> shape (or list of alternative shapes) of every tensor an MLGPF module keeps
+PARAMETER_SHAPES = {
+    "Phi": ("L", "Q"),
+    "bias": ("L",),
+    "kernel.*raw_weights": (None,),  # ARD weights, one per input coordinate of the inducing object
+    "kernel.*": (),  # variances and lengthscales
+    "inducing.Z": ("M", None),
+    "inducing.A": ("M", "R"),
+    "inducing.basis_t": ("R", None),
+    "inducing.basis_gram": ("R", "R"),
+    "variational.mean": ("Q", "M"),
+    "variational.mu": ("Q", "M"),
+    "variational.raw_sigma": ("Q", "M"),
+    "variational.scale_offdiag": [("M", "M"), ("Q", "M", "M")],
+    "variational.raw_scale_diag": [("M",), ("Q", "M")],
+    "variational.raw_gp_scale": ("Q",),
+    "linear.weight": ("L", "D"),
+}
+_REQUIRED = ("Phi", "bias", "variational.mean")
+
+
+def _parameters(model, dims) -> None:
+    parameters = model.parameters_
+    if not isinstance(parameters, dict):
+        raise ModelFormatError(f"parameters_ must be a mapping of tensor names, got {type(parameters).__name__}")
+    for name in _REQUIRED:
+        if name not in parameters:
+            raise ModelFormatError(f"parameters_ lacks {name!r}")
+    for name in [*_REQUIRED, *sorted(set(parameters) - set(_REQUIRED))]:
+        pattern = next((p for p in PARAMETER_SHAPES if fnmatch.fnmatchcase(str(name), p)), None)
+        if pattern is None:
+            raise ModelFormatError(f"parameters_ has an entry {str(name)[:80]!r} that no MLGPF module holds")
+        _check_value(tensor(("parameters_", name), PARAMETER_SHAPES[pattern]), parameters[name], dims)
+
+
+#: :class:`bayesmlc.gp.MLGPF` (files written before ``kernel_`` and ``n_latent_`` existed lack them)
+MLGPF_FIELDS = COMMON_FIELDS + (
+    choice("kernel_", KERNEL_NAMES, optional=True),
+    integer("n_latent_", 1, binds="Q", optional=True),
+    number("jitter_", 0.0),
+    integer("n_rows_seen_", 0, optional=True),
+    Field(path=("step_history_",), kind="mapping", optional=True),
+    Field(path=("parameters_",), kind="any"),
+    rule("parameters_", _parameters),
+)
