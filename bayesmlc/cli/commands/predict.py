@@ -11,6 +11,7 @@ import numpy as np
 from ..errors import EXIT_OK, CLIError
 from ..run_directory import META_FILE
 from .data_files import read_for_model
+from .risk import is_risk_controller, write_label_sets
 from .saved_run import load_model_dir, names_from_meta
 
 
@@ -22,9 +23,14 @@ def cmd_predict(args) -> int:
     data = read_for_model(args.input, args.format, model, labels=False)
     stream = _open_output(args.output, "--output") if args.output else sys.stdout  # before the work
     try:
-        indices, values = top_labels(model, data.X, args.top_k, raw_scores=args.scores)
+        as_sets = is_risk_controller(model) and not args.scores  # its label sets, not the top-k
+        if as_sets:
+            write_label_sets(stream, model, data.X, names, args.json, header=not (args.json or args.quiet))
+            indices, values = np.zeros((0, 0), dtype=np.int64), np.zeros((0, 0))
+        else:
+            indices, values = top_labels(model, data.X, args.top_k, raw_scores=args.scores)
         kind = "score" if args.scores else "probability"
-        if not args.json and not args.quiet:
+        if not args.json and not args.quiet and not as_sets:
             stream.write(f"# top {indices.shape[1]} labels per row, best first, as label:{kind}"
                          f"{' (raw decision_function scores)' if args.scores else ''}\n")
         for row_idx, row_values in zip(indices, values):

@@ -13,6 +13,7 @@ from ..output import device_name, emit, peak_rss_mb, progress, write_json
 from ..run_directory import HISTORY_FILE, META_FILE, METRICS_FILE, MODEL_FILE, RELIABILITY_FILE, RunDirectory
 from ..threads import max_threads, thread_note, too_many_threads
 from .data_files import announce_auc_rows, dataset_name
+from .risk import format_risk, risk_record, wrap_for_risk
 
 #: rows the CLI needs to train: the inverse propensities of the metrics need ln N > 1
 MIN_TRAIN_ROWS = 3
@@ -78,6 +79,8 @@ def cmd_train(args) -> int:
         from ...distributed import DataParallel
 
         parallel = DataParallel.from_env()  # under torchrun: RANK, WORLD_SIZE, MASTER_ADDR, ...
+    if args.risk is not None and args.distributed:
+        raise CLIError("--risk: not with --distributed (the threshold is calibrated in one process)")
     if args.resume and args.model != "mlgpf":
         raise CLIError(f"--resume: only --model mlgpf writes checkpoints, not {args.model}")
     if args.calibration_folds is not None:
@@ -141,6 +144,8 @@ def _train(args, parallel) -> int:
         record = {"model": args.model, "dataset": name, "params": model.get_params(deep=False), "metrics": {},
                   "train_seconds": train_seconds, "predict_seconds": None, "peak_rss_mb": None,
                   "device": device_name(model), "threads": _threads_used(args, model)}
+        if args.risk is not None:
+            record["risk_control"] = risk_record(model, test)
         if run_dir is not None:
             _write_model(run_dir, args, model, train, name, constants, inv_prop)
         else:
@@ -148,6 +153,8 @@ def _train(args, parallel) -> int:
         table = f"trained in {train_seconds:.2f} s"
         if test is not None:
             table = _score_test_set(args, model, test, inv_prop, record, run_dir)
+        if record.get("risk_control"):
+            table += "\n" + format_risk(record["risk_control"])
         if run_dir is not None:
             run_dir.commit()
             run_dir = None
@@ -175,7 +182,7 @@ def _training_model(args, parallel, quiet: bool):
         from ...calibration import CalibratedClassifier
 
         model = CalibratedClassifier(model, method=args.calibrate, cv=args.calibration_folds, random_state=args.seed)
-    return model
+    return wrap_for_risk(args, model)
 
 
 def _inverse_propensity(model, train, n_rows: int, sharded: bool, constants):
