@@ -8,6 +8,7 @@ import argparse
 from .commands import (cmd_bench, cmd_demo, cmd_evaluate, cmd_info, cmd_plot_history, cmd_predict, cmd_topics,
                        cmd_train)
 from .commands.demo import DEMO_FEATURES, DEMO_LABELS, DEMO_MIN_SAMPLES, DEMO_SETTINGS
+from .commands.risk import add_risk_arguments
 from .errors import EXIT_USAGE
 from .output import printable
 from .threads import max_threads, too_many_threads
@@ -111,6 +112,7 @@ def _add_train(command) -> None:
     p.add_argument("--calibration-folds", type=int, metavar="K",
                    help="with --calibrate: fit the maps on K-fold held-out predictions (every row held out once) "
                         "and train the model on all rows, K + 1 fits (default: one 80/20 split)")
+    add_risk_arguments(p)
     _add_common(p)
     p.set_defaults(func=cmd_train)
 
