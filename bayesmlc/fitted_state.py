@@ -22,7 +22,7 @@ import scipy.sparse as sp
 
 from .exceptions import ModelFormatError, ValidationError
 
-__all__ = ["PROBE_FEATURES", "Field", "all_finite", "array", "check_array", "check_fitted_state", "check_integer",
+__all__ = ["PROBE_FEATURES", "PROBE_ROW_NONZEROS", "PROBE_SAMPLE_ROWS", "Field", "all_finite", "array", "check_array", "check_fitted_state", "check_integer",
            "check_number", "check_sparse", "choice", "integer", "number", "probe_predictions", "probe_rows", "rule",
            "sparse", "tensor"]
 
@@ -111,15 +111,30 @@ def check_sparse(name: str, value, shape) -> None:
         raise ModelFormatError(f"{name} must hold finite numbers")
 
 
+#: the probe's rows like training rows: this many, each with up to :data:`PROBE_ROW_NONZEROS` features
+PROBE_SAMPLE_ROWS = 3
+PROBE_ROW_NONZEROS = 8
+
+
 def probe_rows(n_features: int) -> sp.csr_matrix:
-    """The probe's input: CSR float32 (2, ``n_features``), an all-zero row and a row of ones in every
-    column (at most :data:`PROBE_FEATURES` of them, spread evenly, for a wider model)."""
+    """The probe's input: CSR float32 (2 + :data:`PROBE_SAMPLE_ROWS`, ``n_features``): an all-zero
+    row, a row of ones in every column (at most :data:`PROBE_FEATURES` of them, spread evenly, for a
+    wider model), then rows like a sparse training set's: a handful of distinct columns each
+    (:data:`PROBE_ROW_NONZEROS` at most) holding small non-negative counts and weights (1 + Poisson(1)
+    times a Gamma(2, 1/2) factor), from a fixed-seed generator, so the probe is the same every load."""
     if n_features <= PROBE_FEATURES:
         columns = np.arange(n_features, dtype=np.int64)
     else:
         columns = np.unique(np.linspace(0, n_features - 1, PROBE_FEATURES).round().astype(np.int64))
-    return sp.csr_matrix((np.ones(columns.size, dtype=np.float32), columns, np.array([0, 0, columns.size])),
-                         shape=(2, n_features))
+    rng = np.random.default_rng(20240601)
+    rows = [np.zeros(0, np.int64), columns]
+    values = [np.zeros(0, np.float32), np.ones(columns.size, np.float32)]
+    for _ in range(PROBE_SAMPLE_ROWS):
+        picked = np.unique(rng.integers(0, max(n_features, 1), size=min(PROBE_ROW_NONZEROS, n_features)))
+        rows.append(picked)
+        values.append(((1 + rng.poisson(1.0, picked.size)) * rng.gamma(2.0, 0.5, picked.size)).astype(np.float32))
+    indptr = np.concatenate([[0], np.cumsum([r.size for r in rows])])
+    return sp.csr_matrix((np.concatenate(values), np.concatenate(rows), indptr), shape=(len(rows), n_features))
 
 
 def _does_not_predict(exc: BaseException) -> ModelFormatError:
@@ -129,9 +144,10 @@ def _does_not_predict(exc: BaseException) -> ModelFormatError:
 
 def probe_predictions(model, devices_available) -> None:
     """Predict :func:`probe_rows` of ``model``'s width (``decision_function`` and ``predict_proba``)
-    and check that the scores and probabilities have shape (2, ``n_labels_``), are finite for the
-    all-zero row, and that the probabilities lie in [0, 1] (NaN aside); ``ModelFormatError``
-    ("fitted state does not predict (TypeError: ...)") otherwise.
+    and check that the scores and probabilities have shape (rows, ``n_labels_``), are finite for the
+    all-zero row and the rows like training rows (the row of ones, unlike any training row, may
+    overflow: BMLS's exp of a sum over every feature), and that the probabilities lie in [0, 1] (NaN
+    aside); ``ModelFormatError`` ("fitted state does not predict (TypeError: ...)") otherwise.
 
     A :class:`ValidationError` while ``devices_available()`` is False is not the file's fault: the
     model names a device this machine does not have, and predicts only after ``set_params(device=...)``.
@@ -155,9 +171,9 @@ def probe_predictions(model, devices_available) -> None:
     for what, array in (("scores", scores), ("probabilities", proba)):
         if array.shape != expected:
             raise ModelFormatError(f"fitted state does not predict: {what} of shape {array.shape}, not {expected}")
-        # the row of ones is unlike any training row: an overflow there (BMLS's exp of a sum over
-        # every feature, in float32) is the model's arithmetic, not the file's fault
-        if array.dtype.kind not in "fiu" or not np.all(np.isfinite(array[0])):
+        # the row of ones (row 1) is unlike any training row: an overflow there (BMLS's exp of a sum
+        # over every feature, in float32) is the model's arithmetic, not the file's fault
+        if array.dtype.kind not in "fiu" or not np.all(np.isfinite(np.delete(array, 1, axis=0))):
             raise ModelFormatError(f"fitted state does not predict: its {what} are not all finite numbers")
     if np.any(proba < -_PROBABILITY_SLACK) or np.any(proba > 1 + _PROBABILITY_SLACK):
         raise ModelFormatError(f"fitted state does not predict: probabilities in [{proba.min():.6g}, {proba.max():.6g}], "

@@ -363,14 +363,15 @@ class _Stub(MultiLabelEstimator):
         return np.zeros((X.shape[0], self.n_labels_), dtype=np.float32)
 
     def _predict_proba(self, X):
-        return np.asarray(self.out)[: X.shape[0]]
+        out = np.asarray(self.out)
+        return out[np.arange(X.shape[0]) % len(out)]  # its rows again and again: one per probe row
 
 
 @pytest.mark.parametrize("out, message", [
     ([[0.5, 1.5], [0.1, 0.2]], r"probabilities in \[0.1, 1.5\], outside \[0, 1\]"),
     ([[0.5, np.nan], [0.1, 0.2]], "its probabilities are not all finite numbers"),
-    ([[0.5, 0.1, 0.2], [0.1, 0.2, 0.3]], r"does not predict \(ValueError: _Stub computed an array of shape \(2, 3\) for 2 rows"),
-    ([[0.5], [0.1]], r"does not predict \(ValueError: _Stub computed an array of shape \(2, 1\) for 2 rows"),  # not broadcast
+    ([[0.5, 0.1, 0.2], [0.1, 0.2, 0.3]], r"does not predict \(ValueError: _Stub computed an array of shape \(5, 3\) for 5 rows"),
+    ([[0.5], [0.1]], r"does not predict \(ValueError: _Stub computed an array of shape \(5, 1\) for 5 rows"),  # not broadcast
 ])
 def test_the_probe_refuses_probabilities_outside_zero_one_or_of_the_wrong_shape(out, message):
     from bayesmlc.fitted_state import probe_predictions
@@ -384,7 +385,7 @@ def test_the_probe_refuses_probabilities_outside_zero_one_or_of_the_wrong_shape(
     model._check_loaded()  # in range: accepted
 
 
-def test_the_probe_refuses_infinite_scores_of_the_zero_row_only():
+def test_the_probe_refuses_infinite_scores_of_every_row_but_the_row_of_ones():
     class InfiniteScores(_Stub):
         rows = slice(None)
 
@@ -400,16 +401,19 @@ def test_the_probe_refuses_infinite_scores_of_the_zero_row_only():
         model._check_loaded()
     model.rows = slice(1, 2)  # an overflow on the row of ones (unlike any training row) is accepted
     model._check_loaded()
+    model.rows = slice(3, 4)  # one on a row like the training rows is not (issue 32, point 6)
+    with pytest.raises(ModelFormatError, match="its scores are not all finite numbers"):
+        model._check_loaded()
 
 
 def test_the_probe_row_sets_every_feature_up_to_its_bound():
     from bayesmlc.fitted_state import PROBE_FEATURES, probe_rows
 
     narrow = probe_rows(7)
-    assert narrow.shape == (2, 7) and narrow[0].nnz == 0 and narrow[1].toarray().tolist() == [[1.0] * 7]
+    assert narrow.shape == (5, 7) and narrow[0].nnz == 0 and narrow[1].toarray().tolist() == [[1.0] * 7]
     wide = probe_rows(10**6)
-    assert wide.shape == (2, 10**6) and wide[0].nnz == 0 and wide.nnz == PROBE_FEATURES
-    assert wide.indices[0] == 0 and wide.indices[-1] == 10**6 - 1
+    assert wide.shape == (5, 10**6) and wide[0].nnz == 0 and wide[1].nnz == PROBE_FEATURES
+    assert wide[1].indices[0] == 0 and wide[1].indices[-1] == 10**6 - 1
 
 
 @pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="needs a machine without CUDA")
