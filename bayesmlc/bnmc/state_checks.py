@@ -67,8 +67,8 @@ BNMC_FIELDS = COMMON_FIELDS + (
     number("weight_precision_", 0.0, low_open=True),
     integer("calibration_folds_", 0, optional=True),
     choice("classifier_", CLASSIFIER_CHOICES, optional=True),
-    array("calibration_", (3,)),
-    array("probability_calibration_", (3,), optional=True),
+    array("evidence_weights_", (3,)),  # (a, b, d); files written before the rename: calibration_
+    array("probability_evidence_weights_", (3,), optional=True),
     *(number(name, optional=True) for name in RANK_TERMS),
     number("top_label_offset_", 0.0, optional=True),
     array("top_label_map_", (3,), optional=True),
