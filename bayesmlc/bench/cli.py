@@ -90,6 +90,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--bands", action="store_true",
                         help="also split P@k, PSP@k and recall@k of every finished run into label-frequency bands "
                              "(deciles of training frequency, head to tail; reloads each saved model to rank the test rows)")
+    parser.add_argument("--risk-control", action="store_true",
+                        help="also measure every finished run's label sets at recall 0.9, precision 0.9 and selective "
+                             "top-1 accuracy 0.9 (conformal risk control, Learn then Test) on random halves of the test "
+                             "rows, and ECE@k's noise floor (reloads each saved model; docs/risk-control.md)")
     parser.add_argument("--resume", action="store_true", help="keep finished runs of OUT/results.jsonl, rerun the rest")
     parser.add_argument("--report-only", action="store_true", help="rebuild report and plots from OUT/results.jsonl")
     parser.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
@@ -114,6 +118,8 @@ def _command_line(args) -> str:
         parts += ["--calibration-folds", str(args.calibration_folds)]
     if getattr(args, "bands", False):
         parts.append("--bands")
+    if getattr(args, "risk_control", False):
+        parts.append("--risk-control")
     for option, flag in (("seed", "--seed"), ("threads", "--threads"), ("device", "--device"), ("timeout", "--timeout")):
         value = getattr(args, option)
         if value is not None and not (option == "seed" and value == 0):
@@ -147,6 +153,7 @@ def run(args) -> int:
                 data_root=args.data_root, threads=args.threads, device=args.device, timeout_s=args.timeout,
                 resume=args.resume, log=log, calibrate=getattr(args, "calibrate", ()),
                 calibration_folds=getattr(args, "calibration_folds", None), bands=getattr(args, "bands", False),
+                risk_control=getattr(args, "risk_control", False),
             )
     except BayesMLCError as exc:
         print(f"bayesmlc bench: error: {exc}", file=sys.stderr)

@@ -19,6 +19,7 @@ from pathlib import Path
 import re
 
 from .published import published_for
+from .risk import RISK_CONTROL_SENTENCE, risk_control_table
 from .runner import calibration_suffix
 from .suites import BASELINE_MODELS
 
@@ -250,6 +251,9 @@ def dataset_tables(dataset: str, summaries, quality: bool = True, with_published
     bands = band_table(mine)
     if bands:
         parts += ["", BAND_SENTENCE, "", bands]
+    risk_sets = risk_control_table([s for s in summaries if s.dataset == dataset and s.records])
+    if risk_sets:
+        parts += ["", RISK_CONTROL_SENTENCE, "", risk_sets]
     return "\n".join(parts)
 
 

@@ -492,7 +492,7 @@ def run_suite(suite: Suite, out_dir, *, datasets=None, models=None, repeats: int
               data_root=None, run_one: RunOne | None = None, availability: Callable[[str], str | None] | None = None,
               threads: int | None = None, device: str | None = None, timeout_s: float | None = None,
               resume: bool = False, log: Callable[[str], None] = _stderr_log, calibrate=(),
-              calibration_folds: int | None = None, bands: bool = False) -> list[dict]:
+              calibration_folds: int | None = None, bands: bool = False, risk_control: bool = False) -> list[dict]:
     """Run ``suite`` and return its records (also appended, one JSON line each, to ``OUT/results.jsonl``).
 
     Parameters
@@ -504,6 +504,7 @@ def run_suite(suite: Suite, out_dir, *, datasets=None, models=None, repeats: int
     calibrate : calibration methods; each adds calibrated runs of every configuration (:func:`plan_runs`)
     calibration_folds : K: the calibrated runs cross-fit their maps, ``CalibratedClassifier(cv=K)``
     bands : also score each finished raw run by label-frequency band (:func:`.bands.band_fields`)
+    risk_control : also measure each finished run's label sets at the same guarantees (:func:`.risk.risk_control_fields`)
     """
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -546,7 +547,7 @@ def run_suite(suite: Suite, out_dir, *, datasets=None, models=None, repeats: int
         if reason:
             record.update(status="skipped", reason=reason)
         else:
-            record.update(_run(spec, out_dir, run_one, bands))
+            record.update(_run(spec, out_dir, run_one, bands, risk_control))
         records.append(record)
         with open(results_path, "a", encoding="utf-8") as handle:
             handle.write(json.dumps(record, default=str) + "\n")
@@ -575,7 +576,7 @@ def _prepare_dataset(spec: RunSpec) -> str | None:
     return None
 
 
-def _run(spec: RunSpec, out_dir: Path, run_one: RunOne, bands: bool = False) -> dict:
+def _run(spec: RunSpec, out_dir: Path, run_one: RunOne, bands: bool = False, risk_control: bool = False) -> dict:
     run_dir = out_dir / "runs" / spec.dataset / f"{spec.model}-{spec.config}" / f"r{spec.repeat}"
     run_dir.mkdir(parents=True, exist_ok=True)
     fields = {"run_dir": str(run_dir.relative_to(out_dir)), "dataset_shape": _dataset_shape(spec)}
@@ -601,6 +602,10 @@ def _run(spec: RunSpec, out_dir: Path, run_one: RunOne, bands: bool = False) -> 
             from .bands import band_fields
 
             fields.update(band_fields(spec.test_path, spec.train_path, run_dir))
+        if risk_control:
+            from .risk import risk_control_fields
+
+            fields.update(risk_control_fields(spec.test_path, run_dir))
     return fields
 
 
