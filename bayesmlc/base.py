@@ -209,6 +209,10 @@ class MultiLabelEstimator(BaseEstimator):
 
     #: parameter name -> list of allowed values or constraints (bayesmlc.parameters)
     _parameter_constraints: dict = {}
+    #: a model file's fitted attributes and parameters written under earlier names (old -> current):
+    #: ``_set_state`` and :func:`bayesmlc.persistence.load_model` read them under the current names
+    _renamed_attributes: dict = {}
+    _renamed_parameters: dict = {}
 
     def _computing_threads(self):
         """:func:`bayesmlc.threads.compute_threads` with this estimator's ``n_threads`` (a positive
@@ -326,7 +330,9 @@ class MultiLabelEstimator(BaseEstimator):
         """Set the fitted attributes a model file holds. Only fitted-attribute names are accepted (a
         public lower-case name ending in ``_`` that the class does not define itself): a state entry
         named after a method, a property or a private attribute (``"_check_loaded": null`` would
-        switch off every load check) is refused with ``ModelFormatError``."""
+        switch off every load check) is refused with ``ModelFormatError``. Entries under an earlier
+        name (:attr:`_renamed_attributes`) are set under the current one."""
+        state = persistence.current_names(state, type(self)._renamed_attributes)
         for key in state:
             if not _is_fitted_attribute_name(key) or hasattr(type(self), key):
                 raise ModelFormatError(f"the fitted state has an entry {str(key)[:80]!r} that is not a fitted "

@@ -152,9 +152,18 @@ def estimator_class(class_path: str):
     return cls
 
 
+def current_names(values: dict, renamed: dict) -> dict:
+    """``values`` (a model file's parameters or fitted state, by name) with each earlier name that
+    ``renamed`` maps (old -> current) replaced by the current one, unless ``values`` also holds the
+    current one (then both stay: a deprecated parameter that is still accepted keeps its value)."""
+    return {(key if renamed.get(key, key) in values else renamed[key]): value for key, value in values.items()}
+
+
 def _build(class_path: str, params, state, arrays):
-    """An estimator from its encoded parameters and fitted state (``None``: left unfitted)."""
-    model = estimator_class(class_path)(**decode(params, arrays))
+    """An estimator from its encoded parameters and fitted state (``None``: left unfitted); parameters
+    a file names by an earlier name (the class's ``_renamed_parameters``) are passed by the current one."""
+    cls = estimator_class(class_path)
+    model = cls(**current_names(decode(params, arrays), getattr(cls, "_renamed_parameters", {})))
     if state is not None:
         model._set_state(decode(state, arrays))
     return model

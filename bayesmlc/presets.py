@@ -69,9 +69,9 @@ MLGPF_PAIR = {
 }
 
 #: The BMLS authors' demo (K=100, 200 burn-in sweeps, 250 samples thinned by 10).
-BMLS_PAPER = dict(n_topics=100, schedule="fixed", n_burnin=200, n_samples=250, thin=10)
+BMLS_PAPER = dict(n_topics=100, schedule="fixed", n_burnin=200, n_draws=250, thin=10)
 #: The quick suite's BMLS (bayesmlc.bench.suites.QUICK_SETTINGS).
-BMLS_QUICK = dict(n_topics=50, schedule="fixed", n_burnin=100, n_samples=20, thin=5)
+BMLS_QUICK = dict(n_topics=50, schedule="fixed", n_burnin=100, n_draws=20, thin=5)
 #: The BNMC authors' code, BNMC-L: truncation 15, two passes, Polya-Gamma logistic classifiers.
 BNMC_PAPER_L = dict(truncation=15, n_passes=2, classifier="logistic")
 

@@ -94,7 +94,7 @@ def speed(train, n_sweeps: int, seed: int):
     results = []
 
     def measure(rows, n_topics):
-        model = BMLS(n_topics=n_topics, mu0=10, nu0=10, schedule="fixed", n_burnin=n_sweeps + 3, n_samples=1, thin=1,
+        model = BMLS(n_topics=n_topics, mu0=10, nu0=10, schedule="fixed", n_burnin=n_sweeps + 3, n_draws=1, thin=1,
                      random_state=seed)
         model.fit(train.X[rows], train.Y[rows])
         times = np.asarray(model.history_["sweep_time"][3:])
@@ -274,7 +274,7 @@ def hstep_child(data_file: Path, n_sweeps: int, seed: int) -> dict:
     bmls_model.gibbs_sweep = timed_sweep
     # the per-step timings of gibbs_sweep read time.perf_counter: make them CPU seconds
     bmls_gibbs.time = types.SimpleNamespace(perf_counter=time.process_time)
-    model = BMLS(n_topics=100, schedule="fixed", n_burnin=n_sweeps - 1, n_samples=1, thin=1, random_state=seed).fit(X, Y)
+    model = BMLS(n_topics=100, schedule="fixed", n_burnin=n_sweeps - 1, n_draws=1, thin=1, random_state=seed).fit(X, Y)
     objective = np.asarray(model.history_["objective"])
     return {"s_per_sweep": float(np.median(wall[2:])), "cpu_s_per_sweep": float(np.median(cpu[2:])),
             "features_cpu_s_per_sweep": model.sweep_step_seconds_["features"] / model.n_sweeps_,
@@ -354,7 +354,7 @@ def main(argv=None):
     parser.add_argument("--rounds", type=int, default=2, help="hstep: timed fits per tree and data set")
     parser.add_argument("--data-file", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                        help="override a BMLS parameter for the AUC runs (JSON value), e.g. --set n_samples=100")
+                        help="override a BMLS parameter for the AUC runs (JSON value), e.g. --set n_draws=100")
     parser.add_argument("--co-form", choices=sorted(CO_FORMS), default="paper",
                         help="BMLS-co configuration of the -co settings (see above)")
     parser.add_argument("--out", type=Path, help="append result rows as JSON lines")

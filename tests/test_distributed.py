@@ -710,7 +710,7 @@ def _bnmc_arrays(model, X) -> dict:
     return {
         "proba": model.predict_proba(X), "samples": model.classifier_samples_, "variances": model.classifier_variances_,
         "label_conc": model._mixture.label_conc, "stick_a": model._mixture.stick_a, "elbo": np.asarray(model.history_["objective"]),
-        "calibration": model.calibration_, "threshold": np.array([model.threshold_]),
+        "calibration": model.evidence_weights_, "threshold": np.array([model.threshold_]),
         "count_mean": np.array([model.label_count_mean_, model.label_count_std_]), "prior": model.label_prior_,
         "basis": np.zeros(0) if model.classifier_basis_ is None else model.classifier_basis_,
         "weight_precision": np.array([model.weight_precision_]),

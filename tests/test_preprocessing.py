@@ -241,7 +241,7 @@ def test_model_keeps_its_preprocessor_through_save_and_load(tmp_path):
 def test_a_file_gets_the_lowest_format_version_that_holds_it(tmp_path):
     X = (_dense(6)[:, :4] > np.median(_dense(6)[:, :4], axis=0)).astype(float)
     Y = X[:, :3]
-    BMLS(n_topics=2, schedule="fixed", n_burnin=1, n_samples=1, random_state=0).fit(X, Y).save(tmp_path / "bmls.npz")
+    BMLS(n_topics=2, schedule="fixed", n_burnin=1, n_draws=1, random_state=0).fit(X, Y).save(tmp_path / "bmls.npz")
     LogisticRegression().fit(X, Y).save(tmp_path / "lr.npz")
     versions = {}
     for name in ("bmls", "lr"):

@@ -35,7 +35,7 @@ DOCUMENTED_MLGPF_PAPER = {"n_latent": 30, "n_inducing": 500, "kernel": "linear",
                           "subspace_rank": 1000, "batch_size": 500, "variational": "whitened",
                           "idf_weighting": False, "lr_decay": 0.0, "epochs": 400}
 # the BMLS authors' demo (K=100, 200 burn-in, 250 samples thinned by 10) and BNMC-L (truncation 15, 2 passes)
-DOCUMENTED_BMLS_PAPER = {"n_topics": 100, "schedule": "fixed", "n_burnin": 200, "n_samples": 250, "thin": 10}
+DOCUMENTED_BMLS_PAPER = {"n_topics": 100, "schedule": "fixed", "n_burnin": 200, "n_draws": 250, "thin": 10}
 DOCUMENTED_BNMC_PAPER = {"truncation": 15, "n_passes": 2, "classifier": "logistic"}
 
 

@@ -34,7 +34,7 @@ MODELS = {
     "mlgpf-at-least-one": lambda: _small_mlgpf(label_cardinality="at_least_one"),
     "bnmc": lambda: BNMC(truncation=4, n_passes=1, random_state=0),
     "bnmc-threshold": lambda: BNMC(truncation=4, n_passes=1, count_rule="threshold", random_state=0),
-    "bmls": lambda: BMLS(n_topics=4, schedule="fixed", n_burnin=10, n_samples=5, thin=1, random_state=0),
+    "bmls": lambda: BMLS(n_topics=4, schedule="fixed", n_burnin=10, n_draws=5, thin=1, random_state=0),
     "knn": lambda: KNNBaseline(n_neighbors=5),
     "calibrated": lambda: CalibratedClassifier(LogisticRegression(max_iter=50), method="isotonic", random_state=0),
     "ensemble": lambda: AveragingEnsemble([("logistic", LogisticRegression(max_iter=50)),

@@ -35,7 +35,7 @@ FAST = {
     "logistic": lambda: LogisticRegression(max_iter=5, device="cpu"),
     "mlgpf": lambda: MLGPF(n_latent=2, n_inducing=4, subspace_rank=3, batch_size=32, epochs=2, n_threads=1,
                            device="cpu"),
-    "bmls": lambda: BMLS(n_topics=2, schedule="fixed", n_burnin=4, n_samples=4, thin=1, device="cpu"),
+    "bmls": lambda: BMLS(n_topics=2, schedule="fixed", n_burnin=4, n_draws=4, thin=1, device="cpu"),
     "bnmc": lambda: BNMC(truncation=3, n_passes=1, n_mode_steps=2, n_sweeps=1, n_keep=1, merge_trials=0,
                          validation_fraction=0.0, device="cpu"),
     "knn": lambda: KNNBaseline(n_neighbors=3, device="cpu"),

@@ -131,7 +131,7 @@ BMLS_BINARISE = {"emotions": {"binarize_threshold": 0.35}, "scene": {"binarize_t
 
 #: Small settings for the quick suite: seconds to a minute per small dataset on 2 cores.
 QUICK_SETTINGS = (
-    ModelConfig("bmls", "quick", {"n_topics": 50, "schedule": "fixed", "n_burnin": 100, "n_samples": 20, "thin": 5},
+    ModelConfig("bmls", "quick", {"n_topics": 50, "schedule": "fixed", "n_burnin": 100, "n_draws": 20, "thin": 5},
                 per_dataset=BMLS_BINARISE),
     ModelConfig("bnmc", "quick", {"n_passes": 2}),
     # MLGPF's automatic batch size gives these small sets 8 or more steps an epoch; dense sets standardised
@@ -146,7 +146,7 @@ QUICK_SETTINGS = (
 #: length; docs/benchmarks.md has both), and 200 epochs on the small sets (1-4 steps per epoch). Each model's
 #: defaults (configuration ``default``) run beside its paper settings.
 PAPER_SETTINGS = (
-    ModelConfig("bmls", "paper", {"n_topics": 100, "schedule": "fixed", "n_burnin": 200, "n_samples": 250, "thin": 10},
+    ModelConfig("bmls", "paper", {"n_topics": 100, "schedule": "fixed", "n_burnin": 200, "n_draws": 250, "thin": 10},
                 per_dataset=BMLS_BINARISE, timeout_s=3600),
     # the estimator's defaults: schedule="auto", binarize_threshold="auto" (x > 0; the training medians on dense sets)
     ModelConfig("bmls", "default", {}, timeout_s=900),
@@ -175,7 +175,7 @@ SCALE_SETTINGS = (
     ModelConfig("logistic", "default", {"max_iter": 20}, exclude={"amazoncat-13k-0.01": _NO_DENSE_WEIGHTS}),
     ModelConfig("napkinxc_plt", "default", {"predict_top_k": 100}),
     ModelConfig("omikuji_parabel", "default", {"predict_top_k": 100}),
-    ModelConfig("bmls", "speed", {"n_topics": 100, "schedule": "fixed", "n_burnin": 5, "n_samples": 2, "thin": 2,
+    ModelConfig("bmls", "speed", {"n_topics": 100, "schedule": "fixed", "n_burnin": 5, "n_draws": 2, "thin": 2,
                                   "binarize_threshold": 0.0}),
     ModelConfig("bnmc", "speed", {"n_passes": 1}),
     ModelConfig("mlgpf", "speed", {"n_inducing": 500, "batch_size": 500, "epochs": 2}),

@@ -4,6 +4,7 @@ optional label co-occurrence (Zhao, Rai, Du & Buntine, AISTATS 2018), trained by
 from __future__ import annotations
 
 import warnings
+from types import SimpleNamespace
 
 import numpy as np
 import scipy.sparse as sp
@@ -95,7 +96,7 @@ class BMLS(HasPresets, MultiLabelEstimator):
       posterior moments instead: Pr(y_l = 1 | x) = 1 - exp(-sum_k E[phi_lk] E[theta_k(x)]) with
       E[theta_k(x)] = exp(sum_d x_d (E[log h_dk] + Var[log h_dk] / 2)) (log h treated as Gaussian and
       independent across d), which ranks far worse on small sets. ``predictor_`` says which.
-    * ``"fixed"``: the authors' demo protocol, ``n_burnin`` sweeps then ``n_samples`` draws every
+    * ``"fixed"``: the authors' demo protocol, ``n_burnin`` sweeps then ``n_draws`` draws every
       ``thin`` sweeps; predictions average 1 - exp(-phi theta(x)) over the kept draws (paper and code).
 
     Parameters
@@ -122,7 +123,7 @@ class BMLS(HasPresets, MultiLabelEstimator):
         as an independence proposal and accepts it with the exposure ratio (exact). Without C both are
         the exact Gibbs step of eq. (24).
     schedule : ``"auto"`` or ``"fixed"`` (see above).
-    n_burnin, n_samples, thin : int, the ``"fixed"`` schedule: sweeps discarded, draws kept, sweeps
+    n_burnin, n_draws, thin : int, the ``"fixed"`` schedule: sweeps discarded, Gibbs draws kept, sweeps
         between kept draws (each draw costs (L + D + 1) K values of ``sample_dtype``). Unused by ``"auto"``.
     max_sweeps : ``"auto"`` or int >= 40, the ``"auto"`` schedule's most sweeps in all; burn-in takes at
         most half of them. ``"auto"``: the sweeps that about one minute of one core buys by a cost model
@@ -159,6 +160,9 @@ class BMLS(HasPresets, MultiLabelEstimator):
     device : "auto", "cpu" or "cuda": where predictions are computed. The sampler itself runs on the
         CPU (numba): its h step is sequential over features.
     verbose : bool, progress bar on stderr.
+    n_samples : int or "deprecated", the former name of ``n_draws`` (``n_samples`` means rows elsewhere):
+        an int is used as ``n_draws``, with a FutureWarning at ``fit``; it will be removed. A model file
+        that names it loads with its value as ``n_draws``.
 
     Attributes
     ----------
@@ -205,7 +209,7 @@ class BMLS(HasPresets, MultiLabelEstimator):
         cooccurrence_diagonal=False,
         schedule="auto",
         n_burnin=200,
-        n_samples=250,
+        n_draws=250,
         thin=10,
         max_sweeps="auto",
         plateau_tol=1e-3,
@@ -220,6 +224,7 @@ class BMLS(HasPresets, MultiLabelEstimator):
         random_state=None,
         device="auto",
         verbose=False,
+        n_samples="deprecated",
     ):
         self.n_topics = n_topics
         self.mu0 = mu0
@@ -230,7 +235,7 @@ class BMLS(HasPresets, MultiLabelEstimator):
         self.cooccurrence_diagonal = cooccurrence_diagonal
         self.schedule = schedule
         self.n_burnin = n_burnin
-        self.n_samples = n_samples
+        self.n_draws = n_draws
         self.thin = thin
         self.max_sweeps = max_sweeps
         self.plateau_tol = plateau_tol
@@ -245,11 +250,16 @@ class BMLS(HasPresets, MultiLabelEstimator):
         self.random_state = random_state
         self.device = device
         self.verbose = verbose
+        self.n_samples = n_samples
+
+    #: a model file's parameters under earlier names (old -> current), renamed at load
+    _renamed_parameters = {"n_samples": "n_draws"}
 
     _parameter_constraints = {
         "label_cardinality": [Options(*LABEL_CARDINALITY)],
         "n_topics": ["auto", Integer(1)],
-        **{name: [Integer(1)] for name in ("n_samples", "thin", "recompute_theta_every")},
+        **{name: [Integer(1)] for name in ("n_draws", "thin", "recompute_theta_every")},
+        "n_samples": ["deprecated", Integer(1)],
         "n_burnin": [Integer(0)],
         "max_sweeps": ["auto", Integer(2 * AUTO_WINDOW)],
         **{name: [Real(0, low_open=True)] for name in ("mu0", "nu0", "beta0", "plateau_tol", "predictive_tol")},
@@ -346,11 +356,21 @@ class BMLS(HasPresets, MultiLabelEstimator):
         n_topics = auto_topics(Y.nnz) if self.n_topics == "auto" else int(self.n_topics)
         self.n_topics_ = n_topics
         state = init_state(data, n_topics, X_bias.shape[1], float(self.beta0), rng)
-        schedule = Schedule.of(self, X_bias, n_topics, validating=validation is not None)
-        capacity = draw_capacity(self, data.n_labels, X_bias.shape[1], n_topics)
+        settings = self._schedule_settings()
+        schedule = Schedule.of(settings, X_bias, n_topics, validating=validation is not None)
+        capacity = draw_capacity(settings, data.n_labels, X_bias.shape[1], n_topics)
         chain = GibbsChain(self, data, state, rng, schedule, capacity, validation).run(self.history_)
         self._keep_posterior(chain, seen, X.shape[1])
         return self
+
+    def _schedule_settings(self):
+        """The parameters the schedule reads: the model's, or with the deprecated ``n_samples`` given,
+        a copy whose ``n_draws`` is its value (and a FutureWarning, scikit-learn's deprecation)."""
+        if isinstance(self.n_samples, str) and self.n_samples == "deprecated":
+            return self
+        warnings.warn("BMLS's n_samples was renamed n_draws (the Gibbs draws kept); n_samples is deprecated and "
+                      "will be removed: pass n_draws instead", FutureWarning, stacklevel=4)
+        return SimpleNamespace(**{**self.get_params(), "n_draws": self.n_samples})
 
     def _training_rows(self, X, Y, rng):
         """The chain's training rows: (X' = the binary features that occur in them plus the bias column,

@@ -1,7 +1,7 @@
 """BMLS's sweep schedules (docs/bmls.md, "Schedules"): how many sweeps a chain may run, when its burn-in
 ends, which collected sweeps offer a draw to keep, and when collection stops.
 
-* ``"fixed"``: the authors' demo protocol, ``n_burnin`` sweeps, then ``n_samples`` draws every ``thin``
+* ``"fixed"``: the authors' demo protocol, ``n_burnin`` sweeps, then ``n_draws`` draws every ``thin``
   sweeps.
 * ``"auto"``: burn-in ends at the end of a window of :data:`AUTO_WINDOW` sweeps whose mean
   log-likelihood (training and, with a validation split, held-out) gained less than ``plateau_tol``
@@ -65,11 +65,11 @@ def auto_sweeps(max_sweeps, X_bias: sp.csr_matrix, n_topics: int) -> int:
 
 
 def draw_capacity(settings, n_labels: int, n_features_bias: int, n_topics: int) -> int:
-    """Draws to keep, for the BMLS ``settings``: all ``n_samples`` with ``"fixed"``; with ``"auto"``,
+    """Draws to keep, for the BMLS ``settings``: all ``n_draws`` with ``"fixed"``; with ``"auto"``,
     ``max_kept_draws`` or, for ``"auto"``, at most AUTO_MAX_DRAWS and at most AUTO_DRAW_BYTES of
     ``sample_dtype``."""
     if settings.schedule == "fixed":
-        return int(settings.n_samples)
+        return int(settings.n_draws)
     if settings.max_kept_draws != "auto":
         return int(settings.max_kept_draws)
     per_draw = (n_labels + n_features_bias) * n_topics * np.dtype(settings.sample_dtype).itemsize
@@ -102,7 +102,7 @@ class Schedule:
             return cls(True, auto_sweeps(settings.max_sweeps, X_bias, n_topics), None, 1, settings.plateau_tol,
                        settings.predictive_tol, validating)
         n_burnin = int(settings.n_burnin)
-        return cls(False, n_burnin + int(settings.n_samples) * int(settings.thin), n_burnin, int(settings.thin))
+        return cls(False, n_burnin + int(settings.n_draws) * int(settings.thin), n_burnin, int(settings.thin))
 
     def collects(self, sweep: int) -> bool:
         """Whether ``sweep`` (from 1) is after the burn-in: its state enters the posterior moments."""

@@ -113,7 +113,7 @@ class ClassifierFitter:
     cross-fitting folds), the solver, the fits (Gibbs or variational, label block by label block on
     the low-rank design; or online SGD), the calibration on the held-out evidence, and the refit on
     every labelled row. :meth:`stream` is the classifier half of one ``partial_fit`` call. The fitted
-    attributes (``classifier_samples_``, ``calibration_``, ``threshold_``, ...) are written onto the
+    attributes (``classifier_samples_``, ``evidence_weights_``, ``threshold_``, ...) are written onto the
     estimator, whose settings (its parameters) are read from it.
 
     Parameters
@@ -417,7 +417,7 @@ class ClassifierFitter:
         the rule (:func:`~bayesmlc.bnmc.label_sets.choose_count_rule`). ``s_clf``, ``s_pat``: (n_val, L)
         evidence, ``Y_val`` labels, ``mask_val`` observed entries, of the held-out rows."""
         model = self.model
-        model.calibration_, model.probability_calibration_, terms = fit_calibration(s_clf, s_pat, Y_val, mask_val > 0)
+        model.evidence_weights_, model.probability_evidence_weights_, terms = fit_calibration(s_clf, s_pat, Y_val, mask_val > 0)
         model._set_rank_terms(terms)
         model.top_label_map_ = TOP_LABEL_IDENTITY.copy()
         if s_clf.size:

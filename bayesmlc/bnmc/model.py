@@ -172,9 +172,11 @@ class BNMC(HasPresets, MultiLabelEstimator):
     threshold_ : float, the tuned probability threshold
     calibration_folds_ : int, the folds the calibration's evidence was cross-fitted over (1: the single
         validation split; ``calibration_folds`` resolved)
-    calibration_ : ndarray (3,), (a, b, d) of the ranking logit z = a * s_clf + b * s_pattern + d
-    probability_calibration_ : ndarray (3,), (a', b', d') of the probability's logit z' = a' s_clf +
-        b' s_pattern + d', to which the rank terms below are added
+    evidence_weights_ : ndarray (3,), (a, b, d) of the ranking logit z = a * s_clf + b * s_pattern + d:
+        the weights of the classifiers' and the pattern's evidence (files written before the name
+        was given call it ``calibration_``; they load)
+    probability_evidence_weights_ : ndarray (3,), (a', b', d') of the probability's logit z' = a' s_clf +
+        b' s_pattern + d', to which the rank terms below are added (formerly ``probability_calibration_``)
     top_label_offset_, top_label_slope_, top_label_runner_up_, second_label_offset_, second_label_slope_,
     next_labels_offset_, next_labels_slope_ : float, the rank terms r >= 0, c, e, g_2, h_2, g, h
         (:class:`~bayesmlc.bnmc.rank_calibration.RankTerms`, fitted with (a', b', d') by
@@ -238,6 +240,9 @@ class BNMC(HasPresets, MultiLabelEstimator):
         self.random_state = random_state
         self.device = device
         self.verbose = verbose
+
+    #: fitted attributes of model files written under earlier names (old -> current), renamed at load
+    _renamed_attributes = {"calibration_": "evidence_weights_", "probability_calibration_": "probability_evidence_weights_"}
 
     _parameter_constraints = {
         "label_cardinality": [Options(*LABEL_CARDINALITY)],
@@ -393,7 +398,7 @@ class BNMC(HasPresets, MultiLabelEstimator):
     def _reset_calibration(self) -> None:
         """The calibration before one is fitted: the plain product of eq. 8 ((a, b, d) = (1, 1, 0) for
         both logits, no rank terms, no top-label map), threshold 0.5, ``count_rule`` ("auto": "expected")."""
-        self.calibration_ = self.probability_calibration_ = np.array([1.0, 1.0, 0.0])
+        self.evidence_weights_ = self.probability_evidence_weights_ = np.array([1.0, 1.0, 0.0])
         self._set_rank_terms(RankTerms())
         self.top_label_map_ = TOP_LABEL_IDENTITY.copy()
         self.threshold_ = 0.5
@@ -441,12 +446,12 @@ class BNMC(HasPresets, MultiLabelEstimator):
         """The ranking score z = a s_clf + b s_pattern + d, + r for each row's leading label (r >= 0 keeps
         it in the lead), or, with ``probability``, the logits of the calibrated probabilities
         (:func:`calibrated_probability_logits`)."""
-        if probability:  # files written before probability_calibration_ existed used calibration_ for both
-            theta = getattr(self, "probability_calibration_", self.calibration_)
+        if probability:  # files written before the probability's own weights existed used one set for both
+            theta = getattr(self, "probability_evidence_weights_", self.evidence_weights_)
             top_map = np.asarray(getattr(self, "top_label_map_", TOP_LABEL_IDENTITY), dtype=np.float64)
             top_map = None if np.array_equal(top_map, TOP_LABEL_IDENTITY) else top_map
-            return calibrated_probability_logits(s_clf, s_pat, self.calibration_, theta, self._rank_terms(), top_map)
-        a, b, d = self.calibration_
+            return calibrated_probability_logits(s_clf, s_pat, self.evidence_weights_, theta, self._rank_terms(), top_map)
+        a, b, d = self.evidence_weights_
         return rank_adjusted_logits(a * s_clf + b * s_pat + d, self._rank_terms())
 
     def _classifier_kind(self) -> str:

@@ -131,7 +131,7 @@ def test_recovers_planted_probabilities():
     draw = _planted_problem(rng, 0)
     X, Y, _ = draw(600)
     X_test, Y_test, proba_test = draw(600)
-    model = BMLS(n_topics=4, mu0=1.5, nu0=1.5, beta0=0.3, sample_beta0=False, schedule="fixed", n_burnin=150, n_samples=40,
+    model = BMLS(n_topics=4, mu0=1.5, nu0=1.5, beta0=0.3, sample_beta0=False, schedule="fixed", n_burnin=150, n_draws=40,
                  thin=3, random_state=0).fit(X, Y)
     predicted = model.predict_proba(X_test)
     oracle = roc_auc_score(Y_test.ravel(), proba_test.ravel())
@@ -150,7 +150,7 @@ def test_missing_labels_are_integrated_out_not_negatives():
     X, Y, _ = draw(800)
     X_test, _, proba_test = draw(400)
     Y_obs, mask = remove_labels(Y, fraction=0.5, random_state=3)
-    params = dict(n_topics=4, mu0=1.5, nu0=1.5, beta0=0.3, sample_beta0=False, schedule="fixed", n_burnin=150, n_samples=30,
+    params = dict(n_topics=4, mu0=1.5, nu0=1.5, beta0=0.3, sample_beta0=False, schedule="fixed", n_burnin=150, n_draws=30,
                   thin=3, random_state=0)
     masked = BMLS(**params).fit(X, Y_obs, label_mask=mask).predict_proba(X_test)
     as_zeros = BMLS(**params).fit(X, Y_obs).predict_proba(X_test)
@@ -166,7 +166,7 @@ def test_flipping_masked_entries_changes_nothing():
     X, Y, _ = draw(150)
     mask = (rng.random(Y.shape) < 0.6).astype(float)
     flipped = np.where(mask == 1, Y, 1 - Y)
-    params = dict(n_topics=3, schedule="fixed", n_burnin=20, n_samples=5, thin=2, random_state=5)
+    params = dict(n_topics=3, schedule="fixed", n_burnin=20, n_draws=5, thin=2, random_state=5)
     first = BMLS(**params).fit(X, Y, label_mask=mask)
     second = BMLS(**params).fit(X, flipped, label_mask=mask)
     np.testing.assert_array_equal(first.predict_proba(X), second.predict_proba(X))
@@ -179,7 +179,7 @@ def test_flipping_masked_entries_changes_nothing():
 def test_all_observed_mask_equals_no_mask():
     rng = np.random.default_rng(3)
     X, Y, _ = _planted_problem(rng, 0, n_labels=6)(80)
-    params = dict(n_topics=3, schedule="fixed", n_burnin=10, n_samples=3, thin=2, random_state=1)
+    params = dict(n_topics=3, schedule="fixed", n_burnin=10, n_draws=3, thin=2, random_state=1)
     a = BMLS(**params).fit(X, Y).predict_proba(X)
     b = BMLS(**params).fit(X, Y, label_mask=np.ones_like(Y)).predict_proba(X)
     np.testing.assert_array_equal(a, b)
@@ -191,7 +191,7 @@ def test_log_likelihood_history_matches_direct_computation():
     rng = np.random.default_rng(4)
     X, Y, _ = _planted_problem(rng, 0, n_labels=6)(60)
     mask = (rng.random(Y.shape) < 0.7).astype(float)
-    model = BMLS(n_topics=3, schedule="fixed", n_burnin=5, n_samples=1, thin=1, recompute_theta_every=1, random_state=2)
+    model = BMLS(n_topics=3, schedule="fixed", n_burnin=5, n_draws=1, thin=1, recompute_theta_every=1, random_state=2)
     model.fit(X, Y, label_mask=mask)
     phi, log_h = model.phi_samples_[0].astype(float), model.log_h_samples_[0].astype(float)
     rate = np.exp(np.hstack([X, np.ones((60, 1))]) @ log_h) @ phi.T
@@ -203,7 +203,7 @@ def test_log_likelihood_history_matches_direct_computation():
 def test_same_seed_same_result_and_save_load(tmp_path):
     rng = np.random.default_rng(5)
     X, Y, _ = _planted_problem(rng, 0, n_labels=6)(70)
-    params = dict(n_topics=3, schedule="fixed", n_burnin=10, n_samples=4, thin=2, random_state=11, cooccurrence=True)
+    params = dict(n_topics=3, schedule="fixed", n_burnin=10, n_draws=4, thin=2, random_state=11, cooccurrence=True)
     a = BMLS(**params).fit(X, Y)
     b = BMLS(**params).fit(X, Y)
     np.testing.assert_array_equal(a.predict_proba(X), b.predict_proba(X))
@@ -214,7 +214,7 @@ def test_same_seed_same_result_and_save_load(tmp_path):
     assert loaded.topics(3) == a.topics(3)
     # a user co-occurrence matrix as a parameter survives the round trip too
     C = cooccurrence_matrix(Y)
-    c_model = BMLS(n_topics=3, schedule="fixed", n_burnin=4, n_samples=2, thin=1, random_state=0, cooccurrence=C).fit(X, Y)
+    c_model = BMLS(n_topics=3, schedule="fixed", n_burnin=4, n_draws=2, thin=1, random_state=0, cooccurrence=C).fit(X, Y)
     c_model.save(tmp_path / "c.npz")
     np.testing.assert_array_equal(BMLS.load(tmp_path / "c.npz").predict_proba(X), c_model.predict_proba(X))
 
@@ -222,7 +222,7 @@ def test_same_seed_same_result_and_save_load(tmp_path):
 def test_float16_samples_halve_the_file_and_keep_the_predictions(tmp_path):
     rng = np.random.default_rng(8)
     X, Y, _ = _planted_problem(rng, 0, d=60, n_labels=6)(80)
-    params = dict(n_topics=5, schedule="fixed", n_burnin=10, n_samples=20, thin=1, random_state=3)
+    params = dict(n_topics=5, schedule="fixed", n_burnin=10, n_draws=20, thin=1, random_state=3)
     full = BMLS(sample_dtype="float32", **params).fit(X, Y)
     half = BMLS(**params).fit(X, Y)  # the default
     assert half.log_h_samples_.dtype == np.float16 and half.phi_samples_.dtype == np.float16
@@ -241,7 +241,7 @@ def test_float16_samples_halve_the_file_and_keep_the_predictions(tmp_path):
 def test_user_matrix_equal_to_default_gives_same_chain():
     rng = np.random.default_rng(6)
     X, Y, _ = _planted_problem(rng, 0, n_labels=6)(70)
-    params = dict(n_topics=3, schedule="fixed", n_burnin=10, n_samples=3, thin=2, random_state=4)
+    params = dict(n_topics=3, schedule="fixed", n_burnin=10, n_draws=3, thin=2, random_state=4)
     a = BMLS(cooccurrence=True, **params).fit(X, Y).predict_proba(X)
     full = cooccurrence_matrix(Y).toarray()
     b = BMLS(cooccurrence=full + full.T, **params).fit(X, Y).predict_proba(X)  # symmetric form
@@ -290,7 +290,7 @@ def test_non_binary_features_are_binarised_at_zero_by_default():
     X[:, :3] = 0.0  # sparse (40% of the entries non-zero): "auto" is x > 0
     Y = (rng.random((40, 3)) < 0.3).astype(float)
     Y[0] = 1
-    params = dict(n_topics=2, schedule="fixed", n_burnin=5, n_samples=2, thin=1, random_state=0)
+    params = dict(n_topics=2, schedule="fixed", n_burnin=5, n_draws=2, thin=1, random_state=0)
     with pytest.warns(UserWarning, match="x > 0") as caught:
         auto = BMLS(**params).fit(X, Y)
     assert sum("x > 0" in str(w.message) for w in caught) == 1  # one warning line
@@ -313,7 +313,7 @@ def test_dense_features_are_binarised_at_their_training_medians(tmp_path):
     X = (rng.normal(size=(41, 5)) * scale + offset).astype(np.float32)  # every entry non-zero, own offsets
     Y = (rng.random((41, 3)) < 0.3).astype(float)
     Y[0] = 1
-    params = dict(n_topics=2, schedule="fixed", n_burnin=5, n_samples=2, thin=1, random_state=0)
+    params = dict(n_topics=2, schedule="fixed", n_burnin=5, n_draws=2, thin=1, random_state=0)
     with pytest.warns(UserWarning, match="median"):
         auto = BMLS(**params).fit(X, Y)
     medians = np.median(X, axis=0)
@@ -407,13 +407,13 @@ def test_invalid_parameters_are_named(params, match):
     X = np.eye(4)
     Y = np.array([[1, 0], [0, 1], [1, 1], [0, 1]])
     with pytest.raises(ValidationError, match=match):
-        BMLS(schedule="fixed", n_burnin=1, n_samples=1, **params).fit(X, Y)
+        BMLS(schedule="fixed", n_burnin=1, n_draws=1, **params).fit(X, Y)
 
 
 def test_predict_interval_brackets_the_mean():
     rng = np.random.default_rng(8)
     X, Y, _ = _planted_problem(rng, 0, n_labels=6)(80)
-    model = BMLS(n_topics=3, schedule="fixed", n_burnin=20, n_samples=20, thin=2, random_state=0).fit(X, Y)
+    model = BMLS(n_topics=3, schedule="fixed", n_burnin=20, n_draws=20, thin=2, random_state=0).fit(X, Y)
     lower, upper = model.predict_interval(X[:10], coverage=0.8)
     mean = model.predict_proba(X[:10])
     assert np.all(lower <= mean + 1e-6) and np.all(mean <= upper + 1e-6)
@@ -428,7 +428,7 @@ def test_predict_interval_brackets_the_mean():
 def test_topics_and_format_topics():
     rng = np.random.default_rng(9)
     X, Y, _ = _planted_problem(rng, 0, n_labels=6, d=5)(80)
-    model = BMLS(n_topics=3, schedule="fixed", n_burnin=10, n_samples=4, thin=2, random_state=0).fit(X, Y)
+    model = BMLS(n_topics=3, schedule="fixed", n_burnin=10, n_draws=4, thin=2, random_state=0).fit(X, Y)
     topics = model.topics(2)
     assert [t["topic"] for t in topics] == list(np.argsort(-model.topic_usage_, kind="stable"))
     first = topics[0]
@@ -477,7 +477,7 @@ def test_bibtex_full_labels_auc():
 def test_verbose_shows_a_progress_bar(capsys):
     rng = np.random.default_rng(11)
     X, Y, _ = _planted_problem(rng, 0, n_labels=4)(30)
-    model = BMLS(n_topics=2, schedule="fixed", n_burnin=3, n_samples=2, thin=1, random_state=0, verbose=True).fit(X, Y)
+    model = BMLS(n_topics=2, schedule="fixed", n_burnin=3, n_draws=2, thin=1, random_state=0, verbose=True).fit(X, Y)
     err = capsys.readouterr().err
     assert "BMLS Gibbs" in err and "5/5" in err
     assert model.history_["sweep"] == [1, 2, 3, 4, 5]
@@ -551,7 +551,7 @@ def test_auto_predicts_from_the_moments_below_the_least_number_of_draws():
     enough = BMLS(n_topics=2, max_sweeps=200, max_kept_draws=2 * AUTO_MIN_PREDICTIVE_DRAWS, random_state=0).fit(X, Y)
     assert few.predictor_ == "moments" and few.phi_samples_.shape[0] < AUTO_MIN_PREDICTIVE_DRAWS
     assert enough.predictor_ == "draws" and enough.phi_samples_.shape[0] >= AUTO_MIN_PREDICTIVE_DRAWS
-    fixed = BMLS(n_topics=2, schedule="fixed", n_burnin=5, n_samples=3, thin=1, random_state=0).fit(X, Y)
+    fixed = BMLS(n_topics=2, schedule="fixed", n_burnin=5, n_draws=3, thin=1, random_state=0).fit(X, Y)
     assert fixed.predictor_ == "draws"  # the paper's protocol: always its draws
 
 

@@ -393,7 +393,7 @@ def test_the_rank_terms_keep_the_ranking_and_order_the_probabilities_with_it(pat
     X = pattern_data[0]
     model = copy.deepcopy(fitted)
     model._set_rank_terms(RankTerms())
-    model.probability_calibration_ = model.calibration_
+    model.probability_evidence_weights_ = model.evidence_weights_
     plain = model.decision_function(X[:50])
     np.testing.assert_allclose(model.predict_proba(X[:50]), 1.0 / (1.0 + np.exp(-plain)), rtol=1e-5)
     # the offset moves only each row's first label in the ranking score
@@ -503,7 +503,7 @@ def test_classifier_auto_keeps_the_likelihood_whose_held_out_probabilities_fit_b
     named = BNMC(**{**params, "classifier": expected}).fit(X, sp.csr_matrix(Y))
     assert named.classifier_ == expected
     np.testing.assert_allclose(model.predict_proba(X[:50]), named.predict_proba(X[:50]), rtol=1e-6, atol=1e-9)
-    np.testing.assert_array_equal(model.calibration_, named.calibration_)
+    np.testing.assert_array_equal(model.evidence_weights_, named.evidence_weights_)
 
 
 def test_classifier_auto_is_logistic_without_cross_fitting_or_above_the_entry_budget(monkeypatch):

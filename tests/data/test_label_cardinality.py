@@ -36,7 +36,7 @@ def test_matches_rejection_sampling_of_independent_labels():
 SMALL = {
     "mlgpf": lambda **kw: MLGPF(n_latent=3, n_inducing=10, subspace_rank=6, epochs=3, n_threads=1, **kw),
     "bnmc": lambda **kw: BNMC(truncation=4, n_passes=1, **kw),
-    "bmls": lambda **kw: BMLS(n_topics=4, schedule="fixed", n_burnin=10, n_samples=5, thin=1, **kw),
+    "bmls": lambda **kw: BMLS(n_topics=4, schedule="fixed", n_burnin=10, n_draws=5, thin=1, **kw),
 }
 
 
