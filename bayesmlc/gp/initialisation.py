@@ -167,6 +167,17 @@ def resolved_structure(params: dict, X, n_labels: int, n_rows: int | None = None
     return kernel, int(min(MAX_AUTO_LATENT, n_labels) if n_latent == "auto" else n_latent)
 
 
+#: ``linear_prior_variance="evidence"``: the s2 the linear term starts from, before its first update.
+EVIDENCE_START_VARIANCE = 16.0
+
+
+def starting_prior_variance(settings) -> float:
+    """The linear term's s2 at the start: ``linear_prior_variance``, or ``EVIDENCE_START_VARIANCE`` for
+    "evidence" (:meth:`~bayesmlc.gp.training.Trainer.update_prior_variance` then updates it)."""
+    value = getattr(settings, "linear_prior_variance", 1.0)
+    return EVIDENCE_START_VARIANCE if value == "evidence" else float(value)
+
+
 def build_module(settings, arrays: dict) -> MLGPFModule:
     """The module (float32, on the CPU) of ``settings``'s kernel, inducing inputs and variational family,
     holding ``arrays`` (from :func:`initial_arrays`, or :func:`structural_arrays` of a state dict)."""
@@ -178,7 +189,7 @@ def build_module(settings, arrays: dict) -> MLGPFModule:
     variational = make_variational(settings.variational, settings.n_latent, settings.n_inducing)
     linear = None
     if "linear_shape" in arrays:
-        linear = LinearTerm(*arrays["linear_shape"], getattr(settings, "linear_prior_variance", 1.0))
+        linear = LinearTerm(*arrays["linear_shape"], starting_prior_variance(settings))
     return MLGPFModule(kernel, inducing, variational, arrays["Phi"], arrays["bias"], linear)
 
 

@@ -33,6 +33,9 @@ allowed when L x D is at most ``linear_max_entries`` (default 2^26: 805 MB in fl
 
 from __future__ import annotations
 
+import math
+
+import numba
 import numpy as np
 import scipy.sparse as sp
 import torch
@@ -46,8 +49,10 @@ from ..utils import csr_to_torch
 __all__ = ["OPTIMISER_STATE", "LinearTerm", "LinearBlock", "check_linear_term",
            "column_inclusion_probability", "sparse_times_block"]
 
-#: the module's state dict entries of W's lazy Adam: in checkpoints (exact resume), not in model files
-OPTIMISER_STATE = ("exp_avg", "exp_avg_sq", "step")
+#: the module's state dict entries of W's training state (its lazy Adam's moments and step, and the prior
+#: variance s2 that ``linear_prior_variance="evidence"`` updates): in checkpoints (exact resume), not in
+#: model files (predictions do not use them)
+OPTIMISER_STATE = ("exp_avg", "exp_avg_sq", "step", "prior_variance_now")
 ADAM_BETAS = (0.9, 0.999)
 ADAM_EPS = 1e-8
 
@@ -172,13 +177,22 @@ class LinearTerm(nn.Module):
 
     def __init__(self, n_labels: int, n_features: int, prior_variance: float):
         super().__init__()
-        self.prior_variance = float(prior_variance)
+        self.register_buffer("prior_variance_now", torch.tensor(float(prior_variance), dtype=torch.float64))
         self.register_buffer("weight", torch.zeros(n_labels, n_features))
         self.register_buffer("exp_avg", torch.zeros(n_labels, n_features))
         self.register_buffer("exp_avg_sq", torch.zeros(n_labels, n_features))
         self.register_buffer("step", torch.zeros(()))
         self.doc_freq, self.n_rows = None, None
         self._sq_norm = None  # |W|_F^2, kept up to date by adam_step
+
+    @property
+    def prior_variance(self) -> float:
+        """s2 of the prior w_l ~ N(0, s2 I) (a buffer, so that a checkpoint keeps an evidence-updated one)."""
+        return float(self.prior_variance_now)
+
+    @prior_variance.setter
+    def prior_variance(self, value: float) -> None:
+        self.prior_variance_now.fill_(float(value))
 
     def _load_from_state_dict(self, *args, **kwargs):
         self._sq_norm = None  # W is replaced: form |W|^2 again when asked
@@ -229,14 +243,25 @@ class LinearTerm(nn.Module):
     @torch.no_grad()
     def adam_step(self, block: LinearBlock, gradient: torch.Tensor, learning_rate: float) -> None:
         """One lazy Adam step (``torch.optim.SparseAdam``'s rule) on ``block``'s entries of W with
-        ``gradient`` (the loss's, per training row); untouched entries and their moments stay."""
+        ``gradient`` (the loss's, per training row); untouched entries and their moments stay. On the
+        CPU one compiled pass over the block (:func:`_lazy_adam_block`): the gathers and scatters of
+        three (T, C) blocks by advanced indexing took 0.43 s of a 0.63 s step at the EURLex-4K shape
+        (scale 0.25, 311-row batches, one thread)."""
         beta1, beta2 = ADAM_BETAS
-        rows, cols = block._labels_t[:, None], block._columns_t[None, :]
-        m = self.exp_avg[rows, cols].mul_(beta1).add_(gradient, alpha=1.0 - beta1)
-        v = self.exp_avg_sq[rows, cols].mul_(beta2).addcmul_(gradient, gradient, value=1.0 - beta2)
         self.step += 1
         t = float(self.step)
         step_size = learning_rate / (1.0 - beta1**t)
+        if self.weight.device.type == "cpu":
+            change = _lazy_adam_block(self.weight.numpy(), self.exp_avg.numpy(), self.exp_avg_sq.numpy(),
+                                      block.labels, block.columns,
+                                      gradient.detach().to(self.weight.dtype).contiguous().numpy(),
+                                      step_size, beta1, beta2, 1.0 - beta2**t, ADAM_EPS)
+            if self._sq_norm is not None:
+                self._sq_norm += change
+            return
+        rows, cols = block._labels_t[:, None], block._columns_t[None, :]
+        m = self.exp_avg[rows, cols].mul_(beta1).add_(gradient, alpha=1.0 - beta1)
+        v = self.exp_avg_sq[rows, cols].mul_(beta2).addcmul_(gradient, gradient, value=1.0 - beta2)
         denominator = (v / (1.0 - beta2**t)).sqrt_().add_(ADAM_EPS)
         old = block.weight.detach()
         new = old - step_size * m / denominator
@@ -245,6 +270,29 @@ class LinearTerm(nn.Module):
         self.weight[rows, cols] = new
         self.exp_avg[rows, cols] = m
         self.exp_avg_sq[rows, cols] = v
+
+
+@numba.njit(cache=True, nogil=True)
+def _lazy_adam_block(weight, exp_avg, exp_avg_sq, labels, columns, gradient, step_size, beta1, beta2,
+                     bias_correction2, eps):
+    """Adam's update (Kingma and Ba 2015, Algorithm 1) of the entries ``weight[labels[a], columns[b]]``
+    with ``gradient[a, b]``, in place with their moments, in one pass; ``step_size`` is the rate over
+    the first moment's bias correction. Returns the change of |W|^2 (in float64)."""
+    change = 0.0
+    for a in range(labels.size):
+        row = labels[a]
+        for b in range(columns.size):
+            col = columns[b]
+            g = gradient[a, b]
+            m = beta1 * exp_avg[row, col] + (1.0 - beta1) * g
+            v = beta2 * exp_avg_sq[row, col] + (1.0 - beta2) * g * g
+            exp_avg[row, col] = m
+            exp_avg_sq[row, col] = v
+            old = float(weight[row, col])
+            weight[row, col] = old - step_size * m / (math.sqrt(v / bias_correction2) + eps)
+            new = float(weight[row, col])
+            change += new * new - old * old
+    return change
 
 
 def utility_curvature(X: sp.csr_matrix, f_mean: np.ndarray, label_mask: sp.csr_matrix | None = None) -> np.ndarray:
@@ -269,4 +317,29 @@ def evidence_prior_variance(weight: np.ndarray, curvature: np.ndarray, prior_var
     d = np.asarray(curvature, dtype=np.float64)
     gamma = float(np.sum(prior_variance * d / (1.0 + prior_variance * d)))
     sq_norm = float(np.sum(np.asarray(weight, dtype=np.float64) ** 2))
+    return (sq_norm / gamma if gamma > 0 else 0.0), gamma
+
+
+#: :func:`evidence_update` forms the curvature of at most this many (label, feature) entries at a time.
+CURVATURE_BLOCK_ENTRIES = 1 << 23
+
+
+def evidence_update(term: LinearTerm, X: sp.csr_matrix, f_mean: np.ndarray, label_mask: sp.csr_matrix | None,
+                    row_weight: float):
+    """MacKay's update of ``term``'s s2 (:func:`evidence_prior_variance`) from the prepared rows ``X``
+    (n, D), a uniform sample of the training rows, their utilities ``f_mean`` (n, L) and
+    ``label_mask`` (or None); each row stands for ``row_weight`` training rows (N / n), so the
+    curvature is an unbiased estimate of the training rows'. The curvature is formed a block of
+    labels at a time (:data:`CURVATURE_BLOCK_ENTRIES`). Returns (s2_new, gamma); ``term`` is left as
+    it is."""
+    weight = term.weight.detach().cpu().double().numpy()
+    n_labels, n_features = weight.shape
+    step = max(1, CURVATURE_BLOCK_ENTRIES // n_features)
+    s2, gamma = term.prior_variance, 0.0
+    for start in range(0, n_labels, step):
+        labels = slice(start, start + step)
+        mask = None if label_mask is None else sp.csr_matrix(label_mask)[:, labels]
+        curvature = row_weight * utility_curvature(X, f_mean[:, labels], mask)
+        gamma += evidence_prior_variance(weight[labels], curvature, s2)[1]
+    sq_norm = float(np.sum(weight**2))
     return (sq_norm / gamma if gamma > 0 else 0.0), gamma

@@ -141,8 +141,10 @@ class MLGPF(HasPresets, MultiLabelEstimator):
         process and ``negative_sampling="batch"``. Off by default: it helps on wide features with
         many labels, not everywhere, and doubles the training time (docs/experiments.md, "MLGPF: a
         per-label linear term").
-    linear_prior_variance : float > 0, default 16, s2 of the linear term's prior (its penalty
-        |W|^2 / (2 s2)); with ``linear_learning_rate`` chosen on validation rows of three sets.
+    linear_prior_variance : float > 0 or "evidence", default 16, s2 of the linear term's prior (its
+        penalty |W|^2 / (2 s2)); with ``linear_learning_rate`` chosen on validation rows of three sets.
+        "evidence" starts at 16 and sets s2 to MacKay's evidence update |W|^2 / gamma five times
+        before the learning rate decays (:func:`bayesmlc.gp.linear_term.evidence_prior_variance`).
     linear_learning_rate : float or None, default 0.1, the linear term's (lazy) Adam step size
         (None = ``learning_rate``); it follows the same schedule (``lr_decay``).
     linear_max_entries : int, the largest L x D the linear term is allowed (12 bytes an entry in
@@ -238,7 +240,7 @@ class MLGPF(HasPresets, MultiLabelEstimator):
         "idf_weighting": ["auto", Boolean()],
         "normalize_features": [Boolean()],
         "linear_term": [Boolean()],
-        "linear_prior_variance": [Real(0, low_open=True)],
+        "linear_prior_variance": [Real(0, low_open=True), "evidence"],
         "linear_learning_rate": [None, Real(0, low_open=True)],
         "linear_max_entries": [Integer(1)],
         "n_latent": ["auto", Integer(1)],

@@ -26,6 +26,7 @@ from .checkpoints import load_checkpoint, module_from_checkpoint, optimizer_stat
 from .history import new_history, new_step_history
 from .initialisation import ProjectionCache, feature_batch, initial_module, training_projection
 from .likelihoods import BernoulliLogit
+from .linear_term import evidence_update
 from .objective import (
     LabelEntries, StageClock, VariationalELBO, resolve_negative_samples, sample_label_entries, sample_shared_negatives,
 )
@@ -155,6 +156,18 @@ def early_stop(scores: list[float], patience: int) -> bool:
 #: 500-row batch up to 262 labels), so that it costs no more than a 2^17-entry product per step: at
 #: 2^20 entries and P = 100 that product was larger than a step's own B x S utility moments.
 TRAIN_SCORE_ENTRIES = 1 << 17
+#: ``linear_prior_variance="evidence"``: s2 is updated this many times, evenly over the epochs before
+#: the learning rate starts to decay, from the utilities of at most ``EVIDENCE_ROWS`` training rows.
+EVIDENCE_UPDATES, EVIDENCE_ROWS = 5, 2000
+
+
+def evidence_epochs(epochs: int, lr_decay: float) -> set:
+    """The 1-based epochs after which ``linear_prior_variance="evidence"`` updates s2: ``EVIDENCE_UPDATES``
+    of them, evenly spaced up to the last epoch at the constant rate (none when there is none)."""
+    constant = int((1.0 - lr_decay) * epochs)
+    return {round(constant * k / EVIDENCE_UPDATES) for k in range(1, EVIDENCE_UPDATES + 1)} - {0}
+
+
 #: Validation rows are scored this many at a time.
 VALIDATION_CHUNK_ROWS = 2048
 #: Settings a resumed run may change: they do not alter the path of the parameters.
@@ -423,6 +436,8 @@ class Trainer:
                 batch_size = batch_size_at(epoch, first_batch_size, settings.batch_size_growth,
                                            settings.batch_size_every, settings.max_batch_size)
                 self._epoch(train, elbo, epoch, batch_size, base_rates)
+                if epoch + 1 in self._evidence_epochs():
+                    self.update_prior_variance(train)
                 val = [math.nan] * 3
                 if n_val and ((epoch + 1) % settings.validation_every == 0 or epoch + 1 == settings.epochs):
                     val = self._validation_scores(*validation, context.strategy)
@@ -484,6 +499,25 @@ class Trainer:
                            ("kl", epoch_kl), ("batch_size", batch_size), ("jitter", max_jitter),
                            ("train_P@1", hits / max(seen, 1))):
             self.history[key].append(value)
+
+    def _evidence_epochs(self) -> set:
+        if self.module.linear is None or self.settings.linear_prior_variance != "evidence":
+            return set()
+        return evidence_epochs(self.settings.epochs, self.settings.lr_decay)
+
+    def update_prior_variance(self, train: TrainingRows) -> float:
+        """Set the linear term's s2 to MacKay's evidence update
+        (:func:`~bayesmlc.gp.linear_term.evidence_update`) from the utilities of ``EVIDENCE_ROWS``
+        evenly spaced training rows (all of them when fewer); returns the new s2."""
+        n_rows = train.X.shape[0]
+        rows = np.unique(np.linspace(0, n_rows - 1, min(n_rows, EVIDENCE_ROWS)).round().astype(np.int64))
+        X_rows = train.X[rows]
+        f_mean, _ = mean_utilities(self.module, X_rows, self.jitter)
+        mask = None if train.label_mask is None else train.label_mask[rows]
+        s2, _ = evidence_update(self.module.linear, X_rows, f_mean, mask, n_rows / rows.size)
+        if s2 > 0:
+            self.module.linear.prior_variance = s2
+        return self.module.linear.prior_variance
 
     def _elapsed(self) -> float:
         return self._elapsed_before + time.perf_counter() - self._start_clock

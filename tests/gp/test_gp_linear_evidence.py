@@ -55,3 +55,33 @@ def test_mackay_fixed_point_maximises_the_gaussian_evidence():
                                   options={"xatol": 1e-10}).x)
     assert abs(np.log(s2 / best)) < 1e-5
     assert 0 < gamma < D
+
+
+def test_fit_with_evidence_sets_s2_to_the_update_from_its_own_utilities():
+    # linear_prior_variance="evidence": the trainer's update, recomputed by hand on all the rows
+    # (dense curvature, gamma, |W|^2 / gamma), from the module the update saw
+    from bayesmlc.gp import MLGPF
+    from bayesmlc.gp.prediction import mean_utilities
+    from bayesmlc.gp.training import TrainingRows, evidence_epochs
+
+    assert evidence_epochs(100, 0.5) == {10, 20, 30, 40, 50}
+    assert evidence_epochs(10, 1.0) == set()
+    rng = np.random.default_rng(0)
+    X = sp.random(150, 12, density=0.3, random_state=np.random.RandomState(0), format="csr", dtype=np.float64)
+    X.data = np.abs(rng.standard_normal(X.nnz)) + 0.5
+    Y = sp.csr_matrix((X[:, :5].toarray() > 0).astype(np.float64))
+    model = MLGPF(n_latent=2, n_inducing=10, subspace_rank=6, batch_size=50, epochs=10, linear_term=True,
+                  linear_prior_variance="evidence", idf_weighting=False, random_state=0, n_threads=1)
+    model.fit(sp.csr_matrix(X, dtype=np.float32), Y)
+    term = model._module.linear
+    assert term.prior_variance != 16.0  # updated at epochs 1..5
+    Xp = model.preprocessor_.transform(sp.csr_matrix(X, dtype=np.float32))
+    trainer = model._trainer(model._module)
+    f_mean, _ = mean_utilities(model._module, Xp, model.jitter_)
+    s2 = term.prior_variance
+    lam = 1.0 / (1.0 + np.exp(-f_mean.astype(np.float64)))
+    d = (lam * (1.0 - lam)).T @ (Xp.toarray().astype(np.float64) ** 2)
+    W = term.weight.double().numpy()
+    expected = (W**2).sum() / (s2 * d / (1.0 + s2 * d)).sum()
+    got = trainer.update_prior_variance(TrainingRows(Xp, Y))
+    assert np.isclose(got, expected, rtol=1e-5)
