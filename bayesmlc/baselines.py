@@ -9,7 +9,7 @@ it exactly like a bayesmlc model, and a comparison is a ratio measured side by s
     :class:`NapkinXCPLT`: napkinXC's probabilistic label tree (optional: ``pip install 'bayesmlc[compare]'``).
 ``omikuji_parabel`` / ``omikuji_bonsai``
     :class:`OmikujiParabel` / :class:`OmikujiBonsai`: omikuji partitioned label trees with the
-    Parabel preset (balanced 2-means, depth up to 20) and the Bonsai preset (unbalanced 100-means,
+    Parabel variant (balanced 2-means, depth up to 20) and the Bonsai variant (unbalanced 100-means,
     depth 3), as in omikuji's README (optional, same extra).
 
 The optional ones import their package only when fitted or loaded; :func:`missing_dependency` tells
@@ -507,7 +507,7 @@ def _write_xc_file(path: str, X: sp.csr_matrix, Y: sp.csr_matrix) -> None:
 
 
 class _OmikujiTrees(_FileBackedModel):
-    """omikuji partitioned label trees; subclasses fix the clustering preset.
+    """omikuji partitioned label trees; subclasses fix the tree variant (its label clustering).
 
     Scores are omikuji's beam-search label scores for the ``predict_top_k`` best labels per row (100
     by default, :data:`DEFAULT_PREDICT_TOP_K`; every label when that covers them all or is None, with
@@ -536,15 +536,15 @@ class _OmikujiTrees(_FileBackedModel):
         self.device = device
         self.verbose = verbose
 
-    _PRESETS = {
+    _VARIANTS = {  # omikuji hyper-parameters of each published tree method
         "parabel": {"cluster_balanced": True, "cluster_k": 2, "max_depth": 20},
         "bonsai": {"cluster_balanced": False, "cluster_k": 100, "max_depth": 3},
     }
-    _preset = "parabel"
+    _variant = "parabel"
 
     def _hyper_parameters(self, omikuji):
         hyper = omikuji.Model.default_hyper_param()
-        for key, value in self._PRESETS[self._preset].items():
+        for key, value in self._VARIANTS[self._variant].items():
             setattr(hyper, key, value)
         hyper.n_trees = int(self.n_trees)
         hyper.linear_c = float(self.linear_c)
@@ -603,7 +603,7 @@ class _OmikujiTrees(_FileBackedModel):
 
 
 class OmikujiParabel(_OmikujiTrees):
-    """omikuji with the Parabel preset: balanced 2-means label clustering, trees up to depth 20.
+    """omikuji with the Parabel variant: balanced 2-means label clustering, trees up to depth 20.
 
     Parameters
     ----------
@@ -621,13 +621,13 @@ class OmikujiParabel(_OmikujiTrees):
     random_state, device, verbose : the estimator contract (omikuji takes no seed; CPU only).
     """
 
-    _preset = "parabel"
+    _variant = "parabel"
 
 
 class OmikujiBonsai(_OmikujiTrees):
-    """omikuji with the Bonsai preset: unbalanced 100-means label clustering, trees of depth 3.
+    """omikuji with the Bonsai variant: unbalanced 100-means label clustering, trees of depth 3.
 
     Parameters are those of :class:`OmikujiParabel`.
     """
 
-    _preset = "bonsai"
+    _variant = "bonsai"

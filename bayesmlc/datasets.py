@@ -2,7 +2,7 @@
 
 Real benchmark sets are described by a registry (:func:`list_datasets`, :func:`get_info`), read from a
 cache folder or a given path by :func:`load`, and fetched with checksums by :func:`download`.
-Synthetic sets come from :func:`make_multilabel`, the benchmark-shaped :func:`make_preset` and the
+Synthetic sets come from :func:`make_multilabel`, the benchmark-shaped :func:`make_shape` and the
 row splitter :func:`split`.
 
 Examples
@@ -29,7 +29,8 @@ from .data.registry import (
     list_datasets,
     load,
 )
-from .data.synthetic import PRESETS, make_multilabel, make_preset, make_train_test, split
+from .data import synthetic as _synthetic
+from .data.synthetic import SHAPES, make_multilabel, make_shape, make_train_test, split
 
 __all__ = [
     "load",
@@ -45,8 +46,16 @@ __all__ = [
     "XC_REPOSITORY_URL",
     "MULAN_URL",
     "make_multilabel",
-    "make_preset",
+    "make_shape",
     "make_train_test",
     "split",
-    "PRESETS",
+    "SHAPES",
 ]
+
+
+def __getattr__(name: str):
+    """The earlier names ``PRESETS`` and ``make_preset`` (:data:`bayesmlc.data.synthetic.DEPRECATED_NAMES`),
+    with a FutureWarning."""
+    if name in _synthetic.DEPRECATED_NAMES:
+        return getattr(_synthetic, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -15,7 +15,7 @@ Part ``scale`` (docs/benchmarks.md, "BMLS at scale"): on each data set the BMLS 
 cheap, one-vs-rest logistic regression are trained in the same process with one thread; the table gives
 wall and CPU seconds of ``fit``, BMLS's ratio to omikuji, global AUC (where every label is scored), P@1
 and P@5 on the test rows, and BMLS's seconds per sweep split by step (topics, labels, features,
-co-occurrence, likelihood). Synthetic shapes: ``make_preset(name, scale * 1.25)`` split 80/20 with seed
+co-occurrence, likelihood). Synthetic shapes: ``make_shape(name, scale * 1.25)`` split 80/20 with seed
 0, so the training part has the preset's row count (AmazonCat-13K at 1%: 11,862 rows; EURLex-4K: 15,539).
 
 Part ``hstep`` (docs/benchmarks.md, "Seconds per sweep against an earlier commit"): the sampler of
@@ -179,10 +179,10 @@ def scale_data(name: str, shared: Path):
     if (shared / name / "train.txt").exists():
         train, test = load(shared / name)
         return train.X, train.Y, test.X, test.Y
-    from bayesmlc.data.synthetic import make_preset, split
+    from bayesmlc.data.synthetic import make_shape, split
 
     preset, _, scale = name.rpartition("-")
-    train, test = split(make_preset(preset, scale=float(scale) * 1.25, random_state=0), 0.2, random_state=0)
+    train, test = split(make_shape(preset, scale=float(scale) * 1.25, random_state=0), 0.2, random_state=0)
     return train.X, train.Y, test.X, test.Y
 
 

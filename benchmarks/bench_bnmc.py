@@ -19,7 +19,7 @@ fit + predict (and the process CPU seconds, all threads), printed with the 1-min
 machine may be shared).
 
 ``scale``: the default BNMC fit beside omikuji Parabel (``bayesmlc.baselines.OmikujiParabel``,
-one thread) on the extreme-classification shapes of ``bayesmlc.data.synthetic.make_preset``
+one thread) on the extreme-classification shapes of ``bayesmlc.data.synthetic.make_shape``
 (``eurlex-4k`` = the full EURLex-4K shape, ``amazoncat-13k-0.01`` = AmazonCat-13K at 1 %: 4/3 of the
 preset's rows are generated and a random quarter held out, so the model trains on the preset's row
 count, 15,539 and 11,862) and on real sets (their train/test files). Each fit runs in its own
@@ -157,13 +157,13 @@ def cmd_missing(args, params):
 
 def _scale_data(name: str):
     """(train, test) for a preset shape ``eurlex-4k`` / ``amazoncat-13k-0.01`` or a real set."""
-    from bayesmlc.data.synthetic import make_preset, split
+    from bayesmlc.data.synthetic import make_shape, split
 
     if (DATA / name).is_dir():
         return load(name)
     preset, _, fraction = name.partition("-0.")
     scale = float("0." + fraction) if fraction else 1.0
-    return split(make_preset(preset, scale=scale * 4.0 / 3.0, random_state=0), 0.25, random_state=0)
+    return split(make_shape(preset, scale=scale * 4.0 / 3.0, random_state=0), 0.25, random_state=0)
 
 
 def _model_device(model) -> torch.device:

@@ -6,7 +6,7 @@ Usage (from the repository root)::
     PYTHONPATH=. python benchmarks/bench_evaluate.py --folder /tmp/bench-evaluate --models bnmc --repeats 5
 
 The data is the bench harness's synthetic EURLex-4K shape (``bayesmlc.bench.runner.write_synthetic``:
-``make_preset("eurlex-4k", scale)``, 20 % of the rows held out, seed 0), written to ``--folder``
+``make_shape("eurlex-4k", scale)``, 20 % of the rows held out, seed 0), written to ``--folder``
 once. Each model is trained once through ``bayesmlc train --out`` with short settings (MLGPF 2
 epochs, BNMC 1 pass: what is timed is prediction, which does not depend on how long the model
 trained) and kept in ``--folder``. Then, ``--repeats`` times and alternately: the whole ``bayesmlc

@@ -234,10 +234,10 @@ def print_full_row(full: dict) -> None:
 
 
 def cmd_scale(args):
-    from bayesmlc.data.synthetic import make_preset
+    from bayesmlc.data.synthetic import make_shape
 
     t = time.perf_counter()
-    data = make_preset("amazoncat-13k", scale=args.scale, random_state=0)
+    data = make_shape("amazoncat-13k", scale=args.scale, random_state=0)
     gen_s = time.perf_counter() - t
     params = dict(n_latent=30, n_inducing=500, kernel="linear", inducing="subspace", subspace_rank=args.rank,
                   batch_size=500, negative_samples=args.negative_samples, svd_max_rows=20000, random_state=0,

@@ -5,7 +5,7 @@ Usage (from the repository root)::
     python benchmarks/bench_mlgpf_epoch.py [--shape amazoncat-13k:1.25] [--epochs 1] [--threads 2]
         [--device cpu|cuda|auto] [--cache-dir /tmp/bayesmlc-scale] [--set key=value ...]
 
-The shape is ``make_preset(name, scale, random_state=0)`` split 80/20 and cached as ``.npz`` (the same
+The shape is ``make_shape(name, scale, random_state=0)`` split 80/20 and cached as ``.npz`` (the same
 files as ``bench_mlgpf_scale.py``); ``amazoncat-13k:1.25`` gives the published 1,186,239 training rows.
 The script fits the default ``MLGPF`` (or ``--set`` overrides) for ``--epochs`` epochs and prints one
 table: reading the cached file, the set-up (feature weighting, subspace SVD, k-means, ridge warm start:

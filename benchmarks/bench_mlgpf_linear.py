@@ -6,7 +6,7 @@ Usage (from the repository root)::
             [--data-root ../shared/datasets] [--config NAME key=value ...]...
 
 SET is a folder of ``../shared/datasets`` (``delicious``, ``bibtex_xc``, ...) or ``PRESET:SCALE`` for
-``bayesmlc.data.synthetic.make_preset(PRESET, SCALE, random_state=0)`` split 80/20 by
+``bayesmlc.data.synthetic.make_shape(PRESET, SCALE, random_state=0)`` split 80/20 by
 ``bayesmlc.data.synthetic.split``. With ``--validation`` the models are trained on 80% of the
 training rows and scored on the other 20% (seeded by ``--seed``): the split the defaults are chosen
 on; without it, trained on the training rows and scored on the test rows. Each ``--config NAME
@@ -28,7 +28,7 @@ import numpy as np
 
 from bayesmlc.baselines import OmikujiParabel, missing_dependency
 from bayesmlc.data.io import read_dataset
-from bayesmlc.data.synthetic import make_preset, split
+from bayesmlc.data.synthetic import make_shape, split
 from bayesmlc.gp import MLGPF
 from bayesmlc.metrics import precision_at_k, psprecision_at_k
 
@@ -40,7 +40,7 @@ def load_set(name: str, data_root=DATA_ROOT):
     synthetic shape."""
     if ":" in name:
         preset, scale = name.split(":")
-        train, test = split(make_preset(preset, float(scale), random_state=0), test_fraction=0.2, random_state=0)
+        train, test = split(make_shape(preset, float(scale), random_state=0), test_fraction=0.2, random_state=0)
         return train.X, train.Y, test.X, test.Y
     train, test = (read_dataset(Path(data_root) / name / f"{part}.txt") for part in ("train", "test"))
     return train.X, train.Y, test.X, test.Y

@@ -7,7 +7,7 @@ Usage (from the repository root)::
         [--families shared whitened cholesky preconditioned] [--steps 8] [--threads 1]
         [--cache-dir /tmp/bayesmlc-scale] [--full-fit [--device cpu|cuda|auto]] [--set key=value ...]
 
-For each shape (``make_preset(name, scale, random_state=0)``, written once to an ``.npz`` under
+For each shape (``make_shape(name, scale, random_state=0)``, written once to an ``.npz`` under
 ``--cache-dir`` and read back from there on later runs) it
 
 * trains omikuji Parabel (``n_threads=--threads``) on the training rows (80% of the rows; the other 20%
@@ -49,7 +49,7 @@ from bench_mlgpf import (  # noqa: E402
 
 from bayesmlc.baselines import OmikujiParabel, missing_dependency  # noqa: E402
 from bayesmlc.data.io import read_dataset, write_dataset  # noqa: E402
-from bayesmlc.data.synthetic import make_preset, split  # noqa: E402
+from bayesmlc.data.synthetic import make_shape, split  # noqa: E402
 from bayesmlc.gp import MLGPF, Trainer  # noqa: E402
 from bayesmlc.gp.initialisation import (  # noqa: E402
     build_module, initial_arrays, resolved_structure, training_projection, warm_start_mean,
@@ -69,7 +69,7 @@ def cached_preset(name: str, scale: float, cache_dir: Path):
     paths = [cache_dir / f"{name}-{scale:g}-seed0-{part}.npz" for part in ("train", "test")]
     start = time.perf_counter()
     if not all(p.exists() for p in paths):
-        train, test = split(make_preset(name, scale=scale, random_state=0), test_fraction=0.2, random_state=0)
+        train, test = split(make_shape(name, scale=scale, random_state=0), test_fraction=0.2, random_state=0)
         for dataset, path in zip((train, test), paths):
             write_dataset(dataset, path)
     train, test = (read_dataset(p) for p in paths)

@@ -7,7 +7,7 @@ Usage (from the repository root)::
     PYTHONPATH=. python benchmarks/bench_model_load.py --folder /tmp/loadbench time --repeats 5
 
 ``fit`` writes ``{model}-{preset}.npz`` for each model and synthetic preset shape
-(``bayesmlc.data.synthetic.make_preset`` at ``--scale`` of its rows: the model's size follows the
+(``bayesmlc.data.synthetic.make_shape`` at ``--scale`` of its rows: the model's size follows the
 preset's features and labels, not its rows) and keeps 1,000 rows of the same shape to predict.
 ``time`` loads each file ``--repeats`` times with the load-time check (``_check_loaded``: the field
 checks and the prediction probe, :mod:`bayesmlc.fitted_state`) and as many times without it,
@@ -35,12 +35,12 @@ MODELS = {
 
 
 def _fit(folder: Path, presets, scale: float) -> None:
-    from bayesmlc.data.synthetic import PRESETS, make_preset
+    from bayesmlc.data.synthetic import SHAPES, make_shape
 
     folder.mkdir(parents=True, exist_ok=True)
     for preset in presets:
-        data = make_preset(preset, scale=scale, random_state=0)
-        test = make_preset(preset, scale=1000 / PRESETS[preset]["n_samples"], random_state=1)
+        data = make_shape(preset, scale=scale, random_state=0)
+        test = make_shape(preset, scale=1000 / SHAPES[preset]["n_samples"], random_state=1)
         sp.save_npz(folder / f"test-{preset}.npz", sp.csr_matrix(test.X))
         for name, build in MODELS.items():
             start = time.perf_counter()
@@ -95,10 +95,10 @@ def main() -> None:
     parser.add_argument("command", choices=["fit", "time"])
     args = parser.parse_args()
     if args.command == "fit":
-        from bayesmlc.data.synthetic import PRESETS
+        from bayesmlc.data.synthetic import SHAPES
 
         for preset in args.presets.split(","):
-            _fit(args.folder, [preset], args.scale or 2000 / PRESETS[preset]["n_samples"])
+            _fit(args.folder, [preset], args.scale or 2000 / SHAPES[preset]["n_samples"])
     else:
         _time(args.folder, args.repeats)
 

@@ -5,7 +5,7 @@ Usage (from the repository root)::
     python benchmarks/bench_subspace_svd.py [--shape amazoncat-13k:1.25] [--rows 100000] [--held-out 20000]
         [--rank 1000] [--threads 2] [--repeats 2] [--cache-dir /tmp/bayesmlc-scale]
 
-The shape's training rows (``bench_mlgpf_scale.cached_preset``: ``make_preset(name, scale,
+The shape's training rows (``bench_mlgpf_scale.cached_preset``: ``make_shape(name, scale,
 random_state=0)`` split 80/20, cached as ``.npz``) are prepared as the default MLGPF prepares them
 (idf weighting, unit rows). ``--rows`` of them, drawn with seed 0, go to
 :func:`bayesmlc.linalg.top_singular_vectors` (float32 work arrays, as MLGPF's default ``dtype``);

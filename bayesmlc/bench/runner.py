@@ -378,7 +378,7 @@ def write_synthetic(spec: DatasetSpec, folder: Path) -> None:
     test_fraction = float(settings.pop("test_fraction", 0.2))
     random_state = settings.pop("random_state", 0)
     if "preset" in settings:
-        data = synthetic.make_preset(settings.pop("preset"), scale=settings.pop("scale", 1.0),
+        data = synthetic.make_shape(settings.pop("preset"), scale=settings.pop("scale", 1.0),
                                      random_state=random_state, **settings)
     else:
         data = synthetic.make_multilabel(random_state=random_state, **settings)

@@ -50,7 +50,7 @@ class DatasetSpec:
 
     ``synthetic`` is ``None`` for a real set read from ``<data root>/<name>/{train,test}.txt``; for a
     generated one it holds the generator call: ``{"preset": "eurlex-4k", "scale": 0.1}`` for
-    ``bayesmlc.data.synthetic.make_preset``, or ``{"n_samples": .., "n_features": .., "n_labels": ..}``
+    ``bayesmlc.data.synthetic.make_shape``, or ``{"n_samples": .., "n_features": .., "n_labels": ..}``
     for ``make_multilabel``; ``"test_fraction"`` (default 0.2) sets the held-out share. ``files`` is
     ``(train path, test path)`` of a user's set (``bayesmlc bench --dataset``, :mod:`.user_data`).
     """

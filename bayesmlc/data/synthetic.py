@@ -23,6 +23,7 @@ pure function of the arguments and the seed.
 from __future__ import annotations
 
 import math
+import warnings
 from typing import Optional
 
 import numpy as np
@@ -33,10 +34,10 @@ from .dataset import Dataset
 
 __all__ = [
     "make_multilabel",
-    "make_preset",
+    "make_shape",
     "make_train_test",
     "split",
-    "PRESETS",
+    "SHAPES",
     "CHUNK_ROWS",
     "default_rank",
 ]
@@ -59,7 +60,7 @@ LABELS_PER_TOPIC = 4
 # are calibrated so that the generated rank-frequency slopes match ../shared/datasets/bibtex/train.txt
 # (labels: 0.53 over ranks 10-79, generated 0.53; features: 0.78 over ranks 10-918, generated 0.72);
 # the other exponents, and Delicious' features per row (not published), are plausible choices, not fits.
-PRESETS = {
+SHAPES = {
     "bibtex": dict(
         n_samples=4880, n_features=1836, n_labels=159, features_per_row=68.7, labels_per_row=2.40,
         feature_kind="binary", label_power=0.7, feature_power=1.0,
@@ -565,21 +566,21 @@ def _stack_csr(parts, n_columns: int, dtype) -> sp.csr_matrix:
 
 
 # --------------------------------------------------------------------------------------------------
-# presets and splits
+# benchmark shapes and splits
 # --------------------------------------------------------------------------------------------------
-def make_preset(name: str, scale: float = 1.0, random_state=None, **overrides) -> Dataset:
+def make_shape(name: str, scale: float = 1.0, random_state=None, **overrides) -> Dataset:
     """A synthetic set shaped like a public benchmark's training set.
 
-    ``name`` is one of :data:`PRESETS` (``bibtex``, ``delicious``, ``eurlex-4k``, ``amazoncat-13k``).
+    ``name`` is one of :data:`SHAPES` (``bibtex``, ``delicious``, ``eurlex-4k``, ``amazoncat-13k``).
     ``scale`` multiplies the number of ROWS only (features, labels, per-row densities stay those of the
-    real set); ``make_preset("amazoncat-13k", scale=0.1)`` has 118,624 rows. ``overrides`` replace any
+    real set); ``make_shape("amazoncat-13k", scale=0.1)`` has 118,624 rows. ``overrides`` replace any
     other :func:`make_multilabel` argument (for example ``missing_fraction``).
     """
     key = str(name).lower()
-    if key not in PRESETS:
-        raise ValidationError(f"unknown preset {name!r}; known presets: {', '.join(PRESETS)}")
+    if key not in SHAPES:
+        raise ValidationError(f"unknown shape {name!r}; known shapes: {', '.join(SHAPES)}")
     scale = _check_float(scale, "scale", 0.0, 1e6)
-    params = dict(PRESETS[key])
+    params = dict(SHAPES[key])
     n_samples = max(1, int(round(params.pop("n_samples") * scale)))
     params.update(overrides)
     dataset = make_multilabel(n_samples, params.pop("n_features"), params.pop("n_labels"),
@@ -617,3 +618,18 @@ def make_train_test(n_samples: int, n_features: int, n_labels: int, *, test_frac
     seed = _seed_from(random_state)
     dataset = make_multilabel(n_samples, n_features, n_labels, random_state=seed, **kwargs)
     return split(dataset, test_fraction, random_state=seed + 1)
+
+
+#: earlier names (a "preset" is a model configuration, :mod:`bayesmlc.presets`), still readable
+DEPRECATED_NAMES = {"PRESETS": "SHAPES", "make_preset": "make_shape"}
+
+
+def __getattr__(name: str):
+    """``PRESETS`` and ``make_preset``, the earlier names of :data:`SHAPES` and :func:`make_shape`,
+    with a FutureWarning."""
+    if name in DEPRECATED_NAMES:
+        current = DEPRECATED_NAMES[name]
+        warnings.warn(f"bayesmlc's synthetic {name} was renamed {current} (presets are model configurations, "
+                      f"bayesmlc.presets); {name} will be removed", FutureWarning, stacklevel=2)
+        return globals()[current]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

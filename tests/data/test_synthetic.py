@@ -15,7 +15,7 @@ from sklearn.preprocessing import normalize
 
 from bayesmlc import datasets
 from bayesmlc.data import synthetic
-from bayesmlc.data.synthetic import make_multilabel, make_preset, make_train_test, split
+from bayesmlc.data.synthetic import make_multilabel, make_shape, make_train_test, split
 from bayesmlc.exceptions import ValidationError
 
 
@@ -45,9 +45,21 @@ def medium():
 
 def test_public_module_reexports():
     assert datasets.make_multilabel is make_multilabel
-    assert datasets.make_preset is make_preset
+    assert datasets.make_shape is make_shape
     assert datasets.split is split
-    assert set(datasets.PRESETS) == {"bibtex", "delicious", "eurlex-4k", "amazoncat-13k"}
+    assert set(datasets.SHAPES) == {"bibtex", "delicious", "eurlex-4k", "amazoncat-13k"}
+
+
+def test_the_earlier_names_of_the_shapes_still_work_with_a_future_warning():
+    import bayesmlc.data.synthetic as synthetic
+
+    for module in (synthetic, datasets):
+        with pytest.warns(FutureWarning, match="PRESETS was renamed SHAPES"):
+            assert module.PRESETS is synthetic.SHAPES
+        with pytest.warns(FutureWarning, match="make_preset was renamed make_shape"):
+            assert module.make_preset is make_shape
+    with pytest.raises(AttributeError, match="no attribute 'MAKE'"):
+        synthetic.MAKE
 
 
 def test_types_shapes_and_sparsity(medium):
@@ -251,7 +263,7 @@ def test_bad_arguments_are_named(kwargs, argument):
 
 
 def test_presets_have_the_published_shapes():
-    bibtex = make_preset("bibtex", scale=0.5, random_state=0)
+    bibtex = make_shape("bibtex", scale=0.5, random_state=0)
     assert (bibtex.n_samples, bibtex.n_features, bibtex.n_labels) == (2440, 1836, 159)
     stats = bibtex.stats()
     assert stats["binary_features"]
@@ -259,17 +271,17 @@ def test_presets_have_the_published_shapes():
     assert abs(stats["features_per_row"] - 68.7) < 5
     assert bibtex.source["preset"] == "bibtex" and bibtex.source["scale"] == 0.5
 
-    amazon = make_preset("amazoncat-13k", scale=0.002, random_state=0)
+    amazon = make_shape("amazoncat-13k", scale=0.002, random_state=0)
     assert (amazon.n_samples, amazon.n_features, amazon.n_labels) == (2372, 203882, 13330)
     assert abs(amazon.stats()["labels_per_row"] - 5.04) < 0.2
     assert abs(amazon.stats()["features_per_row"] - 71.0) < 6
 
 
 def test_preset_overrides_and_errors():
-    ds = make_preset("delicious", scale=0.05, random_state=1, missing_fraction=0.5)
+    ds = make_shape("delicious", scale=0.05, random_state=1, missing_fraction=0.5)
     assert ds.n_samples == 646 and ds.label_mask is not None
-    with pytest.raises(ValidationError, match="unknown preset"):
-        make_preset("rcv1")
+    with pytest.raises(ValidationError, match="unknown shape"):
+        make_shape("rcv1")
 
 
 def test_split_partitions_rows():
@@ -290,7 +302,7 @@ def test_split_partitions_rows():
 @pytest.mark.slow
 def test_amazoncat_tenth_generates_quickly():
     start = time.perf_counter()
-    ds = make_preset("amazoncat-13k", scale=0.1, random_state=0)
+    ds = make_shape("amazoncat-13k", scale=0.1, random_state=0)
     seconds = time.perf_counter() - start
     assert ds.n_samples == 118624
     assert abs(ds.stats()["features_per_row"] - 71.0) < 2
