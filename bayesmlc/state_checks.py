@@ -16,12 +16,12 @@ __all__ = ["COMMON_FIELDS", "PREPROCESSOR_FIELDS", "LOGISTIC_FIELDS", "KNN_FIELD
 
 
 def _fitted_preprocessor(model, dims) -> None:
-    from .preprocessing import FeaturePreprocessor
-
     preprocessor = getattr(model, "preprocessor_", None)
     if preprocessor is None:
         return
-    if not isinstance(preprocessor, FeaturePreprocessor) or not hasattr(preprocessor, "n_features_in_"):
+    cls = type(preprocessor)  # by name: bayesmlc.preprocessing imports this module
+    if (cls.__module__, cls.__name__) != ("bayesmlc.preprocessing", "FeaturePreprocessor") \
+            or not hasattr(preprocessor, "n_features_in_"):
         raise ModelFormatError(f"preprocessor_ must be a fitted FeaturePreprocessor, got {type(preprocessor).__name__}")
     if preprocessor.n_features_in_ != dims["D"]:
         raise ModelFormatError(f"preprocessor_ has {preprocessor.n_features_in_} features, the model {dims['D']}")
