@@ -1,7 +1,7 @@
 """MLGPF benchmarks: accuracy on Bibtex, seconds per epoch with a time split, AmazonCat-13K-shaped scale.
 
-Usage (from the repository root; the ``bibtex_xc`` set, read from the folder the benchmark harness reads:
-``$BAYESMLC_SHARED_DATASETS`` or its default, ``bayesmlc.bench.runner.default_data_root``; what the set is
+Usage (from the repository root; the ``bibtex_xc`` set, read from the data root the registry and the
+benchmark harness read: ``$BAYESMLC_DATA``, see ``bayesmlc.datasets.data_home``; what the set is
 and where to get it: ``bayesmlc.datasets.get_info("bibtex_xc")``)::
 
     python benchmarks/bench_mlgpf.py speed    [--threads 2] [--epochs 2] [--set variational=cholesky ...]
@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from bayesmlc.bench.runner import default_data_root
+from bayesmlc.datasets import data_home
 from bayesmlc.parameters import parse_set_values
 from bayesmlc.data.io import read_dataset
 from bayesmlc.gp import MLGPF, Trainer
@@ -43,7 +43,7 @@ from bayesmlc.presets import MLGPF_AUTHORS_CODE, MLGPF_BEST_SINGLE, MLGPF_PAIR, 
 from bayesmlc.preprocessing import normalize_rows
 from bayesmlc.utils import resolve_device
 
-DATA = default_data_root()
+DATA = data_home()
 
 # The recipes measured here are bayesmlc.presets' (their comments say what each is): PAPER the subspace
 # paper's settings, BEST the best single configuration, CODE the authors' code's settings, PAIR the two

@@ -1,5 +1,6 @@
-"""Shared fixtures. Real datasets are read from ``../shared/datasets`` beside the repository when it
-exists; tests that need them skip with a clear reason when it does not."""
+"""Shared fixtures. Real datasets are read from the data root ``$BAYESMLC_DATA`` when it is set, else
+from ``../shared/datasets`` beside the repository; tests that need them skip with a clear reason when
+they are not there."""
 
 from __future__ import annotations
 
@@ -14,14 +15,14 @@ import torch
 torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-SHARED_DATASETS = Path(os.environ.get("BAYESMLC_SHARED_DATASETS", REPO_ROOT.parent / "shared" / "datasets"))
+SHARED_DATASETS = Path(os.environ.get("BAYESMLC_DATA") or REPO_ROOT.parent / "shared" / "datasets")
 
 
 def shared_dataset_dir(name: str) -> Path:
-    """Folder of a real dataset in ../shared/datasets, or skip the test with the reason."""
+    """Folder of a real dataset in the data root (:data:`SHARED_DATASETS`), or skip the test with the reason."""
     folder = SHARED_DATASETS / name
     if not (folder / "train.txt").exists():
-        pytest.skip(f"real dataset {name!r} not found at {folder} (set BAYESMLC_SHARED_DATASETS)")
+        pytest.skip(f"real dataset {name!r} not found at {folder} (set BAYESMLC_DATA)")
     return folder
 
 

@@ -76,7 +76,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "out by --seed); add --datasets NAME to run on yours alone")
     parser.add_argument("--repeats", type=_repeats, default=1, help="runs per configuration, seeds seed..seed+n-1 (default 1)")
     parser.add_argument("--out", help="output folder (default: bench-SUITE)")
-    parser.add_argument("--data-root", help="folder of the real datasets (default: ../shared/datasets beside the repository)")
+    parser.add_argument("--data-root", help="folder of the real datasets, one folder per set (default: the data root, "
+                        "$BAYESMLC_DATA, else ~/.cache/bayesmlc)")
     parser.add_argument("--seed", type=_seed, default=0, help="seed of the first repeat (default 0)")
     parser.add_argument("--threads", type=_threads, help="threads per run, via OMP_NUM_THREADS and friends (default: each run "
                         "takes one per idle core when it starts, fewer when other processes keep the cores busy)")

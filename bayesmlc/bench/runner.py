@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from ..data.registry import data_home
 from ..exceptions import ValidationError
 from ..safe_io import physical_memory_bytes
 from .suites import DatasetSpec, Suite
@@ -53,7 +54,6 @@ __all__ = [
     "epoch_timing",
     "timing_unit",
     "RESULTS_FILE",
-    "default_data_root",
     "calibration_suffix",
 ]
 
@@ -109,15 +109,6 @@ def calibration_suffix(method: str | None, folds: int | None = None) -> str:
     if method is None:
         return ""
     return f"+{method}" + (f"-cv{folds}" if folds is not None else "")
-
-
-def default_data_root() -> Path:
-    """``../shared/datasets`` beside the repository (the folder holding the ``bayesmlc`` package), or
-    ``$BAYESMLC_SHARED_DATASETS``."""
-    from_env = os.environ.get("BAYESMLC_SHARED_DATASETS")
-    if from_env:
-        return Path(from_env)
-    return Path(__file__).resolve().parents[2].parent / "shared" / "datasets"
 
 
 # ---- environment ------------------------------------------------------------------------------
@@ -330,8 +321,9 @@ def plan_runs(suite: Suite, out_dir: Path, *, datasets=None, models=None, repeat
     Repeat r uses seed ``seed + r``. Each method in ``calibrate`` adds, after a configuration's raw
     runs, the same runs wrapped in ``CalibratedClassifier(method=...)`` as configuration ``CONFIG+METHOD``;
     with ``calibration_folds=K`` (needs ``calibrate``, K >= 2) in ``CalibratedClassifier(method=..., cv=K)``
-    as ``CONFIG+METHOD-cvK``. Real sets are read from ``data_root``; synthetic ones are written
-    to ``out_dir/data/<name>/`` by :func:`run_suite`.
+    as ``CONFIG+METHOD-cvK``. Real sets are read from ``data_root`` (None: the data root,
+    :func:`bayesmlc.data.registry.data_home`); synthetic ones are written to ``out_dir/data/<name>/``
+    by :func:`run_suite`.
     """
     if not isinstance(repeats, int) or repeats < 1:
         raise ValidationError(f"--repeats must be a positive integer, got {repeats!r}")
@@ -342,7 +334,7 @@ def plan_runs(suite: Suite, out_dir: Path, *, datasets=None, models=None, repeat
     if unknown:
         raise ValidationError(f"--calibrate {', '.join(unknown)}: choose from {', '.join(CALIBRATION_METHODS)}")
     check_calibration_folds(calibrate, calibration_folds)
-    data_root = Path(data_root) if data_root is not None else default_data_root()
+    data_root = data_home(data_root)
     dataset_names = _select(datasets, suite.dataset_names, "datasets", suite.name)
     wanted_configs = _select_configs(models, suite)
     runs = []

@@ -186,14 +186,29 @@ def get_info(name: str) -> DatasetInfo:
     return REGISTRY[_key(name)]
 
 
+#: the environment variable naming the data root, read by the registry and the benchmark harness
+DATA_ROOT_VARIABLE = "BAYESMLC_DATA"
+#: the harness's former variable, still read (with a DeprecationWarning) where the other is unset
+DEPRECATED_DATA_ROOT_VARIABLE = "BAYESMLC_SHARED_DATASETS"
+DEFAULT_DATA_HOME = "~/.cache/bayesmlc"
+
+
 def data_home(data_home=None) -> Path:
-    """The cache folder: ``data_home`` if given, else ``$BAYESMLC_DATA``, else ``~/.cache/bayesmlc``."""
+    """The data root: the folder holding one folder per data set (``<data_home>/<name>/``), where
+    :func:`load` and :func:`download` keep the registry's sets and ``bayesmlc bench`` reads its real
+    ones. ``data_home`` if given, else ``$BAYESMLC_DATA``, else ``$BAYESMLC_SHARED_DATASETS`` (the
+    harness's former variable, with a DeprecationWarning), else ``~/.cache/bayesmlc``."""
     if data_home is not None:
         return Path(data_home).expanduser()
-    env = os.environ.get("BAYESMLC_DATA")
+    env = os.environ.get(DATA_ROOT_VARIABLE)
     if env:
         return Path(env).expanduser()
-    return Path("~/.cache/bayesmlc").expanduser()
+    former = os.environ.get(DEPRECATED_DATA_ROOT_VARIABLE)
+    if former:
+        warnings.warn(f"${DEPRECATED_DATA_ROOT_VARIABLE} is deprecated: set ${DATA_ROOT_VARIABLE}, the one data root "
+                      "of the registry and the benchmark harness", DeprecationWarning, stacklevel=2)
+        return Path(former).expanduser()
+    return Path(DEFAULT_DATA_HOME).expanduser()
 
 
 def dataset_folder(name: str, data_home_=None) -> Path:
