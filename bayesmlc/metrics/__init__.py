@@ -25,69 +25,19 @@ The metrics live in one module per family (:mod:`~bayesmlc.metrics.ranking`,
 ``_checks``; every public name is importable from ``bayesmlc.metrics``.
 """
 
+from . import auc, bands, calibration, evaluation, ranking, scorers, set_based
 from .auc import auc_instance, auc_macro, auc_micro
 from .bands import BandMetrics, FrequencyBands, frequency_bands, metrics_by_band
-from .calibration import (
-    ReliabilityCurve,
-    RiskCoverage,
-    aurc,
-    brier_at_k,
-    calibration_curves,
-    ece_at_k,
-    ece_at_k_if_calibrated,
-    expected_calibration_error,
-    reliability_curve,
-    risk_coverage_curve,
-    topk_reliability_curve,
-)
+from .calibration import (ReliabilityCurve, RiskCoverage, aurc, brier_at_k, calibration_curves, ece_at_k,
+                          ece_at_k_if_calibrated, expected_calibration_error, reliability_curve, risk_coverage_curve,
+                          topk_reliability_curve)
 from .evaluation import StreamingEvaluation, evaluate
-from .ranking import (
-    inverse_propensity,
-    inverse_propensity_from_counts,
-    ndcg_at_k,
-    precision_at_k,
-    psndcg_at_k,
-    psprecision_at_k,
-    topk,
-)
+from .ranking import (inverse_propensity, inverse_propensity_from_counts, ndcg_at_k, precision_at_k, psndcg_at_k,
+                      psprecision_at_k, topk)
 from .scorers import TopKScorer, get_topk_scorer, make_topk_scorer, training_inverse_propensity
 from .set_based import exact_match, f1_example, f1_macro, f1_micro, hamming_loss
 
-__all__ = [
-    "topk",
-    "inverse_propensity",
-    "inverse_propensity_from_counts",
-    "precision_at_k",
-    "ndcg_at_k",
-    "psprecision_at_k",
-    "psndcg_at_k",
-    "FrequencyBands",
-    "frequency_bands",
-    "BandMetrics",
-    "metrics_by_band",
-    "auc_micro",
-    "auc_macro",
-    "auc_instance",
-    "f1_example",
-    "f1_micro",
-    "f1_macro",
-    "exact_match",
-    "hamming_loss",
-    "ReliabilityCurve",
-    "reliability_curve",
-    "expected_calibration_error",
-    "topk_reliability_curve",
-    "ece_at_k",
-    "ece_at_k_if_calibrated",
-    "brier_at_k",
-    "RiskCoverage",
-    "risk_coverage_curve",
-    "aurc",
-    "calibration_curves",
-    "evaluate",
-    "StreamingEvaluation",
-    "TopKScorer",
-    "make_topk_scorer",
-    "get_topk_scorer",
-    "training_inverse_propensity",
-]
+#: every public function and class of the families, as each family lists it (their constants, such as
+#: ``bands.DEFAULT_N_BANDS``, stay in their modules)
+__all__ = [name for family in (ranking, bands, auc, set_based, calibration, evaluation, scorers)
+           for name in family.__all__ if not name.isupper()]

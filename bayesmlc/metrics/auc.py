@@ -12,12 +12,13 @@ from ._checks import _check_dense, _check_mask, _check_y_true, _entry_rows, _res
 __all__ = ["auc_micro", "auc_macro", "auc_instance"]
 
 
-def _dense_scores_for_auc(scores, shape) -> np.ndarray:
+def _auc_inputs(Y_true, scores, label_mask):
+    """The checked inputs of every AUC: ``Y_true`` as CSR, ``scores`` as a dense (n, L) array (a top-k
+    result is refused: AUC ranks every label) and ``label_mask`` as CSR or None."""
+    Y = _check_y_true(Y_true)
     if isinstance(scores, tuple):
-        raise ValidationError(
-            "AUC needs the scores of every label (a dense (n, L) array), not a top-k result"
-        )
-    return _check_dense(scores, shape, "scores")
+        raise ValidationError("AUC needs the scores of every label (a dense (n, L) array), not a top-k result")
+    return Y, _check_dense(scores, Y.shape, "scores"), _check_mask(label_mask, Y.shape)
 
 
 def auc_micro(Y_true, scores, label_mask=None) -> float:
@@ -38,9 +39,7 @@ def auc_micro(Y_true, scores, label_mask=None) -> float:
     -------
     float, or NaN (with an ``UndefinedMetricWarning``) when there is no positive or no negative pair.
     """
-    Y = _check_y_true(Y_true)
-    scores = _dense_scores_for_auc(scores, Y.shape)
-    mask = _check_mask(label_mask, Y.shape)
+    Y, scores, mask = _auc_inputs(Y_true, scores, label_mask)
     if mask is None:
         candidates = scores.ravel()
     else:
@@ -147,9 +146,7 @@ def auc_macro(Y_true, scores, label_mask=None, return_count: bool = False):
     float (NaN with an ``UndefinedMetricWarning`` when no label has both classes), or
     ``(value, n_labels_used)`` when ``return_count``.
     """
-    Y = _check_y_true(Y_true)
-    scores = _dense_scores_for_auc(scores, Y.shape)
-    mask = _check_mask(label_mask, Y.shape)
+    Y, scores, mask = _auc_inputs(Y_true, scores, label_mask)
     # a label's AUC is the AUC of its row in the transposed problem
     sums, n_pos, n_observed = _rank_sums_per_row(
         sp.csr_matrix(_restrict(Y, mask).T), scores.T, None if mask is None else sp.csr_matrix(mask.T)
@@ -168,8 +165,6 @@ def auc_instance(Y_true, scores, label_mask=None, return_count: bool = False):
     float (NaN with an ``UndefinedMetricWarning`` when no row has both classes), or
     ``(value, n_rows_used)`` when ``return_count``.
     """
-    Y = _check_y_true(Y_true)
-    scores = _dense_scores_for_auc(scores, Y.shape)
-    mask = _check_mask(label_mask, Y.shape)
+    Y, scores, mask = _auc_inputs(Y_true, scores, label_mask)
     sums, n_pos, n_observed = _rank_sums_per_row(_restrict(Y, mask), scores, mask)
     return _mean_auc(sums, n_pos, n_observed, return_count, "auc_instance", "row")

@@ -372,8 +372,12 @@ def calibration_curves(Y_true, proba, label_mask=None, ks=(1, 5), n_bins: int = 
     out = _curve_json(reliability_curve(Y_true, proba, n_bins=n_bins, label_mask=label_mask))
     for k in ks:
         out[f"top{k}"] = _curve_json(topk_reliability_curve(Y_true, proba, k, n_bins, label_mask, scores))
-    curve = risk_coverage_curve(Y_true, proba, label_mask, scores)
+    out["risk_coverage"] = _risk_coverage_json(risk_coverage_curve(Y_true, proba, label_mask, scores), max_points)
+    return out
+
+
+def _risk_coverage_json(curve: RiskCoverage, max_points: int) -> dict:
+    """A risk-coverage curve as plain lists, thinned to at most ``max_points`` evenly spaced points."""
     n = curve.coverage.size
     keep = np.unique(np.linspace(0, n - 1, min(n, max_points)).round().astype(np.int64))
-    out["risk_coverage"] = {"coverage": curve.coverage[keep].tolist(), "risk": curve.risk[keep].tolist()}
-    return out
+    return {"coverage": curve.coverage[keep].tolist(), "risk": curve.risk[keep].tolist()}

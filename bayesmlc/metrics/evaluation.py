@@ -12,7 +12,7 @@ from ._checks import _check_k, _check_mask, _check_proba, _check_y_true
 from .auc import auc_instance, auc_macro, auc_micro
 from .calibration import (
     _bin_sums, _curve, _curve_json, _ece_of_bins, _ece_of_pairs, _flat_pairs, _pair_bin_sums, _pairs_at,
-    risk_coverage_curve,
+    _risk_coverage_json, risk_coverage_curve,
 )
 from .ranking import _check_weights, _dcg, _hits, _ideal_dcg, _precision, _psndcg, _psp, _ranked_indices, _safe_ratio
 from .set_based import exact_match, f1_example, f1_macro, f1_micro, hamming_loss
@@ -213,7 +213,5 @@ class StreamingEvaluation:
             p, y = _flat_pairs(*_pairs_at(Y, mask, indices, values, k))
             out[f"top{k}"] = _curve_json(_curve(*_pair_bin_sums(p, y, self.N_BINS), self.N_BINS))
         curve = risk_coverage_curve(Y, (indices[:, :1], values[:, :1]), label_mask=mask)
-        n = curve.coverage.size
-        keep = np.unique(np.linspace(0, n - 1, min(n, max_points)).round().astype(np.int64))
-        out["risk_coverage"] = {"coverage": curve.coverage[keep].tolist(), "risk": curve.risk[keep].tolist()}
+        out["risk_coverage"] = _risk_coverage_json(curve, max_points)
         return out

@@ -295,6 +295,16 @@ def _psndcg(Y, indices, hits, weights, k, normalize) -> float:
     return _ratio_of_means(numerator, _safe_ratio(_best_weighted(Y, weights, k, discount=True), ideal))
 
 
+def _propensity_scored_inputs(Y_true, scores, k, propensities, Y_train, A, B) -> tuple:
+    """The checked arguments of PSP@k and PSnDCG@k: ``(Y, indices, hits, weights, k)`` (labels as CSR,
+    each row's top-k label indices and whether each is true, the inverse propensities, k)."""
+    k = _check_k(k)
+    Y = _check_y_true(Y_true)
+    weights = _check_weights(propensities, Y_train, A, B, Y.shape[1])
+    indices = _ranked_indices(scores, k, Y.shape)
+    return Y, indices, _hits(Y, indices), weights, k
+
+
 def psprecision_at_k(
     Y_true, scores, k: int, propensities=None, normalize: bool = True, *, Y_train=None, A: float = 0.55, B: float = 1.5
 ) -> float:
@@ -319,11 +329,7 @@ def psprecision_at_k(
     normalize : bool, divide by the best achievable value (default) or not.
     Y_train, A, B : training labels and constants to compute the inverse propensities from.
     """
-    k = _check_k(k)
-    Y = _check_y_true(Y_true)
-    weights = _check_weights(propensities, Y_train, A, B, Y.shape[1])
-    indices = _ranked_indices(scores, k, Y.shape)
-    return _psp(Y, indices, _hits(Y, indices), weights, k, normalize)
+    return _psp(*_propensity_scored_inputs(Y_true, scores, k, propensities, Y_train, A, B), normalize)
 
 
 def psndcg_at_k(
@@ -337,8 +343,4 @@ def psndcg_at_k(
     ``mean_i num_i``. Rows without true labels have num_i = best_i = 0. Arguments as for
     :func:`psprecision_at_k`.
     """
-    k = _check_k(k)
-    Y = _check_y_true(Y_true)
-    weights = _check_weights(propensities, Y_train, A, B, Y.shape[1])
-    indices = _ranked_indices(scores, k, Y.shape)
-    return _psndcg(Y, indices, _hits(Y, indices), weights, k, normalize)
+    return _psndcg(*_propensity_scored_inputs(Y_true, scores, k, propensities, Y_train, A, B), normalize)
