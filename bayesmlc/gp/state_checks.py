@@ -24,7 +24,7 @@ PARAMETER_SHAPES = {
     "kernel.*": (),  # variances and lengthscales
     "inducing.Z": ("M", None),
     "inducing.A": ("M", "R"),
-    "inducing.basis_t": ("R", None),
+    "inducing.basis_t": ("D", "R"),  # X~^T, stored transposed
     "inducing.basis_gram": ("R", "R"),
     "variational.mean": ("Q", "M"),
     "variational.mu": ("Q", "M"),
