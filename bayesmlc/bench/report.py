@@ -251,7 +251,7 @@ def dataset_tables(dataset: str, summaries, quality: bool = True, with_published
     bands = band_table(mine)
     if bands:
         parts += ["", BAND_SENTENCE, "", bands]
-    risk_sets = risk_control_table([s for s in summaries if s.dataset == dataset and s.records])
+    risk_sets = risk_control_table([r for s in summaries if s.dataset == dataset for r in s.records])
     if risk_sets:
         parts += ["", RISK_CONTROL_SENTENCE, "", risk_sets]
     return "\n".join(parts)

@@ -92,74 +92,90 @@ RISK_CONTROL_SENTENCE = (
     "these probabilities on this many test rows (`metrics.ece_at_k_if_calibrated`).")
 
 
-def _cell(summary, path, kind: str) -> str:
-    from .report import format_cell
+def _median_cell(values) -> str:
+    """The median of ``values`` to four decimals, with ``±`` half their range when there are several
+    (the report's rule for fractions, :func:`bayesmlc.bench.report.format_cell`); ``–`` when none."""
+    if not values:
+        return "–"
+    text = f"{float(np.median(values)):.4f}"
+    return text + (f" ±{(max(values) - min(values)) / 2:.4f}" if len(values) > 1 else "")
 
+
+def _markdown_table(header: list, rows: list) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in rows])
+
+
+def _by_configuration(records) -> dict:
+    """The finished records with ``risk_control``, grouped by ``"model (config)"`` in order."""
+    groups: dict = {}
+    for record in records:
+        if record.get("status") == "ok" and isinstance(record.get("risk_control"), dict):
+            groups.setdefault(f"{record['model']} ({record['config']})", []).append(record)
+    return groups
+
+
+def _values(records, path) -> list:
     values = []
-    for record in summary.records:
-        value = record.get("risk_control")
+    for record in records:
+        value = record["risk_control"]
         for key in path:
             value = value.get(key) if isinstance(value, dict) else None
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             values.append(float(value))
-    return format_cell(values, kind)
+    return values
 
 
-def _floor_cell(summary, k: int) -> str:
-    measured = _cell(summary, (f"ECE@{k}", "measured"), "frac")
-    floors = [r["risk_control"][f"ECE@{k}"]["floor"] for r in summary.records
-              if isinstance(r.get("risk_control"), dict) and f"ECE@{k}" in r["risk_control"]]
+def _floor_cell(records, k: int) -> str:
+    measured = _median_cell(_values(records, (f"ECE@{k}", "measured")))
+    floors = [r["risk_control"][f"ECE@{k}"]["floor"] for r in records if f"ECE@{k}" in r["risk_control"]]
     if not floors:
         return measured
     low, high = np.median([f[0] for f in floors]), np.median([f[-1] for f in floors])
     return f"{measured} ({low:.4f}-{high:.4f})"
 
 
-#: the columns of the table: (header, path in the record, kind, best: "min", "max" or None)
+#: the columns of the table: (header, path in the record, best: "min", "max" or None)
 _COLUMNS = (
-    ("recall 0.9: risk", ("recall", "realised_risk"), "frac", None),
-    ("recall 0.9: set size", ("recall", "mean_set_size"), "frac", "min"),
-    ("precision 0.9: FDP", ("precision", "realised_risk"), "frac", None),
-    ("precision 0.9: set size", ("precision", "mean_set_size"), "frac", "max"),
-    ("precision 0.9: met", ("precision", "feasible"), "frac", None),
-    ("selective 0.9: error", ("selective", "realised_risk"), "frac", None),
-    ("selective 0.9: coverage", ("selective", "coverage"), "frac", "max"),
+    ("recall 0.9: risk", ("recall", "realised_risk"), None),
+    ("recall 0.9: set size", ("recall", "mean_set_size"), "min"),
+    ("precision 0.9: FDP", ("precision", "realised_risk"), None),
+    ("precision 0.9: set size", ("precision", "mean_set_size"), "max"),
+    ("precision 0.9: met", ("precision", "feasible"), None),
+    ("selective 0.9: error", ("selective", "realised_risk"), None),
+    ("selective 0.9: coverage", ("selective", "coverage"), "max"),
 )
 
 
-def risk_control_table(summaries) -> str | None:
+def risk_control_table(records) -> str | None:
     """One dataset's label sets at the same guarantees, one row per configuration (raw and recalibrated)
-    that recorded ``risk_control``; ``None`` when none did. ``summaries``: the
-    :class:`~bayesmlc.bench.report.Summary` objects of one dataset."""
-    from .report import _table
-
-    mine = [s for s in summaries if any(isinstance(r.get("risk_control"), dict) for r in s.records)]
-    if not mine:
+    whose finished runs recorded ``risk_control`` (medians over repeats); the best set size and coverage
+    in bold; ``None`` when no run did. ``records``: the records of one dataset."""
+    groups = _by_configuration(records)
+    if not groups:
         return None
-    header = ["model"] + [h for h, *_ in _COLUMNS] + ["ECE@1 (floor)", "ECE@5 (floor)"]
-    cells = [[_cell(s, path, kind) for _, path, kind, _ in _COLUMNS] for s in mine]
-    for column, (_, _, _, best) in enumerate(_COLUMNS):
-        values = [float(row[column].split(" ")[0]) if row[column] != "–" else None for row in cells]
-        known = [v for v in values if v is not None]
-        if best and known and min(known) != max(known):
-            target = min(known) if best == "min" else max(known)
-            for row, value in zip(cells, values):
-                if value == target:
-                    row[column] = f"**{row[column]}**"
-    rows = [[s.label] + row + [_floor_cell(s, 1), _floor_cell(s, 5)] for s, row in zip(mine, cells)]
-    return _table(header, rows)
+    medians = {label: [np.median(v) if (v := _values(runs, path)) else None for _, path, _ in _COLUMNS]
+               for label, runs in groups.items()}
+    rows = []
+    for label, runs in groups.items():
+        cells = []
+        for column, (_, path, best) in enumerate(_COLUMNS):
+            cell = _median_cell(_values(runs, path))
+            known = [m[column] for m in medians.values() if m[column] is not None]
+            if best and known and min(known) != max(known) and medians[label][column] == (
+                    min(known) if best == "min" else max(known)):
+                cell = f"**{cell}**"
+            cells.append(cell)
+        rows.append([label] + cells + [_floor_cell(runs, 1), _floor_cell(runs, 5)])
+    return _markdown_table(["model"] + [h for h, _, _ in _COLUMNS] + ["ECE@1 (floor)", "ECE@5 (floor)"], rows)
 
 
 def overview(records) -> str:
     """Every dataset and configuration with ``risk_control`` in three tables, datasets as rows and
     configurations side by side: the mean set size at recall 0.9, at precision 0.9, and the coverage
     of selective top-1 at accuracy 0.9 (medians over repeats); ``records``: a suite's records."""
-    from .report import _table, summarise
-
-    summaries = [s for s in summarise(records)
-                 if any(isinstance(r.get("risk_control"), dict) for r in s.records)]
-    datasets = list(dict.fromkeys(s.dataset for s in summaries))
-    labels = list(dict.fromkeys(s.label for s in summaries))
+    datasets = list(dict.fromkeys(r["dataset"] for r in records if isinstance(r.get("risk_control"), dict)))
+    labels = list(_by_configuration(records))
     parts = []
     for title, path in (("Mean set size at recall >= 0.9 (CRC; smaller is better)", ("recall", "mean_set_size")),
                         ("Mean set size at precision >= 0.9 (LTT, delta 0.1; larger is better)",
@@ -168,8 +184,8 @@ def overview(records) -> str:
                          ("selective", "coverage"))):
         rows = []
         for dataset in datasets:
-            by_label = {s.label: s for s in summaries if s.dataset == dataset}
-            rows.append([dataset] + [_cell(by_label[label], path, "frac") if label in by_label else "–"
+            groups = _by_configuration([r for r in records if r["dataset"] == dataset])
+            rows.append([dataset] + [_median_cell(_values(groups[label], path)) if label in groups else "–"
                                      for label in labels])
-        parts += [f"{title}:", "", _table(["dataset"] + labels, rows), ""]
+        parts += [f"{title}:", "", _markdown_table(["dataset"] + labels, rows), ""]
     return "\n".join(parts).rstrip()
