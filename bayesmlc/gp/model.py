@@ -445,16 +445,17 @@ class MLGPF(HasPresets, MultiLabelEstimator):
         with torch_threads(self.n_threads):
             return self._predictive_probabilities(self.preprocessor_.transform(X))
 
-    def _predictive_probabilities(self, prepared) -> np.ndarray:
-        return predictive_probabilities(self._ensure_module(), prepared, self.jitter_, self.quadrature_points)
+    def _predictive_probabilities(self, prepared, return_mean: bool = False):
+        return predictive_probabilities(self._ensure_module(), prepared, self.jitter_, self.quadrature_points,
+                                        return_mean=return_mean)
 
     def _scores_and_proba(self, X):
-        """The scores and probabilities of a batch with the rows prepared once (and, with ``rank_by=
-        "proba"``, the probabilities computed once)."""
+        """The scores and probabilities of a batch from one pass of the model: the mean utilities
+        come with the probabilities (equal to ``decision_function``'s to float rounding), and with
+        ``rank_by="proba"`` the probabilities are the scores."""
         with torch_threads(self.n_threads):
-            prepared = self.preprocessor_.transform(X)
-            proba = self._predictive_probabilities(prepared)
-            return (proba if self.rank_by == "proba" else self._mean_utilities(prepared)), proba
+            proba, mean = self._predictive_probabilities(self.preprocessor_.transform(X), return_mean=True)
+            return (proba if self.rank_by == "proba" else mean), proba
 
     # ---- persistence --------------------------------------------------------------------------
     def _set_state(self, state: dict) -> None:

@@ -7,7 +7,7 @@ import numpy as np
 import torch
 
 from .likelihoods import BernoulliLogit
-from .objective import MLGPFModule, latent_marginals, utility_moments
+from .objective import MLGPFModule, utility_moments
 
 __all__ = ["QUADRATURE_GRID_ENTRIES", "mean_utilities", "predictive_probabilities"]
 
@@ -35,23 +35,35 @@ def mean_utilities(module: MLGPFModule, X, jitter: float, mean_weights: torch.Te
     return scores.float().cpu().numpy(), mean_weights
 
 
-def predictive_probabilities(module: MLGPFModule, X, jitter: float, quadrature_points: int) -> np.ndarray:
-    """E_q[sigmoid(f)] for prepared rows ``X`` (n, D): the moments of q(f) (:func:`utility_moments` of
-    the conditional :func:`latent_marginals`), integrated against the sigmoid by Gauss-Hermite
-    quadrature with ``quadrature_points`` nodes. Returns an (n, L) float32 array.
+def predictive_probabilities(module: MLGPFModule, X, jitter: float, quadrature_points: int,
+                             return_mean: bool = False):
+    """E_q[sigmoid(f)] for prepared rows ``X`` (n, D): the moments of q(f) (:func:`utility_moments`
+    of the conditional, as :func:`~bayesmlc.gp.objective.latent_marginals` gives it), integrated
+    against the sigmoid by Gauss-Hermite quadrature with ``quadrature_points`` nodes. Returns an (n, L) float32 array; with
+    ``return_mean``, also the mean utilities E_q[f] (n, L) of the same pass (equal to
+    :func:`mean_utilities` to float rounding: the conditional's mean is the same k(x, Z) alpha,
+    computed in another order).
 
-    Rows are processed in chunks so the (rows, L, Q) grid stays under ``QUADRATURE_GRID_ENTRIES``.
+    Rows are processed in chunks so the (rows, L, Q) grid stays under ``QUADRATURE_GRID_ENTRIES``;
+    the inducing inputs' factorisations do not depend on the rows and are made once.
     """
     n_labels = module.Phi.shape[0]
     likelihood = BernoulliLogit(quadrature_points)
     chunk = max(1, QUADRATURE_GRID_ENTRIES // (n_labels * quadrature_points))
     out = np.empty((X.shape[0], n_labels), dtype=np.float32)
+    means = np.empty_like(out) if return_mean else None
+    prep = None
     with torch.no_grad():
         for start in range(0, X.shape[0], chunk):
             batch = module.inducing.make_batch(X[start : start + chunk])
-            mean_h, var_h, _ = latent_marginals(module, batch, jitter)
+            blocks = module.kernel(module.inducing.inner_products(batch, module.kernel.input_weights()))
+            if prep is None:
+                prep = module.variational.prepare(blocks.zz, jitter)
+            mean_h, var_h = module.variational.marginals(prep, blocks.xz, blocks.xx)
             f_mean, f_var = utility_moments(mean_h, var_h, module.Phi, module.bias)
             if module.linear is not None:  # a MAP term: it moves the mean, adds no variance
                 f_mean = f_mean + module.linear.utilities(X[start : start + chunk])
             out[start : start + chunk] = likelihood.predictive_mean(f_mean, f_var).float().cpu().numpy()
-    return out
+            if return_mean:
+                means[start : start + chunk] = f_mean.float().cpu().numpy()
+    return (out, means) if return_mean else out
