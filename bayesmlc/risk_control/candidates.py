@@ -55,11 +55,11 @@ def pair_lookup(matrix: sp.csr_matrix, rows: np.ndarray, columns: np.ndarray) ->
     """Whether each (row, column) pair is a stored non-zero entry of the CSR ``matrix``: a bool array
     of the pairs' shape, by a sorted search of the entries' keys ``row * n_columns + column``
     (O(nnz + pairs log nnz) time, no dense matrix)."""
-    matrix = sp.csr_matrix(matrix)
-    matrix.eliminate_zeros()
+    matrix = sp.csr_matrix(matrix)  # may share the caller's arrays: read them only
     n_columns = np.int64(matrix.shape[1])
     entry_rows = np.repeat(np.arange(matrix.shape[0], dtype=np.int64), np.diff(matrix.indptr))
-    keys = np.sort(entry_rows * n_columns + matrix.indices.astype(np.int64))
+    stored = matrix.data != 0  # explicit zeros are not entries
+    keys = np.sort(entry_rows[stored] * n_columns + matrix.indices[stored].astype(np.int64))
     wanted = np.asarray(rows, dtype=np.int64) * n_columns + np.asarray(columns, dtype=np.int64)
     if keys.size == 0:
         return np.zeros(wanted.shape, dtype=bool)

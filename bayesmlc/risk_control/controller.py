@@ -127,7 +127,8 @@ class RiskController(MultiLabelEstimator):
     }
 
     def __init__(self, estimator=None, risk="recall", alpha=0.1, delta=0.1, method=None, bound="hb",
-                 fwer="fixed_sequence", n_starts=None, top_k=100, calibration_fraction=0.2, empty_set_loss=0.0, random_state=None):
+                 fwer="fixed_sequence", n_starts=None, top_k=100, calibration_fraction=0.2, empty_set_loss=0.0,
+                 random_state=None):
         self.estimator = estimator
         self.risk = risk
         self.alpha = alpha

@@ -56,8 +56,9 @@ The procedures
     or by Bonferroni-Holm (``fwer="holm"``, as MAPIE's controller does). ``n_starts`` > 1 runs
     that many fixed-sequence chains from equally spaced grid points, each at level delta /
     ``n_starts`` (Bonferroni over the chains; LTT's fixed-sequence testing with multiple starts;
-    default :data:`DEFAULT_STARTS`). The chosen threshold is the most liberal rejected one; then P(risk(t_hat) <= alpha) >= 1 - delta. For the selective risk the
-    p-value of H_t takes the n_t answered rows only: given n_t, their errors are Binomial(n_t,
+    default :data:`DEFAULT_STARTS`). The chosen threshold is the most liberal rejected one; then
+    P(risk(t_hat) <= alpha) >= 1 - delta. For the selective risk the p-value of H_t takes the n_t
+    answered rows only: given n_t, their errors are Binomial(n_t,
     risk(t)), so it is valid for the conditional risk (LTT's selective classification example).
     A consequence: the most conservative grid points answer few rows and cannot be rejected, and
     fixed-sequence testing then stops there; more starts (``n_starts``) or ``fwer="holm"`` get past
@@ -81,8 +82,8 @@ from scipy.stats import binom
 from ..exceptions import ValidationError
 from .candidates import Candidates
 
-__all__ = ["RISKS", "METHODS", "RCPS_BOUNDS", "FWER_PROCEDURES", "DEFAULT_GRID", "DEFAULT_STARTS", "Calibration", "crc", "rcps", "ltt",
-           "calibrate_threshold", "recall_risk_curve", "precision_risk_curve", "selective_risk_curve",
+__all__ = ["RISKS", "METHODS", "RCPS_BOUNDS", "FWER_PROCEDURES", "DEFAULT_GRID", "DEFAULT_STARTS", "Calibration",
+           "crc", "rcps", "ltt", "calibrate_threshold", "recall_risk_curve", "precision_risk_curve", "selective_risk_curve",
            "hoeffding_bentkus_p_value", "row_losses"]
 
 #: the risks and the methods each can be controlled with (the first is the default)

@@ -58,6 +58,11 @@ def test_candidates_sorted_and_hits_from_sparse_labels():
     np.testing.assert_array_equal(c.hit, [[False, False, False], [False, True, False]])  # label 2 unobserved
     np.testing.assert_array_equal(c.observed, [[True, True, False], [True, True, True]])
     np.testing.assert_array_equal(c.n_true, [1, 1])  # row 0: label 3 only (2 is unobserved)
+    # an explicit zero of Y is no label, and the caller's matrix is left as it was
+    explicit = sp.csr_matrix((np.array([1.0, 0.0]), np.array([2, 1]), np.array([0, 1, 2])), shape=(2, 4))
+    c = candidates_from_topk(np.array([[2, 1], [1, 0]]), np.array([[0.5, 0.4], [0.9, 0.1]]), explicit)
+    np.testing.assert_array_equal(c.hit, [[True, False], [False, False]])
+    assert explicit.nnz == 2 and explicit.data.tolist() == [1.0, 0.0]
 
 
 def test_exact_crc_matches_brute_force_over_every_threshold():
