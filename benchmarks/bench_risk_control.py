@@ -1,6 +1,6 @@
 """Risk control at the AmazonCat-13K shape: time and memory of the calibration step against rows x K.
 
-Generates ``make_preset("amazoncat-13k", scale=0.1)`` (118,624 rows, 203,882 features, 13,330 labels;
+Generates ``make_shape("amazoncat-13k", scale=0.1)`` (118,624 rows, 203,882 features, 13,330 labels;
 seed 0), holds out 20% of the rows (23,725) as calibration rows, fits the kNN baseline on the rest
 and predicts each calibration row's top K candidates once (the model's own cost, printed apart). Then,
 for subsets of the calibration rows and K in (10, 100), it times the calibration step of
@@ -22,7 +22,7 @@ import tracemalloc
 import numpy as np
 
 from bayesmlc.baselines import KNNBaseline
-from bayesmlc.data.synthetic import make_preset, split
+from bayesmlc.data.synthetic import make_shape, split
 from bayesmlc.risk_control import calibrate_threshold, candidates_from_topk
 from bayesmlc.risk_control.candidates import top_candidates
 
@@ -52,7 +52,7 @@ def main() -> None:
     parser.add_argument("--rows", type=int, nargs="+", default=[5000, 10000, 23725])
     args = parser.parse_args()
     start = time.perf_counter()
-    data = make_preset("amazoncat-13k", scale=args.scale, random_state=0)
+    data = make_shape("amazoncat-13k", scale=args.scale, random_state=0)
     train, held_out = split(data, 0.2, random_state=0)
     print(f"data: {data.n_samples} rows, {data.n_features} features, {data.n_labels} labels "
           f"(generated in {time.perf_counter() - start:.0f} s); {held_out.n_samples} calibration rows")
