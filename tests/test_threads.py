@@ -327,3 +327,23 @@ def test_logistic_regression_takes_n_threads():
 
     with pytest.raises(ValidationError, match="n_threads"):
         LogisticRegression(n_threads=0).fit(np.eye(3), np.eye(3))
+
+
+@pytest.mark.parametrize("name", ["bnmc", "bmls"])
+def test_bnmc_and_bmls_fit_with_their_n_threads(name, monkeypatch):
+    """``n_threads`` sets torch's pool inside ``fit`` (seen from the model's own ``_fit``), and a bad
+    count is refused by name."""
+    import torch
+
+    from bayesmlc.bmls import BMLS
+    from bayesmlc.bnmc import BNMC
+
+    cls = {"bnmc": BNMC, "bmls": BMLS}[name]
+    seen = []
+    monkeypatch.setattr(cls, "_fit", lambda self, *args, **kwargs: seen.append(torch.get_num_threads()) or self)
+    X, Y = np.eye(4), np.eye(4)
+    for count in (1, 2):
+        _outside_any_block(lambda: cls(n_threads=count).fit(X, Y))
+    assert seen == [1, 2]
+    with pytest.raises(ValidationError, match="n_threads"):
+        cls(n_threads=0).fit(X, Y)

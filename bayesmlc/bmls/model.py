@@ -156,6 +156,10 @@ class BMLS(HasPresets, MultiLabelEstimator):
         unchanged; measured: docs/experiments.md, "Calibration".
     recompute_theta_every : int, sweeps between recomputing theta = exp(X log h) from scratch in log
         space (between them theta is updated multiplicatively, eq. (23)).
+    n_threads : int or None, default None
+        CPU threads of torch and the BLAS during fit and prediction; None: one per idle core, fewer
+        when other processes keep the cores busy (:func:`bayesmlc.threads.compute_threads`). The same
+        seed gives the same result at a fixed count.
     random_state : int, Generator or None.
     device : "auto", "cpu" or "cuda": where predictions are computed. The sampler itself runs on the
         CPU (numba): its h step is sequential over features.
@@ -221,6 +225,7 @@ class BMLS(HasPresets, MultiLabelEstimator):
         phi_step="dirichlet",
         sample_dtype="float16",
         label_cardinality="independent",
+        n_threads=None,
         random_state=None,
         device="auto",
         verbose=False,
@@ -247,6 +252,7 @@ class BMLS(HasPresets, MultiLabelEstimator):
         self.phi_step = phi_step
         self.sample_dtype = sample_dtype
         self.label_cardinality = label_cardinality
+        self.n_threads = n_threads
         self.random_state = random_state
         self.device = device
         self.verbose = verbose
@@ -257,6 +263,7 @@ class BMLS(HasPresets, MultiLabelEstimator):
 
     _parameter_constraints = {
         "label_cardinality": [Options(*LABEL_CARDINALITY)],
+        "n_threads": [None, Integer(1)],
         "n_topics": ["auto", Integer(1)],
         **{name: [Integer(1)] for name in ("n_draws", "thin", "recompute_theta_every")},
         "n_samples": ["deprecated", Integer(1)],

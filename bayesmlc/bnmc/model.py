@@ -158,6 +158,10 @@ class BNMC(HasPresets, MultiLabelEstimator):
         What ``predict_proba`` returns: the model's per-label probabilities, or the same conditioned on
         the row having at least one label (:func:`bayesmlc.base.at_least_one_label`), for data where
         every row has a label. Rankings are unchanged; measured: docs/experiments.md, "Calibration".
+    n_threads : int or None, default None
+        CPU threads of torch and the BLAS during fit and prediction; None: one per idle core, fewer
+        when other processes keep the cores busy (:func:`bayesmlc.threads.compute_threads`). The same
+        seed gives the same result at a fixed count.
     random_state : int, Generator or None
     device : {"auto", "cpu", "cuda"}, default "auto"
         Where the classifier linear algebra runs.
@@ -207,7 +211,7 @@ class BNMC(HasPresets, MultiLabelEstimator):
         n_sweeps=4, n_keep=2, n_mode_steps=6, inference="variational", solver="auto", low_rank="auto",
         standardize="auto", count_rule="auto", validation_fraction=0.2, refit=True, calibration_folds="auto",
         sgd_alpha=None, sgd_eta0=200.0, unlabeled_rows="missing", label_cardinality="independent",
-        random_state=None, device="auto", verbose=False,
+        n_threads=None, random_state=None, device="auto", verbose=False,
     ):
         self.truncation = truncation
         self.emission = emission
@@ -237,6 +241,7 @@ class BNMC(HasPresets, MultiLabelEstimator):
         self.sgd_eta0 = sgd_eta0
         self.unlabeled_rows = unlabeled_rows
         self.label_cardinality = label_cardinality
+        self.n_threads = n_threads
         self.random_state = random_state
         self.device = device
         self.verbose = verbose
@@ -246,6 +251,7 @@ class BNMC(HasPresets, MultiLabelEstimator):
 
     _parameter_constraints = {
         "label_cardinality": [Options(*LABEL_CARDINALITY)],
+        "n_threads": [None, Integer(1)],
         **{name: [Integer(1)] for name in ("n_passes", "batch_size", "n_sweeps", "n_keep")},
         "low_rank": ["auto", Integer(1)],
         **{name: [Real(0, low_open=True)] for name in ("tau", "concentration", "feature_prior", "label_prior", "sgd_eta0")},
