@@ -112,7 +112,13 @@ def at_least_one_label(proba: np.ndarray) -> np.ndarray:
 def _labels_at_threshold(proba: np.ndarray, threshold) -> sp.csr_matrix:
     """Sparse 0/1 float32: the entries of ``proba`` at or above ``threshold`` (a number, or one per
     label column: an (L,) array broadcast over the rows)."""
-    return sp.csr_matrix((proba >= threshold).astype(np.float32))
+    selected = np.asarray(proba >= threshold)
+    indptr = np.zeros(selected.shape[0] + 1, dtype=np.int64)
+    np.cumsum(np.count_nonzero(selected, axis=1), out=indptr[1:])
+    index_type = np.int32 if max(indptr[-1], selected.shape[1]) < np.iinfo(np.int32).max else np.int64
+    indices = np.nonzero(selected)[1].astype(index_type)  # row by row, columns ascending: canonical CSR
+    return sp.csr_matrix((np.ones(indices.size, dtype=np.float32), indices, indptr.astype(index_type)),
+                         shape=selected.shape)
 
 
 def check_threshold(threshold, n_labels: int):
