@@ -117,9 +117,10 @@ def decode(value, arrays):
             return _member(arrays, value["__array__"], "array")
         if "__tensor__" in value:
             array = _member(arrays, value["__tensor__"], "tensor")
-            if array.dtype.kind not in "biufc":
+            native = array.dtype.newbyteorder("=")  # torch reads only the machine's byte order
+            if array.dtype.kind not in "biufc" or native.itemsize > (16 if native.kind == "c" else 8):
                 raise ModelFormatError(f"tensor entry {value['__tensor__']!r} has dtype {array.dtype}")
-            return torch.from_numpy(np.array(array))
+            return torch.from_numpy(np.array(array, dtype=native))
         if "__sparse__" in value:
             key = value["__sparse__"]
             if not isinstance(key, str):

@@ -10,28 +10,32 @@ value, finite numbers, ``epoch`` in [0, ...], history lists of ``epoch`` entries
 within the data, the module's parameters as float tensors whose label and feature extents match the
 recorded data shape, ``best_state`` with the same names and shapes as the parameters, a random-stream
 state the generator accepts. :func:`module_from_checkpoint` builds the module (the parameters must
-form one) and :func:`optimizer_state_from_checkpoint` checks Adam's state, entry by entry, against
-the very parameters the optimizer updates (shape, dtype kind, finite, second moments >= 0) before
-``torch.optim.Adam.load_state_dict`` sees it: Adam's fused step trusts those shapes and writes out
-of bounds otherwise. Every refusal is a :class:`~bayesmlc.exceptions.ModelFormatError` that names
-the file and the field.
+form one, and it and ``best_state`` must score rows like training rows finitely, as a loaded model
+must) and :func:`optimizer_state_from_checkpoint` checks Adam's state, entry by entry, against the
+very parameters the optimizer updates (shape, dtype kind, finite, second moments >= 0, first moments
+within what Adam can accumulate from them) before ``torch.optim.Adam.load_state_dict`` sees it:
+Adam's fused step trusts those shapes and writes out of bounds otherwise, and an unbounded first
+moment makes a step of any size. Every refusal is a :class:`~bayesmlc.exceptions.ModelFormatError`
+that names the file and the field.
 """
 
 from __future__ import annotations
 
+import math
 import os
 
 import numpy as np
 import torch
 
 from ..exceptions import ModelFormatError
-from ..fitted_state import check_integer, check_number
+from ..fitted_state import check_integer, check_number, probe_rows
 from ..persistence import decode, encode, read_npz, write_npz_atomically
 from .history import EPOCH_FIELDS, STEP_FIELDS
 from .initialisation import module_from_parameters
+from .prediction import mean_utilities
 
 __all__ = ["CHECKPOINT_FORMAT", "CHECKPOINT_VERSION", "save_checkpoint", "load_checkpoint", "module_from_checkpoint",
-           "optimizer_state_from_checkpoint"]
+           "optimizer_state_from_checkpoint", "adam_first_moment_bound"]
 
 CHECKPOINT_FORMAT = "bayesmlc-mlgpf-checkpoint"
 CHECKPOINT_VERSION = 1
@@ -191,13 +195,38 @@ def _check_rng_state(state) -> None:
 
 def module_from_checkpoint(settings, checkpoint: dict, path, device, dtype):
     """The MLGPF module holding ``checkpoint["parameters"]``; ``ModelFormatError`` naming ``path``
-    when they do not form the module ``settings`` describe (names, shapes)."""
+    when they do not form the module ``settings`` describe (names, shapes), or when it or
+    ``best_state`` (the module a run ends with when no later epoch validates better) does not score
+    rows like training rows (:func:`_probe_scores`)."""
+    module = None
+    for field in ("parameters", "best_state"):
+        if checkpoint.get(field) is None:
+            continue
+        try:
+            built = module_from_parameters(settings, checkpoint[field], device, dtype)
+        except (RuntimeError, ValueError, TypeError, IndexError, KeyError) as exc:
+            message = " ".join(str(exc).split())[:300]
+            raise ModelFormatError(f"{os.fspath(path)}: checkpoint field {field} does not form this MLGPF module "
+                                   f"({message})") from None
+        _probe_scores(built, checkpoint["n_features"], checkpoint["jitter"], f"{os.fspath(path)}: checkpoint field "
+                      f"{field}")
+        module = built if module is None else module
+    return module
+
+
+def _probe_scores(module, n_features: int, jitter: float, where: str) -> None:
+    """The mean utilities of :func:`~bayesmlc.fitted_state.probe_rows` (all but its row of ones, as
+    the model loader's probe) are finite: finite parameters of any size pass the field checks, but
+    1e30 in the inducing inputs leaves no Cholesky factor of K_ZZ, at the first step or at the end."""
+    rows = probe_rows(n_features)
     try:
-        return module_from_parameters(settings, checkpoint["parameters"], device, dtype)
-    except (RuntimeError, ValueError, TypeError, IndexError, KeyError) as exc:
-        message = " ".join(str(exc).split())[:300]
-        raise ModelFormatError(f"{os.fspath(path)}: checkpoint field parameters does not form this MLGPF module "
-                               f"({message})") from None
+        with np.errstate(all="ignore"):
+            scores, _ = mean_utilities(module, rows[[i for i in range(rows.shape[0]) if i != 1]], jitter)
+    except (RuntimeError, ValueError, ArithmeticError) as exc:  # CholeskyError is a RuntimeError
+        raise ModelFormatError(f"{where} does not score rows ({type(exc).__name__}: "
+                               f"{' '.join(str(exc).split())[:200]})") from None
+    if not np.all(np.isfinite(scores)):
+        raise ModelFormatError(f"{where} scores rows like training rows with NaN or infinity")
 
 
 def optimizer_state_from_checkpoint(optimizer: torch.optim.Optimizer, saved: dict, path) -> dict:
@@ -220,19 +249,35 @@ def optimizer_state_from_checkpoint(optimizer: torch.optim.Optimizer, saved: dic
         raise ModelFormatError(f"{os.fspath(path)}: checkpoint field optimizer.state has entries for parameters "
                                f"the module does not have ({', '.join(unknown[:5])})")
     restored = {}
-    for index, parameter in zip(indices, parameters):
+    group_of_each = [group for group in fresh["param_groups"] for _ in group["params"]]
+    for index, parameter, group in zip(indices, parameters, group_of_each):
         if str(index) in state:
             try:
-                restored[index] = _checked_adam_entry(f"optimizer.state[{index}]", state[str(index)], parameter)
+                restored[index] = _checked_adam_entry(f"optimizer.state[{index}]", state[str(index)], parameter,
+                                                      group["betas"], group["eps"])
             except ModelFormatError as exc:
                 raise ModelFormatError(f"{os.fspath(path)}: {exc}") from None
     return {"state": restored, "param_groups": fresh["param_groups"]}
 
 
-def _checked_adam_entry(field: str, entry, parameter: torch.Tensor) -> dict:
+def adam_first_moment_bound(betas) -> float:
+    """C with ``exp_avg**2 <= C * exp_avg_sq`` in every state Adam (no amsgrad) can reach, whatever the
+    gradients g_i: m_t = (1 - b1) sum_i b1^(t-i) g_i and v_t = (1 - b2) sum_i b2^(t-i) g_i^2
+    (Kingma & Ba 2015, Algorithm 1), and by Cauchy-Schwarz (sum_i b1^(t-i) g_i)^2 <= sum_k (b1^2/b2)^k
+    * sum_i b2^(t-i) g_i^2, so C = (1 - b1)^2 / ((1 - b2)(1 - b1^2/b2)): 52.9 at torch's (0.9, 0.999);
+    infinite when b1^2 >= b2 (no bound)."""
+    beta1, beta2 = (float(b) for b in betas)
+    if beta1**2 >= beta2:
+        return float("inf")
+    return (1.0 - beta1) ** 2 / ((1.0 - beta2) * (1.0 - beta1**2 / beta2))
+
+
+def _checked_adam_entry(field: str, entry, parameter: torch.Tensor, betas=(0.9, 0.999), eps: float = 1e-8) -> dict:
     """One parameter's Adam state: exactly ``step`` (a finite scalar count in [0, 2**53]),
-    ``exp_avg`` (finite, the parameter's shape) and ``exp_avg_sq`` (finite, >= 0, the parameter's
-    shape); returned with ``step`` as float32 (Adam's own type for it)."""
+    ``exp_avg`` (finite, the parameter's shape, within :func:`adam_first_moment_bound` of
+    ``exp_avg_sq`` up to rounding and ``eps``: else one step moves the parameter arbitrarily far)
+    and ``exp_avg_sq`` (finite, >= 0, the parameter's shape); returned with ``step`` as float32
+    (Adam's own type for it)."""
     if not isinstance(entry, dict) or set(entry) != ADAM_STATE_FIELDS:
         shown = ", ".join(sorted(str(k)[:20] for k in entry)) if isinstance(entry, dict) else type(entry).__name__
         raise _fail(field, f"must hold exactly {', '.join(sorted(ADAM_STATE_FIELDS))}, got {shown}")
@@ -241,4 +286,9 @@ def _checked_adam_entry(field: str, entry, parameter: torch.Tensor) -> dict:
         raise _fail(f"{field}.step", f"must be at most 2**53, got {float(entry['step']):.6g}")
     _check_tensor(f"{field}.exp_avg", entry["exp_avg"], shape=parameter.shape)
     _check_tensor(f"{field}.exp_avg_sq", entry["exp_avg_sq"], shape=parameter.shape, low=0.0)
+    root = math.sqrt(adam_first_moment_bound(betas))
+    allowed = root * entry["exp_avg_sq"].double().sqrt() * (1.0 + 1e-3) + eps
+    if bool((entry["exp_avg"].double().abs() > allowed).any()):
+        raise _fail(f"{field}.exp_avg", f"exceeds what Adam accumulates: |exp_avg| <= {root:.4g} sqrt(exp_avg_sq) "
+                    f"for betas {tuple(float(b) for b in betas)}")
     return {"step": entry["step"].to(torch.float32), "exp_avg": entry["exp_avg"], "exp_avg_sq": entry["exp_avg_sq"]}
