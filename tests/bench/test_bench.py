@@ -578,7 +578,7 @@ def test_napkinxc_plt_learns_and_round_trips(tmp_path):
     base_rate = Y[150:].mean()
     assert Y[150:][np.arange(50), scores.argmax(1)].mean() > base_rate + 0.2
     model.save(tmp_path / "plt.npz")
-    np.testing.assert_array_equal(baselines.NapkinXCPLT.load(tmp_path / "plt.npz").decision_function(X[150:]), scores)
+    np.testing.assert_array_equal(baselines.NapkinXCPLT.load(tmp_path / "plt.npz", allow_native=True).decision_function(X[150:]), scores)
 
 
 @pytest.mark.skipif(missing_dependency("napkinxc_plt") is not None, reason="napkinxc not installed")
@@ -637,7 +637,7 @@ def test_omikuji_trains_with_featureless_rows_and_round_trips(tmp_path):
     assert scores.shape == (30, 3) and np.all((scores >= 0) & (scores <= 1))
     model.save(tmp_path / "omikuji.npz")
     # omikuji stores its weights in its own format: reloaded scores agree to float32 rounding
-    np.testing.assert_allclose(baselines.OmikujiParabel.load(tmp_path / "omikuji.npz").decision_function(X[90:]),
+    np.testing.assert_allclose(baselines.OmikujiParabel.load(tmp_path / "omikuji.npz", allow_native=True).decision_function(X[90:]),
                                scores, rtol=1e-6, atol=1e-7)
 
 
