@@ -280,7 +280,7 @@ def _check_commit(tree: dict, target: str, overwrite: bool, stale: bool, written
             assert not [k for k in after if _is_marked_temporary(Path(k).name)]
 
 
-@_fuzz(250)
+@_fuzz(200)
 @given(tree=_TREE, target=_TARGET, overwrite=_OVERWRITE, stale=st.booleans(), written=_WRITTEN,
        failure=_FAILURE)
 @example(tree={"model.npz": ("file", b"old"), "history.json": ("file", b"h"), "notes.txt": ("file", b"n")},

@@ -336,7 +336,7 @@ def _names_the_field(message: str, field: str) -> bool:
     return any(word in message for word in _NAMED.get(field, (field,))) or "fields: missing" in message
 
 
-@_fuzz(100)
+@_fuzz(80)
 @given(mutations=st.lists(_PAYLOAD_MUTATION, min_size=1, max_size=3))
 @example(mutations=[("shape", 20, "grow")])  # Adam state longer than its parameter: wrote out of bounds
 @example(mutations=[("value", 3, 0, float("nan")), ("rewind", 2)])
