@@ -313,7 +313,7 @@ def _mutated_payload(payload: dict, mutations: list) -> tuple[dict, list]:
     for mutation in mutations:
         try:
             fields.append(_apply(payload, mutation))
-        except (KeyError, TypeError, AttributeError, IndexError, ValueError, RuntimeError):
+        except (KeyError, TypeError, AttributeError, IndexError, ValueError, RuntimeError, ZeroDivisionError):
             assert len(mutations) > 1, mutation  # each mutation applies to the written checkpoint
             fields.append(None)
     return payload, fields
