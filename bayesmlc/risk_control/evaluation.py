@@ -54,13 +54,15 @@ def split_evaluation(candidates: Candidates, risk: str, alpha: float, delta: flo
 
 
 def summarise_splits(results: list[dict], alpha: float) -> dict:
-    """The splits of :func:`split_evaluation` in a few numbers: the mean realised risk, the share of
-    splits whose realised risk exceeds ``alpha`` (``violations``), the mean set size and coverage,
-    and the share of splits where the target was met on the calibration rows (``feasible``)."""
+    """The splits of :func:`split_evaluation` in a few numbers: the mean realised risk (over the splits
+    where it is defined), the share of all splits whose realised risk exceeds ``alpha``
+    (``violations``; a selective split that answers no row violates nothing), the mean set size and
+    coverage, and the share of splits where the target was met on the calibration rows (``feasible``)."""
     risks = [r["realised_risk"] for r in results if r["realised_risk"] is not None]
     return {
         "realised_risk": float(np.mean(risks)) if risks else None,
-        "violations": float(np.mean([value > alpha for value in risks])) if risks else None,
+        "violations": float(np.mean([r["realised_risk"] is not None and r["realised_risk"] > alpha for r in results]))
+        if results else None,
         "mean_set_size": float(np.mean([r["mean_set_size"] for r in results])),
         "coverage": float(np.mean([r["coverage"] for r in results])),
         "feasible": float(np.mean([r["feasible"] for r in results])),
