@@ -61,3 +61,16 @@ def keep_torch_threads():
     before = torch.get_num_threads()
     yield
     torch.set_num_threads(before)
+
+
+def write_small_xc(path, n=40, d=12, n_labels=4, seed=0, features_per_row=4):
+    """A small XC-format file at ``path`` (n rows, d binary features, n_labels labels; each row up to
+    two labels and ``features_per_row`` features drawn with ``seed``); returns ``path``."""
+    rng = np.random.default_rng(seed)
+    lines = [f"{n} {d} {n_labels}"]
+    for _ in range(n):
+        labels = sorted(set(rng.integers(0, n_labels, 2).tolist()))
+        features = sorted(set(rng.integers(0, d, features_per_row).tolist()))
+        lines.append(",".join(map(str, labels)) + " " + " ".join(f"{j}:1" for j in features))
+    path.write_text("\n".join(lines) + "\n")
+    return path

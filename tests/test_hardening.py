@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import write_small_xc as _write_xc
 import scipy.sparse as sp
 
 from bayesmlc.cli import main
@@ -197,15 +198,6 @@ def test_npz_with_huge_declared_width_is_refused(tmp_path, monkeypatch):
 
 
 # ---- 4. the CLI: one line, exit 2 (130 for Ctrl-C), output folder checked before training ---------
-def _write_xc(path: Path, n=40, d=12, n_labels=4, seed=0) -> Path:
-    rng = np.random.default_rng(seed)
-    lines = [f"{n} {d} {n_labels}"]
-    for _ in range(n):
-        labels = sorted(set(rng.integers(0, n_labels, 2).tolist()))
-        features = sorted(set(rng.integers(0, d, 4).tolist()))
-        lines.append(",".join(map(str, labels)) + " " + " ".join(f"{j}:1" for j in features))
-    path.write_text("\n".join(lines) + "\n")
-    return path
 
 
 @pytest.fixture

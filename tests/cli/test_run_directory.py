@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import write_small_xc as _write_xc
 
 import bayesmlc.cli.run_directory as run_directory
 from bayesmlc.cli import CLIError, main
@@ -26,15 +27,6 @@ from bayesmlc.safe_io import TEMPORARY_MARKER
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _write_xc(path: Path, n=40, d=12, n_labels=4, seed=0) -> Path:
-    rng = np.random.default_rng(seed)
-    lines = [f"{n} {d} {n_labels}"]
-    for _ in range(n):
-        labels = sorted(set(rng.integers(0, n_labels, 2).tolist()))
-        features = sorted(set(rng.integers(0, d, 4).tolist()))
-        lines.append(",".join(map(str, labels)) + " " + " ".join(f"{j}:1" for j in features))
-    path.write_text("\n".join(lines) + "\n")
-    return path
 
 
 def _snapshot(folder: Path) -> dict:

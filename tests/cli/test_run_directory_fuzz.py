@@ -26,8 +26,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-import numpy as np
 import pytest
+from conftest import write_small_xc
 from hypothesis import HealthCheck, event, example, given, note, settings
 from hypothesis import strategies as st
 
@@ -309,15 +309,8 @@ def test_many_folders_keep_the_users_files(tree, target, overwrite, stale, writt
 
 
 # ---- the command line on a fixed folder ----------------------------------------------------------
-def _write_xc(path: Path, n=30, d=8, n_labels=3, seed=0) -> Path:
-    rng = np.random.default_rng(seed)
-    lines = [f"{n} {d} {n_labels}"]
-    for _ in range(n):
-        labels = sorted(set(rng.integers(0, n_labels, 2).tolist()))
-        features = sorted(set(rng.integers(0, d, 3).tolist()))
-        lines.append(",".join(map(str, labels)) + " " + " ".join(f"{j}:1" for j in features))
-    path.write_text("\n".join(lines) + "\n")
-    return path
+def _write_xc(path: Path, seed=0) -> Path:
+    return write_small_xc(path, n=30, d=8, n_labels=3, seed=seed, features_per_row=3)
 
 
 def test_train_overwrite_into_a_crowded_folder_keeps_everything_but_the_earlier_run(tmp_path):

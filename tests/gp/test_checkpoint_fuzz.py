@@ -25,6 +25,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import write_small_xc as _write_xc
 import torch
 from hypothesis import HealthCheck, event, example, given, note, settings
 from hypothesis import strategies as st
@@ -52,15 +53,6 @@ def _fuzz(max_examples: int) -> settings:
                                            HealthCheck.data_too_large])
 
 
-def _write_xc(path: Path, n=40, d=12, n_labels=4, seed=0) -> Path:
-    rng = np.random.default_rng(seed)
-    lines = [f"{n} {d} {n_labels}"]
-    for _ in range(n):
-        labels = sorted(set(rng.integers(0, n_labels, 2).tolist()))
-        features = sorted(set(rng.integers(0, d, 4).tolist()))
-        lines.append(",".join(map(str, labels)) + " " + " ".join(f"{j}:1" for j in features))
-    path.write_text("\n".join(lines) + "\n")
-    return path
 
 
 def _cli_arguments(folder: Path, checkpoint: Path, out: str, *extra: str, epochs: int) -> list:

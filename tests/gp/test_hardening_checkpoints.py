@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import write_small_xc as _write_xc
 import torch
 
 from bayesmlc.cli import main
@@ -25,15 +26,6 @@ _RESUMED = itertools.count()
 SETTINGS = ("n_inducing=6", "n_latent=3", "random_state=0", "lr_decay=0", "checkpoint_every=1")
 
 
-def _write_xc(path: Path, n=40, d=12, n_labels=4, seed=0) -> Path:
-    rng = np.random.default_rng(seed)
-    lines = [f"{n} {d} {n_labels}"]
-    for _ in range(n):
-        labels = sorted(set(rng.integers(0, n_labels, 2).tolist()))
-        features = sorted(set(rng.integers(0, d, 4).tolist()))
-        lines.append(",".join(map(str, labels)) + " " + " ".join(f"{j}:1" for j in features))
-    path.write_text("\n".join(lines) + "\n")
-    return path
 
 
 def _arguments(folder: Path, checkpoint: Path, out: str, *extra: str, epochs: int = 3) -> list:
