@@ -11,7 +11,7 @@ from .commands.demo import DEMO_FEATURES, DEMO_LABELS, DEMO_MIN_SAMPLES, DEMO_SE
 from .commands.risk import add_risk_arguments
 from .errors import EXIT_USAGE
 from .output import printable
-from .threads import max_threads, too_many_threads
+from .argument_types import non_negative_int, positive_int, thread_count
 
 
 class _Parser(argparse.ArgumentParser):
@@ -64,9 +64,9 @@ def _add_common(p, model=True, data=True,
     if model:
         p.add_argument("--set", action="append", metavar="KEY=VALUE",
                        help="a model parameter, repeatable (default: the model's own)")
-        p.add_argument("--seed", type=_non_negative_int, default=0, help="random_state of the model (default 0)")
+        p.add_argument("--seed", type=non_negative_int, default=0, help="random_state of the model (default 0)")
         p.add_argument("--device", default=None, help="auto, cpu or cuda (default: the model's)")
-    p.add_argument("--threads", type=_thread_count, default=None, metavar="N",
+    p.add_argument("--threads", type=thread_count, default=None, metavar="N",
                    help="CPU threads (default: one per idle core, fewer when other processes keep the cores busy)")
     p.set_defaults(choose_threads=True)
 
@@ -143,7 +143,7 @@ def _add_predict(command) -> None:
                             "the header and the progress output.")
     p.add_argument("--model-dir", required=True, metavar="DIR", help="folder written by 'train --out' (required)")
     p.add_argument("--input", required=True, metavar="FILE", help="data file to predict, any supported format (required)")
-    p.add_argument("--top-k", type=_positive_int, default=5, metavar="K", help="labels printed per row (default 5)")
+    p.add_argument("--top-k", type=positive_int, default=5, metavar="K", help="labels printed per row (default 5)")
     p.add_argument("--output", metavar="FILE", help="write here (default: stdout)")
     p.add_argument("--names", action="store_true", help="print label names (default: label indices)")
     p.add_argument("--scores", action="store_true",
@@ -180,7 +180,7 @@ def _add_demo(command) -> None:
                             f"settings, which --set overrides: {settings}.")
     p.add_argument("--model", default="mlgpf", choices=_model_names(), metavar="NAME",
                    help=_models_help("model to train (default mlgpf; logistic is the baseline)"))
-    p.add_argument("--n-samples", type=_positive_int, default=2000, metavar="N",
+    p.add_argument("--n-samples", type=positive_int, default=2000, metavar="N",
                    help=f"rows of synthetic data, a quarter of them for testing (default 2000, at least {DEMO_MIN_SAMPLES})")
     _add_common(p, data=False)
     p.set_defaults(func=cmd_demo)
@@ -190,7 +190,7 @@ def _add_topics(command) -> None:
     p = command("topics", "top labels and features per BMLS topic", "bayesmlc topics --model-dir runs/bmls --n-top 10")
     p.add_argument("--model-dir", required=True, metavar="DIR",
                    help="folder written by 'train --model bmls --out' (required)")
-    p.add_argument("--n-top", type=_positive_int, default=5, metavar="N", help="labels and features per topic (default 5)")
+    p.add_argument("--n-top", type=positive_int, default=5, metavar="N", help="labels and features per topic (default 5)")
     _add_allow_native(p)
     p.set_defaults(func=cmd_topics)
 
@@ -215,30 +215,6 @@ def _add_bench(command) -> None:
 
 
 # ---- argument types ------------------------------------------------------------------------------
-def _positive_int(text: str) -> int:
-    value = _non_negative_int(text)
-    if value == 0:
-        raise argparse.ArgumentTypeError("0 is not positive")
-    return value
-
-
-def _thread_count(text: str) -> int:
-    value = _positive_int(text)
-    if value > max_threads():
-        raise argparse.ArgumentTypeError(f"{value}: {too_many_threads()}")
-    return value
-
-
-def _non_negative_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{value} is negative")
-    return value
-
-
 def _propensity(text: str) -> tuple[float, float]:
     """``"A,B"`` (both positive, as :func:`bayesmlc.metrics.inverse_propensity` takes them) or a
     registered data set's name, to the constants (A, B)."""

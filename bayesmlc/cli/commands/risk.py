@@ -6,6 +6,8 @@ from __future__ import annotations
 import argparse
 import json
 
+from ..argument_types import positive_int
+
 __all__ = ["parse_risk", "add_risk_arguments", "wrap_for_risk", "risk_record", "write_label_sets", "is_risk_controller",
            "format_risk"]
 
@@ -40,16 +42,6 @@ def _fraction(text: str) -> float:
     return value
 
 
-def _top_k(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{value} is not positive")
-    return value
-
-
 def add_risk_arguments(parser) -> None:
     """``train``'s options of risk control."""
     parser.add_argument("--risk", type=parse_risk, metavar="RISK=TARGET",
@@ -64,7 +56,7 @@ def add_risk_arguments(parser) -> None:
                              "default 0.1)")
     parser.add_argument("--risk-calibration-fraction", type=_fraction, default=0.2, metavar="F",
                         help="with --risk: the share of training rows held out to calibrate on (default 0.2)")
-    parser.add_argument("--risk-top-k", type=_top_k, default=100, metavar="K",
+    parser.add_argument("--risk-top-k", type=positive_int, default=100, metavar="K",
                         help="with --risk: candidate labels per row; a true label outside them is always missed "
                              "(default 100)")
 
