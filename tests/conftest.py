@@ -74,3 +74,12 @@ def write_small_xc(path, n=40, d=12, n_labels=4, seed=0, features_per_row=4):
         lines.append(",".join(map(str, labels)) + " " + " ".join(f"{j}:1" for j in features))
     path.write_text("\n".join(lines) + "\n")
     return path
+
+
+def write_dense_xc(path, X, Y):
+    """The dense arrays ``X`` (features) and ``Y`` (0/1 labels) as an XC-format file at ``path``."""
+    lines = [f"{X.shape[0]} {X.shape[1]} {Y.shape[1]}"]
+    for x, y in zip(X, Y):
+        lines.append(",".join(str(j) for j in np.flatnonzero(y)) + " " +
+                     " ".join(f"{j}:{x[j]:g}" for j in np.flatnonzero(x)))
+    path.write_text("\n".join(lines) + "\n")

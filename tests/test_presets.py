@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import write_dense_xc as _write_xc
 import scipy.sparse as sp
 
 from bayesmlc import BMLS, BNMC, MLGPF, LogisticRegression
@@ -162,12 +163,6 @@ def test_info_presets_lists_every_preset(capsys):
 
 
 # ---- the CLI -------------------------------------------------------------------------------------
-def _write_xc(path, X, Y):
-    lines = [f"{X.shape[0]} {X.shape[1]} {Y.shape[1]}"]
-    for x, y in zip(X, Y):
-        labels = ",".join(str(j) for j in np.flatnonzero(y))
-        lines.append(labels + " " + " ".join(f"{j}:{x[j]:g}" for j in np.flatnonzero(x)))
-    path.write_text("\n".join(lines) + "\n")
 
 
 @pytest.fixture

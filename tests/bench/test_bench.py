@@ -6,6 +6,7 @@ import stat
 
 import numpy as np
 import pytest
+from conftest import write_dense_xc as _write_xc
 import scipy.sparse as sp
 
 from bayesmlc import baselines
@@ -642,12 +643,6 @@ def test_omikuji_trains_with_featureless_rows_and_round_trips(tmp_path):
 
 
 # ---- end to end through the real CLI ----------------------------------------------------------------
-def _write_xc(path, X, Y):
-    lines = [f"{X.shape[0]} {X.shape[1]} {Y.shape[1]}"]
-    for x, y in zip(X, Y):
-        lines.append(",".join(str(j) for j in np.flatnonzero(y)) + " " +
-                     " ".join(f"{j}:{x[j]:g}" for j in np.flatnonzero(x)))
-    path.write_text("\n".join(lines) + "\n")
 
 
 @pytest.fixture

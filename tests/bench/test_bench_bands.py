@@ -4,19 +4,12 @@ side-by-side table (medians over repeats, totals)."""
 
 import numpy as np
 import pytest
+from conftest import write_dense_xc as _write_xc
 
 from bayesmlc.bench.cli import main as bench_main
 from bayesmlc.bench.report import render_report
 from bayesmlc.bench.runner import read_results
 from bayesmlc.bench.suites import SUITES, DatasetSpec, ModelConfig, Suite
-
-
-def _write_xc(path, X, Y):
-    lines = [f"{X.shape[0]} {X.shape[1]} {Y.shape[1]}"]
-    for x, y in zip(X, Y):
-        lines.append(",".join(str(j) for j in np.flatnonzero(y)) + " " +
-                     " ".join(f"{j}:{x[j]:g}" for j in np.flatnonzero(x)))
-    path.write_text("\n".join(lines) + "\n")
 
 
 def _cells(markdown: str, label: str) -> list[str]:

@@ -5,6 +5,7 @@ import json
 
 import numpy as np
 import pytest
+from conftest import write_dense_xc as _write_xc
 
 from bayesmlc.bench.cli import main as bench_main
 from bayesmlc.bench.runner import plan_runs
@@ -14,13 +15,6 @@ from bayesmlc.data.io import read_dataset
 from bayesmlc.exceptions import ValidationError
 from bayesmlc.metrics import precision_at_k
 from bayesmlc.models import get_model_class
-
-
-def _write_xc(path, X, Y):
-    lines = [f"{X.shape[0]} {X.shape[1]} {Y.shape[1]}"]
-    for x, y in zip(X, Y):
-        lines.append(",".join(map(str, np.flatnonzero(y))) + " " + " ".join(f"{j}:{x[j]:g}" for j in np.flatnonzero(x)))
-    path.write_text("\n".join(lines) + "\n")
 
 
 @pytest.fixture
