@@ -526,15 +526,20 @@ class MultiLabelEstimator(BaseEstimator):
             return proba
 
     def _top_probabilities(self, X, top_k) -> sp.csr_matrix:
-        """``predict_proba(X, top_k=top_k)``: the dense probabilities of one batch of rows at a time,
-        cut to each row's ``top_k`` largest."""
+        """``predict_proba(X, top_k=top_k)``: :meth:`_top_probability_arrays` as a CSR matrix."""
+        return _topk_csr(*self._top_probability_arrays(X, top_k), self.n_labels_)
+
+    def _top_probability_arrays(self, X, top_k) -> tuple[np.ndarray, np.ndarray]:
+        """Each row's ``top_k`` most probable labels (int64, best first, ties to the lower label index)
+        and their probabilities (float32), both (n, min(top_k, n_labels_)): the dense probabilities
+        of one batch of rows at a time, cut to the largest."""
         k = self._checked_k(top_k, "top_k")
         X = self._validated(X)
         indices = np.empty((X.shape[0], k), dtype=np.int64)
         values = np.empty((X.shape[0], k), dtype=np.float32)
         for rows in iter_batches(X.shape[0], PREDICT_BATCH_ROWS):
             indices[rows], values[rows] = topk(self.predict_proba(X[rows]), k)
-        return _topk_csr(indices, values, self.n_labels_)
+        return indices, values
 
     def _checked_k(self, k, name: str = "k") -> int:
         """A positive integer ``k`` (named ``name`` in the error), lowered to ``n_labels_``."""

@@ -23,7 +23,6 @@ import numpy as np
 import scipy.sparse as sp
 
 from ..exceptions import ValidationError
-from ..metrics import topk
 
 __all__ = ["Candidates", "candidates_from_topk", "candidates_from_model", "pair_lookup"]
 
@@ -113,13 +112,6 @@ def candidates_from_model(model, X, Y, top_k: int, label_mask=None) -> Candidate
 def top_candidates(model, X, top_k: int) -> tuple[np.ndarray, np.ndarray]:
     """``(labels, proba)`` (n, K): each row's ``top_k`` most probable labels, best first (ties to the
     lower label index), from ``model.predict_proba`` batch by batch; K = min(top_k, n_labels_)."""
-    from ..base import PREDICT_BATCH_ROWS
-    from ..utils import iter_batches
-
-    k = min(int(top_k), int(model.n_labels_))
-    n = X.shape[0]
-    labels = np.empty((n, k), dtype=np.int64)
-    proba = np.empty((n, k), dtype=np.float64)
-    for rows in iter_batches(n, PREDICT_BATCH_ROWS):
-        labels[rows], proba[rows] = topk(model.predict_proba(X[rows]), k)
-    return labels, proba
+    with model._computing_threads():
+        labels, proba = model._top_probability_arrays(X, top_k)
+    return labels, proba.astype(np.float64)
