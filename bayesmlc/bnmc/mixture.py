@@ -215,6 +215,13 @@ class DPMixture:
         self.stick_a = None  # (K - 1,)
         self.stick_b = None
 
+    def __getstate__(self):
+        """Pickle without ``reduce``: after a data-parallel fit it is the strategy's all-reduce, bound to a
+        process group that cannot travel; the copy is a one-process mixture (its sums are its own)."""
+        state = dict(self.__dict__)
+        state["reduce"] = _identity
+        return state
+
     # ---- expectations ---------------------------------------------------------------------
     def expected_log_weights(self) -> np.ndarray:
         """E[log pi_k] = E[log v_k] + sum_{j<k} E[log(1 - v_j)], with v_K = 1 (K,)."""

@@ -458,6 +458,16 @@ class MLGPF(HasPresets, MultiLabelEstimator):
             return (proba if self.rank_by == "proba" else mean), proba
 
     # ---- persistence --------------------------------------------------------------------------
+    def __getstate__(self):
+        """Pickle (and ``joblib``-dump) what :meth:`save` keeps: the fitted parameters, without the torch
+        module built from them (rebuilt from ``parameters_`` on first use), the prediction memo, or a
+        ``partial_fit`` stream's trainer and Adam state (which ``save`` does not keep either: a later
+        ``partial_fit`` starts a fresh optimiser). A pickled model ships light to scoring workers."""
+        state = super().__getstate__()
+        for name in ("_module", "_device", "_prediction_cache", "_stream"):
+            state.pop(name, None)
+        return state
+
     def _set_state(self, state: dict) -> None:
         # files written before FeaturePreprocessor held feature_mean_, feature_scale_ = 1 / standard
         # deviation and feature_idf_ (older ones only some of them)
