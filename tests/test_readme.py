@@ -59,7 +59,7 @@ def test_the_readme_opens_with_the_install_and_the_test_commands():
     ci_lines = [line for line in (REPO_ROOT / ".ci" / "run").read_text().splitlines()
                 if line and not line.startswith(("#", "set ", "cd "))]
     assert ci_lines[0] == test  # .ci/run runs exactly the README's test command first (then the floors run)
-    assert re.fullmatch(r'python -m pip install -q torch==[\d.]+ -e "\.\[test\]" && python -m pytest -q', test)
+    assert re.fullmatch(r'python -m pip install -q torch==[\d.]+ -e "\.\[test,dask\]" && python -m pytest -q', test)
     pins = set(re.findall(r"torch==([\d.]+)", install + test))
     assert len(pins) == 1
     pin = pins.pop()
