@@ -33,8 +33,10 @@ def _check_k(k, name: str = "k") -> int:
     return int(k)
 
 
-def _check_dense(values, shape, name: str) -> np.ndarray:
-    """A dense, finite, real 2-D array of exactly ``shape`` (no copy when already an ndarray)."""
+def _check_dense(values, shape, name: str, check_finite: bool = True) -> np.ndarray:
+    """A dense, finite, real 2-D array of exactly ``shape`` (no copy when already an ndarray).
+    ``check_finite=False`` leaves the scan for NaN and inf to a compiled kernel that reads the array
+    anyway (:func:`_raise_if_non_finite` then gives this error)."""
     if sp.issparse(values):
         raise ValidationError(
             f"{name} must be a dense array of shape {tuple(shape)}, got a sparse matrix; for very many "
@@ -47,15 +49,29 @@ def _check_dense(values, shape, name: str) -> np.ndarray:
         raise ValidationError(f"{name} must be real-valued, got dtype {array.dtype}")
     if array.shape != tuple(shape):
         raise ValidationError(f"{name} has shape {array.shape} but Y_true has shape {tuple(shape)}")
-    if array.dtype.kind == "f":
+    if check_finite and array.dtype.kind == "f":
         for rows in _row_blocks(array.shape[0], array.shape[1]):
             finite = np.isfinite(array[rows])
             if not finite.all():
                 bad_row, bad_col = np.argwhere(~finite)[0]
-                raise ValidationError(
-                    f"{name} contains NaN or inf (first at row {rows.start + bad_row}, column {bad_col})"
-                )
+                _raise_if_non_finite((rows.start + bad_row) * array.shape[1] + bad_col, array.shape[1], name)
     return array
+
+
+def _raise_if_non_finite(position: int, n_cols: int, name: str) -> None:
+    """The error for a NaN or inf at flat position ``position`` of a (rows, ``n_cols``) array ``name``
+    (row-major; -1: none, nothing is raised)."""
+    if position >= 0:
+        raise ValidationError(f"{name} contains NaN or inf (first at row {position // n_cols}, "
+                              f"column {position % n_cols})")
+
+
+def _kernel_array(array: np.ndarray) -> np.ndarray:
+    """``array`` in a type the compiled kernels (:mod:`._kernels`) take: float32 and float64 as they
+    are, float16 as float32, integers and booleans as float64 (exact up to 2^53 in magnitude)."""
+    if array.dtype in (np.float32, np.float64):
+        return array
+    return array.astype(np.float32 if array.dtype == np.float16 else np.float64)
 
 
 def _check_proba(proba, shape, name: str = "proba") -> np.ndarray:
@@ -81,8 +97,13 @@ def _check_zero_division(zero_division) -> float:
     return value
 
 
+def _block_rows(n_cols: int) -> int:
+    """Rows in a block of about ``_BLOCK_ENTRIES`` entries (at least one)."""
+    return max(1, _BLOCK_ENTRIES // max(1, n_cols))
+
+
 def _row_blocks(n_rows: int, n_cols: int):
-    step = max(1, _BLOCK_ENTRIES // max(1, n_cols))
+    step = _block_rows(n_cols)
     for start in range(0, n_rows, step):
         yield slice(start, min(start + step, n_rows))
 

@@ -1,13 +1,21 @@
 """ROC AUC over (instance, label) pairs: micro (all pairs flattened), macro (per label) and instance
-(per row), exact Mann-Whitney statistics with ties counting one half; dense scores only."""
+(per row), exact Mann-Whitney statistics with ties counting one half; dense scores only.
+
+Each AUC is computed from its groups' rank sums (:func:`_rank_sums`), in exact integers: the micro
+AUC's from one sort of the scores, the macro and instance AUCs' by compiled kernels that compare each
+positive score with the scores of its label or row, copying no more than a tile or a row of scores.
+"""
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import numpy as np
 import scipy.sparse as sp
 
 from ..exceptions import ValidationError
-from ._checks import _check_dense, _check_mask, _check_y_true, _entry_rows, _restrict, _row_blocks, _undefined
+from ._checks import _check_dense, _check_mask, _check_y_true, _entry_rows, _kernel_array, _restrict, _undefined
+from ._kernels import label_rank_sums, row_rank_sums
 
 __all__ = ["auc_micro", "auc_macro", "auc_instance"]
 
@@ -21,13 +29,79 @@ def _auc_inputs(Y_true, scores, label_mask):
     return Y, _check_dense(scores, Y.shape, "scores"), _check_mask(label_mask, Y.shape)
 
 
+class RankSums(NamedTuple):
+    """For each kind of group, (rank sums, positives, observed entries): per group, the sum over its
+    positives of (#scores below + #scores at or below, itself included), its number of positives and
+    of observed entries. ``micro``: the one group of all pairs, as Python ints; ``macro``: arrays
+    over labels and ``instance`` over rows, the inputs of :func:`_auc_per_group`. A kind not asked
+    for is None."""
+
+    micro: tuple | None
+    macro: tuple | None
+    instance: tuple | None
+
+
+def _grouped(values: np.ndarray, group: np.ndarray, n_groups: int):
+    """``values`` ordered by ``group`` and the (n_groups + 1,) int64 offsets of each group's run."""
+    sizes = np.bincount(group, minlength=n_groups)
+    return values[np.argsort(group, kind="stable")], np.concatenate(([0], np.cumsum(sizes))).astype(np.int64)
+
+
+def _micro_rank_sum(scores: np.ndarray, mask: sp.csr_matrix | None, positive_values: np.ndarray) -> int:
+    """The micro group's rank sum: one sort of every observed score, each positive located in it."""
+    ordered = np.sort(scores.ravel() if mask is None else scores[_entry_rows(mask), mask.indices])
+    needles = np.sort(positive_values)  # ascending needles: each search starts where the last ended
+    total = np.searchsorted(ordered, needles, side="left").sum(dtype=np.int64)
+    return int(total + np.searchsorted(ordered, needles, side="right").sum(dtype=np.int64))
+
+
+#: the macro AUC's tiles of scores: at most this many rows, and about _TILE_ENTRIES entries
+_TILE_ROWS, _TILE_ENTRIES = 1 << 14, 1 << 16
+
+
+def _rank_sums(Y: sp.csr_matrix, scores: np.ndarray, mask: sp.csr_matrix | None, micro=True, macro=True,
+               instance=True) -> RankSums:
+    """The :class:`RankSums` of the checked ``Y`` (CSR), finite ``scores`` (n, L) and ``mask`` (CSR or
+    None), in exact int64 counts: the micro one from a sort of the scores, the macro and instance
+    ones by the compiled :func:`~bayesmlc.metrics._kernels.label_rank_sums` and
+    :func:`~bayesmlc.metrics._kernels.row_rank_sums`, which copy no more than a tile or a row."""
+    n, n_labels = Y.shape
+    scores = _kernel_array(scores)
+    positives = _restrict(Y, mask)
+    positive_rows = _entry_rows(positives)
+    values = scores[positive_rows, positives.indices]
+    if mask is None:
+        observed_ptr, observed_columns = np.zeros(1, dtype=np.int64), np.zeros(0, dtype=np.int64)
+        label_observed, row_observed = np.full(n_labels, n), np.full(n, n_labels)
+    else:
+        if not mask.has_sorted_indices:  # label_rank_sums walks each row's columns in order
+            mask = mask.sorted_indices()
+        observed_ptr, observed_columns = mask.indptr.astype(np.int64), mask.indices.astype(np.int64)
+        label_observed, row_observed = np.bincount(mask.indices, minlength=n_labels), np.diff(mask.indptr)
+    sums = RankSums(None, None, None)
+    if micro:
+        sums = sums._replace(micro=(_micro_rank_sum(scores, mask, values), positives.nnz, int(row_observed.sum())))
+    if macro:
+        label_values, label_ptr = _grouped(values, positives.indices, n_labels)
+        label_sums = np.zeros(n_labels, dtype=np.int64)
+        tile_rows = min(n, _TILE_ROWS)
+        label_rank_sums(scores, observed_ptr, observed_columns, mask is not None, label_ptr, label_values, tile_rows,
+                        max(1, min(n_labels, _TILE_ENTRIES // tile_rows)), label_sums)
+        sums = sums._replace(macro=(label_sums.astype(np.float64), np.diff(label_ptr), label_observed))
+    if instance:
+        row_sums = np.zeros(n, dtype=np.int64)
+        row_rank_sums(scores, observed_ptr, observed_columns, mask is not None, positives.indptr.astype(np.int64),
+                      values, row_sums)  # CSR order: each row's positives in one run
+        sums = sums._replace(instance=(row_sums.astype(np.float64), np.diff(positives.indptr), row_observed))
+    return sums
+
+
 def auc_micro(Y_true, scores, label_mask=None) -> float:
     """ROC AUC over all (instance, label) pairs flattened (the BMLS paper's "global AUC").
 
     Equals ``sklearn.metrics.roc_auc_score(Y.ravel(), S.ravel())``: the Mann-Whitney statistic
     ``U / (P N)``, where U counts (positive, negative) pairs with the positive scored higher, ties
-    counting one half. Computed from one sort of the scores and a binary search per positive; the
-    label matrix is never densified.
+    counting one half, in exact integers (:func:`_rank_sums`); the label matrix is never densified.
 
     Parameters
     ----------
@@ -40,41 +114,17 @@ def auc_micro(Y_true, scores, label_mask=None) -> float:
     float, or NaN (with an ``UndefinedMetricWarning``) when there is no positive or no negative pair.
     """
     Y, scores, mask = _auc_inputs(Y_true, scores, label_mask)
-    if mask is None:
-        candidates = scores.ravel()
-    else:
-        candidates = scores[_entry_rows(mask), mask.indices]
-    positives_matrix = _restrict(Y, mask)
-    positive_scores = scores[_entry_rows(positives_matrix), positives_matrix.indices]
-    n_pos = positive_scores.size
-    n_neg = candidates.size - n_pos
+    return _micro_value(_rank_sums(Y, scores, mask, macro=False, instance=False).micro)
+
+
+def _micro_value(micro) -> float:
+    """:func:`auc_micro` from the micro group's rank sum: ``2U = sums - P^2`` in exact integers (see
+    :func:`_auc_per_group`)."""
+    sums, n_pos, n_observed = micro
+    n_neg = n_observed - n_pos
     if n_pos == 0 or n_neg == 0:
         return _undefined("auc_micro is undefined: every evaluated (instance, label) pair has the same class")
-    ordered = np.sort(candidates)
-    # 2U = sum over positives of (#below + #at or below) - P^2, in exact integers (see _auc_per_group)
-    sums = np.searchsorted(ordered, positive_scores, side="left").sum(dtype=np.int64)
-    sums += np.searchsorted(ordered, positive_scores, side="right").sum(dtype=np.int64)
-    twice_u = int(sums) - n_pos * n_pos
-    return float(twice_u / (2.0 * n_pos * n_neg))
-
-
-def _group_counts(sorted_groups: np.ndarray, group: np.ndarray, values: np.ndarray):
-    """For each query (group g, value v): how many entries of row g of ``sorted_groups`` (ascending)
-    are < v and <= v. A binary search over all queries at once, ceil(log2(width + 1)) numpy steps."""
-    width = sorted_groups.shape[1]
-    results = []
-    for strict in (True, False):
-        lo = np.zeros(values.shape[0], dtype=np.int64)
-        hi = np.full(values.shape[0], width, dtype=np.int64)
-        for _ in range(int(np.ceil(np.log2(width + 1)))):
-            active = lo < hi
-            mid = (lo + hi) // 2
-            probe = sorted_groups[group, np.minimum(mid, width - 1)]
-            right = active & ((probe < values) if strict else (probe <= values))
-            lo = np.where(right, mid + 1, lo)
-            hi = np.where(active & ~right, mid, hi)
-        results.append(lo)
-    return results[0], results[1]
+    return float((sums - n_pos * n_pos) / (2.0 * n_pos * n_neg))
 
 
 def _auc_per_group(sums: np.ndarray, n_pos: np.ndarray, n_observed: np.ndarray):
@@ -98,43 +148,11 @@ def _mean_auc(sums, n_pos, n_observed, return_count: bool, metric: str, group: s
     return (value, count) if return_count else value
 
 
-def _sortable_block(block: np.ndarray, observed: np.ndarray | None) -> np.ndarray:
-    """A sorted-ready copy of ``block``; unobserved entries become +inf, above every finite score, so
-    they never count as below or equal to an observed positive."""
-    if observed is None:
-        return np.array(block, order="C")
-    out = np.array(block, dtype=block.dtype if block.dtype.kind == "f" else np.float64, order="C")
-    out[~observed] = np.inf
-    return out
-
-
-def _rank_sums_per_row(positives: sp.csr_matrix, scores: np.ndarray, mask: sp.csr_matrix | None):
-    """Per row g of an (m, w) problem: the sum over its positives of (#observed scores of row g below
-    it + #at or below it), the row's positives and its observed entries (the inputs of
-    :func:`_auc_per_group`). ``positives`` (m, w) CSR holds the observed positives, ``scores`` (m, w)
-    the scores, ``mask`` (m, w) CSR the observed entries (None: all). Rows are sorted in blocks and
-    each positive located by binary search."""
-    m, width = positives.shape
-    n_pos = np.diff(positives.indptr)
-    n_observed = np.full(m, width) if mask is None else np.diff(mask.indptr)
-    sums = np.zeros(m)
-    for rows in _row_blocks(m, width):
-        observed = None if mask is None else mask[rows].toarray() > 0
-        block = scores[rows]
-        groups = _sortable_block(block, observed)
-        groups.sort(axis=1)
-        part = positives[rows]
-        row_of_positive = _entry_rows(part)
-        below, at_or_below = _group_counts(groups, row_of_positive, block[row_of_positive, part.indices])
-        sums[rows] = np.bincount(row_of_positive, weights=below + at_or_below, minlength=part.shape[0])
-    return sums, n_pos, n_observed
-
-
 def auc_macro(Y_true, scores, label_mask=None, return_count: bool = False):
     """Mean over labels of the per-label ROC AUC (``roc_auc_score(..., average="macro")``).
 
     A label whose (observed) column has only positives or only negatives has no AUC; it is skipped.
-    Ties count one half. Columns are sorted in blocks; each positive is located by binary search.
+    Ties count one half.
 
     Parameters
     ----------
@@ -147,18 +165,15 @@ def auc_macro(Y_true, scores, label_mask=None, return_count: bool = False):
     ``(value, n_labels_used)`` when ``return_count``.
     """
     Y, scores, mask = _auc_inputs(Y_true, scores, label_mask)
-    # a label's AUC is the AUC of its row in the transposed problem
-    sums, n_pos, n_observed = _rank_sums_per_row(
-        sp.csr_matrix(_restrict(Y, mask).T), scores.T, None if mask is None else sp.csr_matrix(mask.T)
-    )
-    return _mean_auc(sums, n_pos, n_observed, return_count, "auc_macro", "label")
+    return _mean_auc(*_rank_sums(Y, scores, mask, micro=False, instance=False).macro, return_count, "auc_macro",
+                     "label")
 
 
 def auc_instance(Y_true, scores, label_mask=None, return_count: bool = False):
     """Mean over rows of the ROC AUC of ranking that row's labels (``roc_auc_score(..., average="samples")``).
 
     Rows whose (observed) labels are all positive or all negative have no AUC and are skipped (a row
-    without true labels is skipped). Ties count one half. Rows are sorted in blocks.
+    without true labels is skipped). Ties count one half.
 
     Returns
     -------
@@ -166,5 +181,15 @@ def auc_instance(Y_true, scores, label_mask=None, return_count: bool = False):
     ``(value, n_rows_used)`` when ``return_count``.
     """
     Y, scores, mask = _auc_inputs(Y_true, scores, label_mask)
-    sums, n_pos, n_observed = _rank_sums_per_row(_restrict(Y, mask), scores, mask)
-    return _mean_auc(sums, n_pos, n_observed, return_count, "auc_instance", "row")
+    return _mean_auc(*_rank_sums(Y, scores, mask, micro=False, macro=False).instance, return_count,
+                     "auc_instance", "row")
+
+
+def _all_aucs(Y: sp.csr_matrix, scores: np.ndarray, mask: sp.csr_matrix | None) -> dict:
+    """``AUC_micro``, ``AUC_macro`` and ``AUC_instance`` of checked inputs (``Y`` CSR, finite dense
+    ``scores``, ``mask`` CSR or None), the AUCs of :class:`~bayesmlc.metrics.StreamingEvaluation`:
+    equal to the three functions' values, without checking the scores again."""
+    sums = _rank_sums(Y, scores, mask)
+    return {"AUC_micro": _micro_value(sums.micro),
+            "AUC_macro": _mean_auc(*sums.macro, False, "auc_macro", "label"),
+            "AUC_instance": _mean_auc(*sums.instance, False, "auc_instance", "row")}

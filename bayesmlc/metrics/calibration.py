@@ -11,7 +11,9 @@ import scipy.sparse as sp
 
 from ..exceptions import ValidationError
 from ..utils import numpy_rng
-from ._checks import _check_k, _check_mask, _check_proba, _check_y_true, _entry_rows, _restrict, _row_blocks
+from ._checks import (_block_rows, _check_dense, _check_k, _check_mask, _check_proba, _check_y_true, _entry_rows,
+                      _kernel_array, _restrict)
+from ._kernels import probability_bins
 from .ranking import _hits, _ranked_indices, _topk
 
 __all__ = [
@@ -53,17 +55,16 @@ def _bin_sums(Y_true, proba, n_bins, label_mask):
     """(count, sum of predicted probability, number of positives) per bin over all evaluated pairs."""
     n_bins = _check_n_bins(n_bins)
     Y = _check_y_true(Y_true)
-    proba = _check_proba(proba, Y.shape)
     mask = _check_mask(label_mask, Y.shape)
     counts = np.zeros(n_bins, dtype=np.int64)
     predicted = np.zeros(n_bins)
-    if mask is None:
-        for rows in _row_blocks(*Y.shape):
-            block = proba[rows].ravel()
-            bins = _bin_of(block, n_bins)
-            counts += np.bincount(bins, minlength=n_bins)
-            predicted += np.bincount(bins, weights=block, minlength=n_bins)
+    if mask is None:  # one compiled pass, which also checks every probability
+        proba = _check_dense(proba, Y.shape, "proba", check_finite=False)
+        # float64 sums taken per block of _block_rows rows, each from zero, then added
+        if probability_bins(_kernel_array(proba), n_bins, _block_rows(Y.shape[1]), counts, predicted) >= 0:
+            _check_proba(proba, Y.shape)  # raises the error naming the values
     else:
+        proba = _check_proba(proba, Y.shape)
         observed = proba[_entry_rows(mask), mask.indices]
         bins = _bin_of(observed, n_bins)
         counts += np.bincount(bins, minlength=n_bins)

@@ -8,8 +8,8 @@ import numpy as np
 import scipy.sparse as sp
 
 from ..exceptions import ValidationError
-from ._checks import _check_k, _check_mask, _check_proba, _check_y_true
-from .auc import auc_instance, auc_macro, auc_micro
+from ._checks import _check_dense, _check_k, _check_mask, _check_y_true
+from .auc import _all_aucs
 from .calibration import (
     _bin_sums, _curve, _curve_json, _ece_of_bins, _ece_of_pairs, _flat_pairs, _pair_bin_sums, _pairs_at,
     _risk_coverage_json, risk_coverage_curve,
@@ -124,10 +124,10 @@ class StreamingEvaluation:
         elif self.inv_propensity is not None:
             raise ValidationError("inv_propensity was given but neither scores nor proba to rank labels by")
         if proba is not None:
-            dense_proba = _check_proba(proba, Y.shape)
-            self._values.append(np.take_along_axis(dense_proba, indices, axis=1).astype(np.float64))
-            for total, part in zip(self._bins, _bin_sums(Y, dense_proba, self.N_BINS, mask)):
+            dense_proba = _check_dense(proba, Y.shape, "proba", check_finite=False)
+            for total, part in zip(self._bins, _bin_sums(Y, dense_proba, self.N_BINS, mask)):  # checks proba
                 total += part
+            self._values.append(np.take_along_axis(dense_proba, indices, axis=1).astype(np.float64))
         if Y_pred is not None:
             self._predicted.append(sp.csr_matrix(Y_pred))
         dense = scores if scores is not None and not isinstance(scores, tuple) else proba
@@ -174,9 +174,7 @@ class StreamingEvaluation:
                     results[f"PSnDCG@{k}"] = _psndcg(Y, indices[:, :k], hits[:, :k], weights, k, True)
         if self._auc_scores:
             Y_auc, mask_auc, dense = self._stack(self._auc_labels), self._stack(self._auc_masks), self._stack(self._auc_scores)
-            results["AUC_micro"] = auc_micro(Y_auc, dense, mask_auc)
-            results["AUC_macro"] = auc_macro(Y_auc, dense, mask_auc)
-            results["AUC_instance"] = auc_instance(Y_auc, dense, mask_auc)
+            results.update(_all_aucs(Y_auc, dense, mask_auc))  # dense was checked by add
         if self._predicted:
             predicted = self._stack(self._predicted)
             results["F1_example"] = f1_example(Y, predicted, mask)

@@ -8,7 +8,8 @@ import scipy.sparse as sp
 
 from ..exceptions import ValidationError
 from ..validation import check_labels
-from ._checks import _check_dense, _check_k, _check_y_true, _entry_rows, _row_blocks
+from ._checks import _check_dense, _check_k, _check_y_true, _entry_rows, _kernel_array, _raise_if_non_finite
+from ._kernels import top_k_rows
 
 __all__ = [
     "topk",
@@ -27,7 +28,8 @@ def topk(scores, k: int):
 
     Ties are broken towards the lower label index, everywhere (also at the k-th place), so the result
     equals ``np.argsort(-scores, axis=1, kind="stable")[:, :k]`` and does not depend on the platform.
-    Rows are processed in blocks with ``np.partition``, so the cost is O(n L) plus O(n k log k).
+    One pass over the scores keeps a heap of each row's k best, so the cost is O(n L log k) at worst
+    and about O(n L) when few scores enter the heap.
 
     Parameters
     ----------
@@ -43,34 +45,23 @@ def topk(scores, k: int):
     scores = np.asarray(scores)
     if scores.ndim != 2:
         raise ValidationError(f"scores must be 2-D (n_samples, n_labels), got shape {scores.shape}")
-    return _topk(_check_dense(scores, scores.shape, "scores"), k)
+    return _topk(_check_dense(scores, scores.shape, "scores", check_finite=False), k)
 
 
 def _topk(scores: np.ndarray, k: int):
-    """:func:`topk` on an already validated array."""
+    """:func:`topk` on an array of the right shape and type: one pass of
+    :func:`~bayesmlc.metrics._kernels.top_k_rows`, which also checks that every score is finite."""
     n, n_labels = scores.shape
     k = min(k, n_labels)
     indices = np.empty((n, k), dtype=np.int64)
     values = np.empty((n, k), dtype=scores.dtype)
-    if k == 0:
+    if k == 0 or n == 0:
         return indices, values
-    for rows in _row_blocks(n, n_labels):
-        block = scores[rows]
-        # The k-th largest value of each row; everything above it is in, ties with it fill up the
-        # remaining places in label order.
-        kth = np.partition(block, n_labels - k, axis=1)[:, n_labels - k][:, None]
-        above = block > kth
-        tied = block == kth
-        missing = k - above.sum(axis=1, keepdims=True)
-        if np.array_equal(tied.sum(axis=1, keepdims=True), missing):  # no tie crosses the k-th place
-            chosen = above | tied
-        else:
-            chosen = above | (tied & (np.cumsum(tied, axis=1) <= missing))
-        cols = np.nonzero(chosen)[1].reshape(-1, k)  # row-major, so k per row in label order
-        vals = np.take_along_axis(block, cols, axis=1)
-        order = np.argsort(-vals, axis=1, kind="stable")  # stable: equal values stay in label order
-        indices[rows] = np.take_along_axis(cols, order, axis=1)
-        values[rows] = np.take_along_axis(vals, order, axis=1)
+    compiled = _kernel_array(scores)
+    found = values if compiled.dtype == scores.dtype else np.empty((n, k), dtype=compiled.dtype)
+    _raise_if_non_finite(top_k_rows(compiled, k, indices, found), n_labels, "scores")
+    if found is not values:  # a converted copy was ranked: the values of the original
+        values[:] = np.take_along_axis(scores, indices, axis=1)
     return indices, values
 
 
@@ -108,7 +99,7 @@ def _ranked_indices(scores, k: int, shape) -> np.ndarray:
                 bad = int(np.flatnonzero(np.any(np.diff(np.sort(indices, axis=1), axis=1) == 0, axis=1))[0])
                 raise ValidationError(f"top-k indices repeat a label in row {bad}")
         return indices.astype(np.int64, copy=False)
-    return _topk(_check_dense(scores, shape, "scores"), needed)[0]
+    return _topk(_check_dense(scores, shape, "scores", check_finite=False), needed)[0]
 
 
 def _hits(Y: sp.csr_matrix, indices: np.ndarray) -> np.ndarray:

@@ -334,10 +334,13 @@ def test_auc_matches_sklearn_with_ties(seed):
 
 
 def test_auc_float32_scores_and_blocks(monkeypatch):
-    # Small blocks force the blocked code paths (several column and row blocks).
-    from bayesmlc.metrics import _checks
+    # Small blocks and tiles force the blocked code paths (several row blocks for the calibration bins,
+    # several row and column tiles for the macro AUC).
+    from bayesmlc.metrics import _checks, auc
 
     monkeypatch.setattr(_checks, "_BLOCK_ENTRIES", 64)
+    monkeypatch.setattr(auc, "_TILE_ROWS", 16)
+    monkeypatch.setattr(auc, "_TILE_ENTRIES", 64)
     assert len(list(_checks._row_blocks(50, 30))) > 1 and len(list(_checks._row_blocks(30, 50))) > 1
     Y, dense_y, scores = random_problem(4, n=50, n_labels=30, density=0.3)
     scores = scores.astype(np.float32)
