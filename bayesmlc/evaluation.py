@@ -109,15 +109,22 @@ def evaluate_model(model, test, inv_propensity=None, auc_rows="auto", max_entrie
     block = max(1, max_entries // n_labels)
     seconds = 0.0
     for begin in range(0, n_rows, block):
-        rows = np.arange(begin, min(begin + block, n_rows))
+        end = min(begin + block, n_rows)
         start = time.perf_counter()
-        scores, proba, predicted = model.score_and_proba(test.X[rows], return_labels=True)
+        scores, proba, predicted = model.score_and_proba(_row_range(test.X, begin, end), return_labels=True)
         seconds += time.perf_counter() - start
-        stream.add(test.Y[rows], scores=scores, proba=proba, Y_pred=predicted,
-                   label_mask=None if test.label_mask is None else test.label_mask[rows],
-                   auc_rows=None if auc_rows is None else np.isin(rows, auc_rows))
+        stream.add(_row_range(test.Y, begin, end), scores=scores, proba=proba, Y_pred=predicted,
+                   label_mask=_row_range(test.label_mask, begin, end),
+                   auc_rows=None if auc_rows is None else np.isin(np.arange(begin, end), auc_rows))
     n_auc = n_rows if auc_rows is None else int(np.asarray(auc_rows).size)
     return ModelEvaluation(undefined_as_none(stream.result()), seconds, stream.curves(), n_auc)
+
+
+def _row_range(matrix, begin: int, end: int):
+    """Rows ``begin:end`` of ``matrix`` (None stays None); the matrix itself, not a copy, for all rows."""
+    if matrix is None or (begin == 0 and end == matrix.shape[0]):
+        return matrix
+    return matrix[begin:end]
 
 
 def label_frequency_baseline(train_Y, test, inv_propensity=None) -> dict:

@@ -110,8 +110,22 @@ def probability_bins(proba, n_bins, block_rows, counts, sums):
 
 
 #: a group with at most this many positives compares each positive with every score of the group (a
-#: loop the compiler vectorises); one with more sorts its scores and searches for each positive
-LINEAR_MAX = 64
+#: loop the compiler vectorises, about 0.1 ns a comparison); one with more sorts its scores and
+#: searches for each positive
+LINEAR_MAX = 256
+#: the most scores a group may have to be counted by comparisons: the count is a float32 sum, exact
+#: below 2^24 (each score adds 0, 1 or 2); a larger group is sorted
+LINEAR_MAX_SCORES = 1 << 23
+
+
+@numba.njit(cache=True, nogil=True, fastmath={"reassoc"})
+def _count_twice(scores, size, value):
+    """(#entries of ``scores[:size]`` below ``value``) + (#at or below it), ``size`` at most
+    ``LINEAR_MAX_SCORES``: a float32 sum the compiler may reassociate (and so vectorise), exact here."""
+    total = np.float32(0.0)
+    for entry in range(size):
+        total += np.float32(scores[entry] < value) + np.float32(scores[entry] <= value)
+    return np.int64(total)
 
 
 @numba.njit(cache=True, nogil=True)
@@ -120,15 +134,9 @@ def _group_rank_sum(scores, size, positives, begin, end):
     below it + #at or below it): the rank sum of :func:`bayesmlc.metrics.auc._auc_per_group`.
     Entries set to +inf (unobserved) count for no positive."""
     total = 0
-    if end - begin <= LINEAR_MAX:
+    if end - begin <= LINEAR_MAX and size <= LINEAR_MAX_SCORES:
         for position in range(begin, end):
-            value = positives[position]
-            below = 0
-            at_or_below = 0
-            for entry in range(size):
-                below += scores[entry] < value
-                at_or_below += scores[entry] <= value
-            total += below + at_or_below
+            total += _count_twice(scores, size, positives[position])
     else:
         ordered = np.sort(scores[:size])
         for position in range(begin, end):
@@ -138,26 +146,30 @@ def _group_rank_sum(scores, size, positives, begin, end):
 
 
 @numba.njit(cache=True, nogil=True)
-def row_rank_sums(scores, observed_ptr, observed_columns, masked, row_ptr, row_values, row_sums):
+def row_rank_sums(scores, observed_ptr, observed_columns, masked, row_ptr, row_values, row_sums, observed, keep):
     """Set ``row_sums[i]`` (int64) to row i's rank sum (:func:`_group_rank_sum`) over its observed
     entries of ``scores`` (n, L): every entry, or with ``masked`` the columns
     ``observed_columns[observed_ptr[i]:observed_ptr[i + 1]]``; the row's positive scores are
-    ``row_values[row_ptr[i]:row_ptr[i + 1]]``. Rows without a positive are left alone."""
+    ``row_values[row_ptr[i]:row_ptr[i + 1]]`` (a row without one is left alone). Each row's observed
+    scores are copied into ``observed`` (1-D): with ``keep``, row after row (as many entries as all
+    rows observe: the micro AUC sorts them), else each over the last (as many as the widest row)."""
     n, n_labels = scores.shape
-    row = np.empty(n_labels, dtype=scores.dtype)
+    end = 0
     for index in range(n):
-        if row_ptr[index] == row_ptr[index + 1]:
-            continue
-        size = 0
+        if not keep:
+            end = 0
+        begin = end
         if masked:
             for entry in range(observed_ptr[index], observed_ptr[index + 1]):
-                row[size] = scores[index, observed_columns[entry]]
-                size += 1
+                observed[end] = scores[index, observed_columns[entry]]
+                end += 1
         else:
             for column in range(n_labels):
-                row[column] = scores[index, column]
-            size = n_labels
-        row_sums[index] = _group_rank_sum(row, size, row_values, row_ptr[index], row_ptr[index + 1])
+                observed[end] = scores[index, column]
+                end += 1
+        if row_ptr[index] < row_ptr[index + 1]:
+            row_sums[index] = _group_rank_sum(observed[begin:end], end - begin, row_values, row_ptr[index],
+                                              row_ptr[index + 1])
 
 
 @numba.njit(cache=True, nogil=True)

@@ -2,8 +2,8 @@
 (per row), exact Mann-Whitney statistics with ties counting one half; dense scores only.
 
 Each AUC is computed from its groups' rank sums (:func:`_rank_sums`), in exact integers: the micro
-AUC's from one sort of the scores, the macro and instance AUCs' by compiled kernels that compare each
-positive score with the scores of its label or row, copying no more than a tile or a row of scores.
+AUC's from one sort of a copy of the scores, the macro and instance AUCs' by compiled kernels that
+compare each positive score with the scores of its label or row.
 """
 
 from __future__ import annotations
@@ -47,12 +47,13 @@ def _grouped(values: np.ndarray, group: np.ndarray, n_groups: int):
     return values[np.argsort(group, kind="stable")], np.concatenate(([0], np.cumsum(sizes))).astype(np.int64)
 
 
-def _micro_rank_sum(scores: np.ndarray, mask: sp.csr_matrix | None, positive_values: np.ndarray) -> int:
-    """The micro group's rank sum: one sort of every observed score, each positive located in it."""
-    ordered = np.sort(scores.ravel() if mask is None else scores[_entry_rows(mask), mask.indices])
+def _micro_rank_sum(observed: np.ndarray, positive_values: np.ndarray) -> int:
+    """The micro group's rank sum from a copy of every observed score (sorted here, in place): each
+    positive located in it by binary search."""
+    observed.sort()
     needles = np.sort(positive_values)  # ascending needles: each search starts where the last ended
-    total = np.searchsorted(ordered, needles, side="left").sum(dtype=np.int64)
-    return int(total + np.searchsorted(ordered, needles, side="right").sum(dtype=np.int64))
+    total = np.searchsorted(observed, needles, side="left").sum(dtype=np.int64)
+    return int(total + np.searchsorted(observed, needles, side="right").sum(dtype=np.int64))
 
 
 #: the macro AUC's tiles of scores: at most this many rows, and about _TILE_ENTRIES entries
@@ -62,9 +63,10 @@ _TILE_ROWS, _TILE_ENTRIES = 1 << 14, 1 << 16
 def _rank_sums(Y: sp.csr_matrix, scores: np.ndarray, mask: sp.csr_matrix | None, micro=True, macro=True,
                instance=True) -> RankSums:
     """The :class:`RankSums` of the checked ``Y`` (CSR), finite ``scores`` (n, L) and ``mask`` (CSR or
-    None), in exact int64 counts: the micro one from a sort of the scores, the macro and instance
-    ones by the compiled :func:`~bayesmlc.metrics._kernels.label_rank_sums` and
-    :func:`~bayesmlc.metrics._kernels.row_rank_sums`, which copy no more than a tile or a row."""
+    None), in exact int64 counts: the macro ones by the compiled
+    :func:`~bayesmlc.metrics._kernels.label_rank_sums` (a tile of scores at a time), the instance
+    ones by :func:`~bayesmlc.metrics._kernels.row_rank_sums`, which also copies the observed scores
+    for the micro one's sort."""
     n, n_labels = Y.shape
     scores = _kernel_array(scores)
     positives = _restrict(Y, mask)
@@ -79,8 +81,6 @@ def _rank_sums(Y: sp.csr_matrix, scores: np.ndarray, mask: sp.csr_matrix | None,
         observed_ptr, observed_columns = mask.indptr.astype(np.int64), mask.indices.astype(np.int64)
         label_observed, row_observed = np.bincount(mask.indices, minlength=n_labels), np.diff(mask.indptr)
     sums = RankSums(None, None, None)
-    if micro:
-        sums = sums._replace(micro=(_micro_rank_sum(scores, mask, values), positives.nnz, int(row_observed.sum())))
     if macro:
         label_values, label_ptr = _grouped(values, positives.indices, n_labels)
         label_sums = np.zeros(n_labels, dtype=np.int64)
@@ -88,11 +88,16 @@ def _rank_sums(Y: sp.csr_matrix, scores: np.ndarray, mask: sp.csr_matrix | None,
         label_rank_sums(scores, observed_ptr, observed_columns, mask is not None, label_ptr, label_values, tile_rows,
                         max(1, min(n_labels, _TILE_ENTRIES // tile_rows)), label_sums)
         sums = sums._replace(macro=(label_sums.astype(np.float64), np.diff(label_ptr), label_observed))
-    if instance:
+    if micro or instance:  # one pass over the rows: the instance sums, and the copy the micro AUC sorts
         row_sums = np.zeros(n, dtype=np.int64)
-        row_rank_sums(scores, observed_ptr, observed_columns, mask is not None, positives.indptr.astype(np.int64),
-                      values, row_sums)  # CSR order: each row's positives in one run
-        sums = sums._replace(instance=(row_sums.astype(np.float64), np.diff(positives.indptr), row_observed))
+        observed = np.empty(int(row_observed.sum() if micro else row_observed.max()), dtype=scores.dtype)
+        row_ptr = positives.indptr.astype(np.int64) if instance else np.zeros(n + 1, dtype=np.int64)
+        row_rank_sums(scores, observed_ptr, observed_columns, mask is not None, row_ptr, values, row_sums, observed,
+                      micro)
+        if instance:  # CSR order: each row's positives in one run
+            sums = sums._replace(instance=(row_sums.astype(np.float64), np.diff(positives.indptr), row_observed))
+        if micro:
+            sums = sums._replace(micro=(_micro_rank_sum(observed, values), positives.nnz, observed.size))
     return sums
 
 

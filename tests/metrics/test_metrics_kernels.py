@@ -97,8 +97,9 @@ def test_groups_on_both_sides_of_the_linear_limit_give_the_pair_counts():
     # rows and labels with more than LINEAR_MAX positives are counted from a sorted copy, the others
     # by comparisons; a label mask puts observed and unobserved entries in both kinds of group
     rng = np.random.default_rng(9)
-    scores = rng.integers(0, 7, size=(160, 150)).astype(np.float32)
-    dense_y = (rng.random(scores.shape) < np.linspace(0.05, 1, 160)[:, None] * np.linspace(0.05, 1, 150)).astype(int)
+    ramp = np.linspace(0.02, 1, 600)
+    scores = rng.integers(0, 7, size=(600, 600)).astype(np.float32)
+    dense_y = (rng.random(scores.shape) < ramp[:, None] * ramp).astype(int)
     for axis in (0, 1):
         per_group = dense_y.sum(axis=axis)
         assert per_group.max() > _kernels.LINEAR_MAX >= per_group.min()
