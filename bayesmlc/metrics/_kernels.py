@@ -40,6 +40,10 @@ def _sift_down(values, indices, size, position):
         position = child
 
 
+#: scores :func:`top_k_rows` checks at once (finite? any above the heap's root?) before looking at each
+_SCAN_WIDTH = 64
+
+
 @numba.njit(cache=True, nogil=True)
 def top_k_rows(scores, k, indices, values):
     """Fill ``indices[i]`` (int64) and ``values[i]`` (k,) with row i's ``k`` best entries of
@@ -59,15 +63,23 @@ def top_k_rows(scores, k, indices, values):
         for position in range(k // 2 - 1, -1, -1):
             _sift_down(heap_values, heap_indices, k, position)
         floor = heap_values[0]
-        for column in range(k, n_labels):
-            value = scores[row, column]
-            if not np.isfinite(value):
-                return row * n_labels + column
-            if value > floor:  # an equal value at a later label ranks below the root
-                heap_values[0] = value
-                heap_indices[0] = column
-                _sift_down(heap_values, heap_indices, k, 0)
-                floor = heap_values[0]
+        for first in range(k, n_labels, _SCAN_WIDTH):
+            end = min(first + _SCAN_WIDTH, n_labels)
+            finite, above = True, False  # of this run of scores, in a loop the compiler vectorises
+            for column in range(first, end):
+                finite &= np.abs(scores[row, column]) < np.inf
+                above |= scores[row, column] > floor
+            if not (above or not finite):
+                continue
+            for column in range(first, end):
+                value = scores[row, column]
+                if not np.isfinite(value):
+                    return row * n_labels + column
+                if value > floor:  # an equal value at a later label ranks below the root
+                    heap_values[0] = value
+                    heap_indices[0] = column
+                    _sift_down(heap_values, heap_indices, k, 0)
+                    floor = heap_values[0]
         for size in range(k, 0, -1):  # pop the worst to the back: best first
             indices[row, size - 1] = heap_indices[0]
             values[row, size - 1] = heap_values[0]

@@ -14,7 +14,8 @@ from .calibration import (
     _bin_sums, _curve, _curve_json, _ece_of_bins, _ece_of_pairs, _flat_pairs, _pair_bin_sums, _pairs_at,
     _risk_coverage_json, risk_coverage_curve,
 )
-from .ranking import _check_weights, _dcg, _hits, _ideal_dcg, _precision, _psndcg, _psp, _ranked_indices, _safe_ratio
+from .ranking import (_check_weights, _dcg, _hits, _ideal_dcg, _precision, _psndcg, _psp, _ranked_indices, _safe_ratio,
+                      _weight_order)
 from .set_based import exact_match, f1_example, f1_macro, f1_micro, hamming_loss
 
 __all__ = ["evaluate", "StreamingEvaluation"]
@@ -168,10 +169,11 @@ class StreamingEvaluation:
                 results[f"nDCG@{k}"] = float(_safe_ratio(_dcg(hits[:, :k]), _ideal_dcg(Y, k)).mean())
             if self.inv_propensity is not None:
                 weights = _check_weights(self.inv_propensity, None, None, None, Y.shape[1])
+                order = _weight_order(Y, weights)  # one sort for every k
                 for k in self.ks:
-                    results[f"PSP@{k}"] = _psp(Y, indices[:, :k], hits[:, :k], weights, k, True)
+                    results[f"PSP@{k}"] = _psp(Y, indices[:, :k], hits[:, :k], weights, k, True, order)
                 for k in self.ks:
-                    results[f"PSnDCG@{k}"] = _psndcg(Y, indices[:, :k], hits[:, :k], weights, k, True)
+                    results[f"PSnDCG@{k}"] = _psndcg(Y, indices[:, :k], hits[:, :k], weights, k, True, order)
         if self._auc_scores:
             Y_auc, mask_auc, dense = self._stack(self._auc_labels), self._stack(self._auc_masks), self._stack(self._auc_scores)
             results.update(_all_aucs(Y_auc, dense, mask_auc))  # dense was checked by add

@@ -126,15 +126,21 @@ def _ideal_dcg(Y: sp.csr_matrix, k: int) -> np.ndarray:
     return cumulative[np.minimum(np.diff(Y.indptr), k)]
 
 
-def _best_weighted(Y: sp.csr_matrix, weights: np.ndarray, k: int, discount: bool) -> np.ndarray:
+def _weight_order(Y: sp.csr_matrix, weights: np.ndarray) -> np.ndarray:
+    """The stored entries of ``Y`` by row, then by decreasing weight: what :func:`_best_weighted` ranks."""
+    return np.lexsort((-weights[Y.indices], _entry_rows(Y)))
+
+
+def _best_weighted(Y: sp.csr_matrix, weights: np.ndarray, k: int, discount: bool, order=None) -> np.ndarray:
     """Per-row best achievable sum of the top-k weights of the row's true labels (optionally discounted).
 
     Each row's true labels are ordered by decreasing weight and the first k taken; a row with fewer than
-    k true labels is padded with weight 0, i.e. contributes only what it has.
+    k true labels is padded with weight 0, i.e. contributes only what it has. ``order``: the
+    :func:`_weight_order` of ``Y`` and ``weights``, when already computed.
     """
     rows = _entry_rows(Y)
     entry_weights = weights[Y.indices]
-    order = np.lexsort((-entry_weights, rows))  # by row, then by decreasing weight
+    order = _weight_order(Y, weights) if order is None else order
     rank_in_row = np.arange(Y.nnz) - Y.indptr[rows]  # rows[order] == rows: the sort keeps rows grouped
     keep = rank_in_row < k
     gains = entry_weights[order][keep]
@@ -271,19 +277,21 @@ def ndcg_at_k(Y_true, scores, k: int) -> float:
     return float(_safe_ratio(_dcg(hits), _ideal_dcg(Y, k)).mean())
 
 
-def _psp(Y, indices, hits, weights, k, normalize) -> float:
+def _psp(Y, indices, hits, weights, k, normalize, order=None) -> float:
+    """PSP@k of checked inputs; ``order`` as for :func:`_best_weighted`."""
     numerator = _precision(hits, k, weights[indices])
     if not normalize:
         return float(numerator.mean())
-    return _ratio_of_means(numerator, _best_weighted(Y, weights, k, discount=False) / k)
+    return _ratio_of_means(numerator, _best_weighted(Y, weights, k, False, order) / k)
 
 
-def _psndcg(Y, indices, hits, weights, k, normalize) -> float:
+def _psndcg(Y, indices, hits, weights, k, normalize, order=None) -> float:
+    """PSnDCG@k of checked inputs; ``order`` as for :func:`_best_weighted`."""
     ideal = _ideal_dcg(Y, k)
     numerator = _safe_ratio(_dcg(hits, weights[indices]), ideal)
     if not normalize:
         return float(numerator.mean())
-    return _ratio_of_means(numerator, _safe_ratio(_best_weighted(Y, weights, k, discount=True), ideal))
+    return _ratio_of_means(numerator, _safe_ratio(_best_weighted(Y, weights, k, True, order), ideal))
 
 
 def _propensity_scored_inputs(Y_true, scores, k, propensities, Y_train, A, B) -> tuple:
