@@ -27,6 +27,7 @@ from .inducing import (
 )
 from .kernels import make_kernel, resolve_kernel
 from .likelihoods import BernoulliLogit
+from .linear_support import SupportLinearTerm, gradient_support
 from .linear_term import OPTIMISER_STATE, LinearTerm
 from .objective import MLGPFModule, data_term_full, latent_marginals
 from .variational import make_variational, robust_cholesky
@@ -78,7 +79,10 @@ def initial_arrays(settings, X, Y, rng: np.random.Generator, context: ParallelCo
     arrays["bias"] = logit(prior, floor=0.0).astype(np.float32)
     arrays["Phi"] = initial_factors(Y, settings.n_latent, settings.init_factors, rng, context, settings.svd_max_rows)
     if getattr(settings, "linear_term", False):
-        arrays["linear_shape"] = (Y.shape[1], D)
+        if getattr(settings, "linear_features", None) is None:
+            arrays["linear_shape"] = (Y.shape[1], D)
+        else:
+            arrays["linear_support"] = gradient_support(X, Y, min(settings.linear_features, D))
     return arrays
 
 
@@ -190,6 +194,8 @@ def build_module(settings, arrays: dict) -> MLGPFModule:
     linear = None
     if "linear_shape" in arrays:
         linear = LinearTerm(*arrays["linear_shape"], starting_prior_variance(settings))
+    elif "linear_support" in arrays:
+        linear = SupportLinearTerm(arrays["linear_support"], starting_prior_variance(settings))
     return MLGPFModule(kernel, inducing, variational, arrays["Phi"], arrays["bias"], linear)
 
 
@@ -213,7 +219,9 @@ def structural_arrays(parameters: dict) -> dict:
     for key, name in (("inducing.A", "A"), ("inducing.Z", "Z"), ("Phi", "Phi"), ("bias", "bias")):
         if key in parameters:
             arrays[name] = np.asarray(parameters[key], dtype=np.float32)
-    if "linear.weight" in parameters:
+    if "linear.support" in parameters:
+        arrays["linear_support"] = np.asarray(parameters["linear.support"], dtype=np.int64)
+    elif "linear.weight" in parameters:
         arrays["linear_shape"] = tuple(parameters["linear.weight"].shape)
     if "inducing.basis_t" in parameters:
         arrays["basis"] = np.asarray(parameters["inducing.basis_t"], dtype=np.float32).T

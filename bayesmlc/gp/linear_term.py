@@ -63,6 +63,7 @@ def check_linear_term(settings, n_labels: int, n_features: int, world_size: int 
     label inclusion probabilities the penalty's estimate does not know)."""
     if not getattr(settings, "linear_term", False):
         return
+    n_features = min(n_features, getattr(settings, "linear_features", None) or n_features)
     if n_labels * n_features > settings.linear_max_entries:
         raise ValidationError(
             f"linear_term=True needs labels x features <= linear_max_entries={settings.linear_max_entries}, got "
@@ -216,6 +217,12 @@ class LinearTerm(nn.Module):
         with torch.no_grad():
             return torch.sparse.mm(csr_to_torch(X, self.weight.device, self.weight.dtype), self.weight.T)
 
+    def curvature(self, X: sp.csr_matrix, lam: np.ndarray, labels: slice) -> np.ndarray:
+        """d_lj = sum_i lam_il x_ij^2 (labels, D) for the labels ``labels`` (:func:`utility_curvature`),
+        from the prepared rows ``X`` (n, D) and the weights lam (n, labels) of their entries."""
+        squared = sp.csr_matrix(X, dtype=np.float64).multiply(X).tocsr()
+        return np.asarray((squared.T @ lam).T)
+
     def block(self, X_rows, targets) -> LinearBlock:
         """The :class:`LinearBlock` of a minibatch with ``targets`` of
         :func:`~bayesmlc.gp.training.minibatch_targets` ("full" or "shared")."""
@@ -295,17 +302,22 @@ def _lazy_adam_block(weight, exp_avg, exp_avg_sq, labels, columns, gradient, ste
     return change
 
 
-def utility_curvature(X: sp.csr_matrix, f_mean: np.ndarray, label_mask: sp.csr_matrix | None = None) -> np.ndarray:
-    """d_lj = sum_i lambda_il x_ij^2 (L, D): the diagonal of the logistic log-likelihood's negative
-    Hessian in w_l (the Gauss-Newton / Laplace curvature, lambda = sigmoid(f) (1 - sigmoid(f)) at the
-    utilities ``f_mean`` (n, L) of the prepared rows ``X`` (n, D); entries outside ``label_mask``
-    have no likelihood, lambda = 0)."""
+def curvature_weights(f_mean: np.ndarray, label_mask: sp.csr_matrix | None = None) -> np.ndarray:
+    """lambda_il = sigmoid(f_il) (1 - sigmoid(f_il)) at the utilities ``f_mean`` (n, L), 0 outside
+    ``label_mask`` (entries without a likelihood)."""
     lam = 1.0 / (1.0 + np.exp(-np.asarray(f_mean, dtype=np.float64)))
     lam *= 1.0 - lam
     if label_mask is not None:
         lam *= sp.csr_matrix(label_mask).toarray() != 0
+    return lam
+
+
+def utility_curvature(X: sp.csr_matrix, f_mean: np.ndarray, label_mask: sp.csr_matrix | None = None) -> np.ndarray:
+    """d_lj = sum_i lambda_il x_ij^2 (L, D): the diagonal of the logistic log-likelihood's negative
+    Hessian in w_l (the Gauss-Newton / Laplace curvature, lambda of :func:`curvature_weights` at the
+    utilities ``f_mean`` (n, L) of the prepared rows ``X`` (n, D))."""
     squared = sp.csr_matrix(X, dtype=np.float64).multiply(X).tocsr()
-    return np.asarray((squared.T @ lam).T)
+    return np.asarray((squared.T @ curvature_weights(f_mean, label_mask)).T)
 
 
 def evidence_prior_variance(weight: np.ndarray, curvature: np.ndarray, prior_variance: float):
@@ -339,7 +351,7 @@ def evidence_update(term: LinearTerm, X: sp.csr_matrix, f_mean: np.ndarray, labe
     for start in range(0, n_labels, step):
         labels = slice(start, start + step)
         mask = None if label_mask is None else sp.csr_matrix(label_mask)[:, labels]
-        curvature = row_weight * utility_curvature(X, f_mean[:, labels], mask)
+        curvature = row_weight * term.curvature(X, curvature_weights(f_mean[:, labels], mask), labels)
         gamma += evidence_prior_variance(weight[labels], curvature, s2)[1]
     sq_norm = float(np.sum(weight**2))
     return (sq_norm / gamma if gamma > 0 else 0.0), gamma

@@ -137,18 +137,25 @@ class MLGPF(HasPresets, MultiLabelEstimator):
         Add a per-label linear term, f_l(x) = sum_p Phi_lp h_p(x) + w_l^T x + b_l with
         w_l ~ N(0, ``linear_prior_variance`` I): an independent linear-kernel GP per label beside the
         shared latent GPs, estimated by MAP (the prior as an L2 penalty) with sparse steps
-        (:mod:`bayesmlc.gp.linear_term`). Needs labels x features <= ``linear_max_entries``, one
-        process and ``negative_sampling="batch"``. Off by default: it helps on wide features with
-        many labels, not everywhere, and doubles the training time (docs/experiments.md, "MLGPF: a
-        per-label linear term").
+        (:mod:`bayesmlc.gp.linear_term`). Needs labels x features (x ``linear_features``) <=
+        ``linear_max_entries``, one process and ``negative_sampling="batch"``. Off by default: it
+        helps on wide features with many labels, not everywhere, and costs training time
+        (docs/experiments.md, "MLGPF: a per-label linear term").
     linear_prior_variance : float > 0 or "evidence", default 16, s2 of the linear term's prior (its
         penalty |W|^2 / (2 s2)); with ``linear_learning_rate`` chosen on validation rows of three sets.
         "evidence" starts at 16 and sets s2 to MacKay's evidence update |W|^2 / gamma five times
         before the learning rate decays (:func:`bayesmlc.gp.linear_term.evidence_prior_variance`).
     linear_learning_rate : float or None, default 0.1, the linear term's (lazy) Adam step size
         (None = ``learning_rate``); it follows the same schedule (``lr_decay``).
-    linear_max_entries : int, the largest L x D the linear term is allowed (12 bytes an entry in
-        float32 with its Adam moments; 2^26 is 805 MB).
+    linear_max_entries : int, the largest L x D (L x ``linear_features``) the linear term is allowed
+        (12 bytes an entry in float32 with its Adam moments, 8 more for a support; 2^26 is 805 MB).
+    linear_features : int or None, default None, K: each label's w_l is restricted to the K feature
+        columns with the largest standardised logistic gradient at w = 0 among those of its positive
+        rows (lasso strong-rule screening; :mod:`bayesmlc.gp.linear_support`), so W holds L x K
+        weights and a step costs O(labels x K x the columns' batch entries). None: every column
+        (a dense W, the most accurate where it fits). For wide features or many labels
+        (AmazonCat-13K's 13,330 x 203,882 W does not fit densely); measured in docs/experiments.md
+        ("MLGPF: the linear term on a per-label support").
     dtype : {"float32", "float64"}, working precision (M x M factorisations always in float64).
     n_threads : int or None, torch threads during fit and prediction (None = torch's setting).
     random_state, device, verbose : as for every bayesmlc estimator.
@@ -177,7 +184,7 @@ class MLGPF(HasPresets, MultiLabelEstimator):
         negative_samples="auto", negative_sampling="batch", quadrature_points=10, kl_weight=0.5,
         init_factors="svd", init_mean="ridge", idf_weighting="auto", standardize="auto", normalize_features=True,
         rank_by="mean", label_cardinality="independent", jitter=1e-5, svd_max_rows=100_000,
-        linear_term=False, linear_prior_variance=16.0, linear_learning_rate=0.1, linear_max_entries=2**26,
+        linear_term=False, linear_prior_variance=16.0, linear_learning_rate=0.1, linear_max_entries=2**26, linear_features=None,
         validation_fraction=0.0, validation_every=1, early_stopping_patience=None,
         checkpoint_every=None, checkpoint_path=None,
         dtype="float32", n_threads=None, random_state=None, device="auto", verbose=False,
@@ -214,6 +221,7 @@ class MLGPF(HasPresets, MultiLabelEstimator):
         self.linear_prior_variance = linear_prior_variance
         self.linear_learning_rate = linear_learning_rate
         self.linear_max_entries = linear_max_entries
+        self.linear_features = linear_features
         self.validation_fraction = validation_fraction
         self.validation_every = validation_every
         self.early_stopping_patience = early_stopping_patience
@@ -243,6 +251,7 @@ class MLGPF(HasPresets, MultiLabelEstimator):
         "linear_prior_variance": [Real(0, low_open=True), "evidence"],
         "linear_learning_rate": [None, Real(0, low_open=True)],
         "linear_max_entries": [Integer(1)],
+        "linear_features": [None, Integer(1)],
         "n_latent": ["auto", Integer(1)],
         **{name: [Integer(1)] for name in ("n_inducing", "batch_size_every", "quadrature_points",
                                            "validation_every")},

@@ -2,15 +2,16 @@
 
 ``parameters_`` holds the module's tensors by name; each name has a declared shape over the symbols
 ``L`` (labels), ``D`` (features), ``Q`` (latent GPs), ``M`` (inducing variables) and ``R`` (the
-subspace rank), and every tensor must be floating point (never complex, integer or bool: the module
-would copy it silently) and finite (an infinite lengthscale, a NaN mean)."""
+subspace rank), and ``K`` (the linear term's columns per label); every tensor but ``linear.support``
+(integer feature columns) must be floating point (never complex, integer or bool: the module would
+copy it silently) and finite (an infinite lengthscale, a NaN mean)."""
 
 from __future__ import annotations
 
 import fnmatch
 
 from ..exceptions import ModelFormatError
-from ..fitted_state import Field, _check_value, choice, integer, number, rule, tensor
+from ..fitted_state import Field, _check_value, _shown, choice, integer, number, rule, tensor
 from ..state_checks import COMMON_FIELDS
 from .kernels import KERNEL_NAMES
 
@@ -32,7 +33,8 @@ PARAMETER_SHAPES = {
     "variational.scale_offdiag": [("M", "M"), ("Q", "M", "M")],
     "variational.raw_scale_diag": [("M",), ("Q", "M")],
     "variational.raw_gp_scale": ("Q",),
-    "linear.weight": ("L", "D"),
+    "linear.weight": ("L", "K"),  # K = D without a support
+    "linear.support": ("L", "K"),  # integer: each label's feature columns, -1 for none
 }
 _REQUIRED = ("Phi", "bias", "variational.mean")
 
@@ -48,7 +50,30 @@ def _parameters(model, dims) -> None:
         pattern = next((p for p in PARAMETER_SHAPES if fnmatch.fnmatchcase(str(name), p)), None)
         if pattern is None:
             raise ModelFormatError(f"parameters_ has an entry {str(name)[:80]!r} that no MLGPF module holds")
-        _check_value(tensor(("parameters_", name), PARAMETER_SHAPES[pattern]), parameters[name], dims)
+        if name == "linear.support":
+            _check_support(parameters[name], dims)
+        else:
+            _check_value(tensor(("parameters_", name), PARAMETER_SHAPES[pattern]), parameters[name], dims)
+    if "linear.weight" in parameters and "linear.support" not in parameters and dims.get("K") != dims.get("D"):
+        raise ModelFormatError(f"parameters_['linear.weight'] must have shape (L, D) without a linear.support "
+                               f"(one column per feature, {dims.get('D')}), got {dims.get('K')} columns")
+
+
+def _check_support(value, dims) -> None:
+    """linear.support: an integer (L, K) tensor of feature columns in [0, D) or -1."""
+    import torch
+
+    name = "parameters_['linear.support']"
+    if not isinstance(value, torch.Tensor) or value.is_floating_point() or value.is_complex() \
+            or value.dtype == torch.bool or value.dim() != 2:
+        raise ModelFormatError(f"{name} must be a 2-d integer tensor, got {_shown(value)}")
+    for symbol, length in zip(("L", "K"), value.shape):
+        dims.setdefault(symbol, length)
+        if dims[symbol] != length:
+            raise ModelFormatError(f"{name} must have shape (L, K) = ({dims['L']}, {dims['K']}), got {tuple(value.shape)}")
+    if value.numel() and (int(value.min()) < -1 or int(value.max()) >= dims["D"]):
+        raise ModelFormatError(f"{name} must hold feature columns in [0, {dims['D']}) or -1, got values in "
+                               f"[{int(value.min())}, {int(value.max())}]")
 
 
 #: :class:`bayesmlc.gp.MLGPF` (files written before ``kernel_`` and ``n_latent_`` existed lack them)

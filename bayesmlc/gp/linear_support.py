@@ -1,0 +1,341 @@
+"""MLGPF's per-label linear term on a per-label support of K features (``linear_features=K``).
+
+The term of :mod:`bayesmlc.gp.linear_term`, f_l(x) = sum_p Phi_lp h_p(x) + w_l^T x + b_l with
+w_l ~ N(0, s2 I), with each w_l restricted to K columns S_l chosen before training: the prior puts
+w_lj = 0 off S_l (an independent linear-kernel GP per label on the inputs x_{S_l}, Rasmussen and
+Williams 2006, sec. 2.1-2.2). A dense W of L x D entries grows with both sides (AmazonCat-13K:
+2.7e9 entries); this one holds L x K, and a minibatch step costs O(|T| K df_B) for the batch's labels
+T and the support columns' entries in the batch, not O(nnz(X_B) |T| + |T| |C|).
+
+**The support** of label l: the K columns with the largest |g_lj|, g_lj = sum_i (y_il - p_l) x_ij
+the gradient of the logistic log-likelihood in w_lj at w = 0 with the bias at its maximum-likelihood
+value p_l = n_l / N, among the columns stored in l's positive rows (elsewhere g_lj = -n_l mean_j,
+evidence against the label that a ranking does not need). Ranking predictors by |x_j^T r| at the
+start of a path is the screening of the lasso's strong rules (Tibshirani et al. 2012, "Strong rules
+for discarding predictors in lasso-type problems", JRSS B 74(2), sec. 2) and of sure independence
+screening (Fan and Lv 2008). A label with fewer than K such columns pads its support with -1.
+
+**Steps.** The minibatch's block is the labels T of its likelihood entries, each with its K weights:
+the data term's gradient is formed by compiled passes over the support columns' entries in the batch
+(a CSC copy of the batch), and the penalty's gradient W / (s2 N) per training row enters as an
+unbiased estimate on the sampled labels S (each in S with probability |S| / L, weighted L / |S|),
+whole rows of W, so no column probability is needed. W takes a lazy Adam step on the block (the rule
+of ``torch.optim.SparseAdam``).
+"""
+
+from __future__ import annotations
+
+import math
+from concurrent.futures import ThreadPoolExecutor
+
+import numba
+import numpy as np
+import scipy.sparse as sp
+import torch
+from torch import nn
+
+from ..exceptions import ValidationError
+from .linear_term import ADAM_BETAS, ADAM_EPS
+
+__all__ = ["SupportLinearTerm", "SupportBlock", "gradient_support"]
+
+#: :func:`gradient_support` forms X^T y_l for at most this many (label, feature) stored entries at a time
+SUPPORT_BLOCK_ENTRIES = 1 << 24
+
+
+def gradient_support(X: sp.csr_matrix, Y: sp.csr_matrix, n_features: int) -> np.ndarray:
+    """(L, K) int64: for each label the K = ``n_features`` columns of the prepared rows ``X`` (n, D)
+    with the largest standardised gradient |sum_i (y_il - n_l / n) x_ij| / sd_j among the columns
+    stored in its positive rows (module docstring), ascending; -1 pads a label with fewer such
+    columns. X^T Y is formed a block of labels at a time (about :data:`SUPPORT_BLOCK_ENTRIES` stored
+    entries a block)."""
+    X, Y = sp.csr_matrix(X, dtype=np.float64), sp.csc_matrix(Y, dtype=np.float64)
+    Y.data[:] = 1.0
+    n_rows, n_labels = Y.shape
+    column_mean = np.asarray(X.mean(axis=0)).ravel()
+    column_var = np.asarray(X.multiply(X).sum(axis=0)).ravel() / max(n_rows, 1) - column_mean**2
+    column_sd = np.sqrt(np.maximum(column_var, 1e-12))
+    counts = np.diff(Y.indptr)
+    support = np.full((n_labels, n_features), -1, dtype=np.int64)
+    X_t = sp.csr_matrix(X.T)
+    entries_per_positive = X.nnz / max(n_rows, 1)
+    start = 0
+    while start < n_labels:
+        stop = start + 1 + int(np.searchsorted(np.cumsum(counts[start + 1 :] * entries_per_positive),
+                                               SUPPORT_BLOCK_ENTRIES))
+        block = sp.csc_matrix(X_t @ Y[:, start:stop])  # (D, labels): x_j^T y_l
+        block.sort_indices()
+        _top_columns(block.indptr, block.indices, block.data, column_mean, column_sd,
+                     counts[start:stop].astype(np.float64), support[start:stop])
+        start = stop
+    return support
+
+
+@numba.njit(cache=True, nogil=True)
+def _top_columns(indptr, indices, data, column_mean, column_sd, counts, out):
+    """out[l] = the stored columns j of label l (CSC block column l) with the largest
+    |data - counts[l] column_mean[j]| / column_sd[j], ascending, -1 padded (ties: the lower column)."""
+    k = out.shape[1]
+    for label in range(out.shape[0]):
+        lo, hi = indptr[label], indptr[label + 1]
+        size = hi - lo
+        if size == 0:
+            continue
+        score = np.empty(size)
+        for p in range(size):
+            j = indices[lo + p]
+            score[p] = -abs(data[lo + p] - counts[label] * column_mean[j]) / column_sd[j]
+        take = min(k, size)
+        chosen = np.sort(indices[lo:hi][np.argsort(score, kind="mergesort")[:take]])
+        out[label, :take] = chosen
+
+
+@numba.njit(cache=True, nogil=True)
+def _support_times(colptr, rows, values, support, weight, out, start, stop):
+    """out[t, i] = sum_s weight[t, s] x_{i, support[t, s]} for labels t in [start, stop), from a CSC
+    (``colptr``, ``rows``, ``values``) of the rows x; ``out`` (T, n) zeroed by the caller."""
+    for t in range(start, stop):
+        row_out = out[t]
+        for s in range(support.shape[1]):
+            j = support[t, s]
+            w = weight[t, s]
+            if j < 0 or w == 0.0:
+                continue
+            for p in range(colptr[j], colptr[j + 1]):
+                row_out[rows[p]] += w * values[p]
+
+
+@numba.njit(cache=True, nogil=True)
+def _support_gradient(colptr, rows, values, support, grad_out, grad, start, stop):
+    """grad[t, s] = sum_i grad_out[t, i] x_{i, support[t, s]} for labels t in [start, stop)."""
+    for t in range(start, stop):
+        g = grad_out[t]
+        for s in range(support.shape[1]):
+            j = support[t, s]
+            acc = 0.0
+            if j >= 0:
+                for p in range(colptr[j], colptr[j + 1]):
+                    acc += g[rows[p]] * values[p]
+            grad[t, s] = acc
+
+
+@numba.njit(cache=True, nogil=True)
+def _pair_values(indptr, indices, data, pair_rows, pair_labels, support, out):
+    """out[e, s] = x_{pair_rows[e], support[pair_labels[e], s]} (0 where not stored), from a CSR with
+    sorted column indices."""
+    for e in range(pair_rows.size):
+        lo, hi = indptr[pair_rows[e]], indptr[pair_rows[e] + 1]
+        q = pair_labels[e]
+        for s in range(support.shape[1]):
+            j = support[q, s]
+            out[e, s] = 0.0
+            if j < 0:
+                continue
+            k = lo + np.searchsorted(indices[lo:hi], j)
+            if k < hi and indices[k] == j:
+                out[e, s] = data[k]
+
+
+def _label_blocks(n_labels: int, work) -> None:
+    """Run ``work(start, stop)`` over label blocks on ``torch.get_num_threads()`` threads (the
+    kernels release the GIL; each block writes its own rows)."""
+    threads = max(1, min(torch.get_num_threads(), n_labels // 64))
+    if threads == 1:
+        work(0, n_labels)
+        return
+    edges = np.linspace(0, n_labels, threads + 1).astype(np.int64)
+    with ThreadPoolExecutor(threads) as pool:
+        list(pool.map(lambda a: work(int(edges[a]), int(edges[a + 1])), range(threads)))
+
+
+def support_products(X_csc: sp.csc_matrix, support: np.ndarray, weight: np.ndarray) -> np.ndarray:
+    """(T, n): w_t^T x_i over the support columns, for a CSC ``X_csc`` (n, D) and ``support``,
+    ``weight`` (T, K)."""
+    out = np.zeros((support.shape[0], X_csc.shape[0]), dtype=weight.dtype)
+    values = X_csc.data.astype(weight.dtype, copy=False)
+    _label_blocks(support.shape[0], lambda a, b: _support_times(X_csc.indptr, X_csc.indices, values, support,
+                                                                 weight, out, a, b))
+    return out
+
+
+class _SupportTimes(torch.autograd.Function):
+    """(B, T) utilities of a batch (CSC) for the block's weights (T, K), with the gradient in them."""
+
+    @staticmethod
+    def forward(ctx, weight, X_csc, support):
+        ctx.X_csc, ctx.support, ctx.device = X_csc, support, weight.device
+        return torch.from_numpy(support_products(X_csc, support, weight.detach().cpu().numpy())).T.to(weight.device)
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        X_csc, support = ctx.X_csc, ctx.support
+        grad_t = grad_out.T.contiguous().cpu().numpy()
+        grad = np.empty(support.shape, dtype=grad_t.dtype)
+        values = X_csc.data.astype(grad_t.dtype, copy=False)
+        _label_blocks(support.shape[0], lambda a, b: _support_gradient(X_csc.indptr, X_csc.indices, values, support,
+                                                                       grad_t, grad, a, b))
+        return torch.from_numpy(grad).to(ctx.device), None, None
+
+
+class SupportBlock:
+    """The rows of W that one minibatch touches (its labels T, K weights each), as a leaf tensor whose
+    gradient the bound fills. Parameters as :class:`~bayesmlc.gp.linear_term.LinearBlock`'s. The
+    products run on the CPU (compiled passes over the batch's stored entries); on another device the
+    block's weights and the utilities travel to and from it."""
+
+    def __init__(self, term: SupportLinearTerm, X_rows: sp.csr_matrix, sampled: np.ndarray,
+                 positive_rows: np.ndarray, positive_labels: np.ndarray):
+        X = sp.csr_matrix(X_rows)
+        X.sort_indices()
+        self.X, self.X_csc = X, X.tocsc()
+        self.labels = np.union1d(sampled, positive_labels).astype(np.int64)  # T
+        self.sampled_positions = np.searchsorted(self.labels, sampled)
+        self.all_sampled = self.labels.size == sampled.size
+        self.positive_rows = np.asarray(positive_rows, dtype=np.int64)
+        self.positive_positions = np.searchsorted(self.labels, positive_labels)
+        labels_t = torch.as_tensor(self.labels, device=term.weight.device)
+        self.support = term.support.index_select(0, labels_t).cpu().numpy()
+        self.weight = term.weight.index_select(0, labels_t).requires_grad_()
+
+    def sampled_utilities(self) -> torch.Tensor:
+        """w_l^T x_i for the batch's rows and the sampled labels: (B, S)."""
+        if self.all_sampled:
+            return _SupportTimes.apply(self.weight, self.X_csc, self.support)
+        positions = self.sampled_positions
+        weight = self.weight[torch.as_tensor(positions, device=self.weight.device)]
+        return _SupportTimes.apply(weight, self.X_csc, self.support[positions])
+
+    def positive_utilities(self) -> torch.Tensor:
+        """w_l^T x_i for the positive entries: (E,)."""
+        values = np.empty((self.positive_rows.size, self.support.shape[1]), dtype=np.float64)
+        _pair_values(self.X.indptr, self.X.indices, self.X.data.astype(np.float64, copy=False), self.positive_rows,
+                     self.positive_positions, self.support, values)
+        device = self.weight.device
+        values_t = torch.as_tensor(values, dtype=self.weight.dtype, device=device)
+        return (self.weight[torch.as_tensor(self.positive_positions, device=device)] * values_t).sum(-1)
+
+
+class SupportLinearTerm(nn.Module):
+    """W (L, K) on the columns ``support`` (L, K) of the per-label linear term, with its lazy Adam state
+    (module docstring).
+
+    Parameters
+    ----------
+    support : int64 (L, K), each label's columns (:func:`gradient_support`), -1 for none
+    prior_variance : s2 of w_l ~ N(0, s2 I)
+    """
+
+    def __init__(self, support: np.ndarray, prior_variance: float):
+        super().__init__()
+        support = torch.as_tensor(np.asarray(support, dtype=np.int64))
+        self.register_buffer("prior_variance_now", torch.tensor(float(prior_variance), dtype=torch.float64))
+        self.register_buffer("support", support)
+        self.register_buffer("weight", torch.zeros(support.shape))
+        self.register_buffer("exp_avg", torch.zeros(support.shape))
+        self.register_buffer("exp_avg_sq", torch.zeros(support.shape))
+        self.register_buffer("step", torch.zeros(()))
+        self.n_rows = None
+        self._sq_norm = None
+
+    @property
+    def prior_variance(self) -> float:
+        """s2 of the prior w_l ~ N(0, s2 I)."""
+        return float(self.prior_variance_now)
+
+    @prior_variance.setter
+    def prior_variance(self, value: float) -> None:
+        self.prior_variance_now.fill_(float(value))
+
+    def _load_from_state_dict(self, *args, **kwargs):
+        self._sq_norm = None
+        super()._load_from_state_dict(*args, **kwargs)
+
+    def set_training_rows(self, X: sp.csr_matrix) -> None:
+        """The number of rows the batches are drawn from."""
+        self.n_rows = X.shape[0]
+
+    def penalty(self) -> float:
+        """-log p(W) up to its constant: |W|_F^2 / (2 s2)."""
+        if self._sq_norm is None:
+            self._sq_norm = float(self.weight.double().pow(2).sum())
+        return self._sq_norm / (2.0 * self.prior_variance)
+
+    def utilities(self, X: sp.csr_matrix) -> torch.Tensor:
+        """X W^T (n, L) for prepared rows ``X`` (n, D), without gradients."""
+        weight = self.weight.detach().cpu()
+        out = support_products(sp.csc_matrix(X), self.support.cpu().numpy(), weight.numpy())
+        return torch.from_numpy(out).T.contiguous().to(self.weight.device)
+
+    def block(self, X_rows, targets) -> SupportBlock:
+        """The :class:`SupportBlock` of a minibatch with ``targets`` of
+        :func:`~bayesmlc.gp.training.minibatch_targets` ("full" or "shared")."""
+        if targets[0] == "full":
+            empty = np.zeros(0, dtype=np.int64)
+            return SupportBlock(self, X_rows, np.arange(self.weight.shape[0], dtype=np.int64), empty, empty)
+        if targets[0] != "shared":
+            raise ValidationError('linear_term=True needs negative_sampling="batch" (or negative_samples=None)')
+        entries = targets[1]
+        return SupportBlock(self, X_rows, entries.labels, entries.positives.rows, entries.positives.labels)
+
+    def prior_gradient(self, block: SupportBlock, n_total: int) -> torch.Tensor:
+        """The unbiased estimate, on ``block``, of the gradient of |W|^2 / (2 s2 N): whole rows of the
+        sampled labels, weighted L / |S| (module docstring)."""
+        label_weight = self.weight.shape[0] / block.sampled_positions.size
+        gradient = torch.zeros_like(block.weight)
+        rows = torch.as_tensor(block.sampled_positions, device=gradient.device)
+        gradient[rows] = block.weight.detach()[rows] * (label_weight / (self.prior_variance * n_total))
+        return gradient
+
+    @torch.no_grad()
+    def adam_step(self, block: SupportBlock, gradient: torch.Tensor, learning_rate: float) -> None:
+        """One lazy Adam step on the block's rows of W (all K entries of each) with ``gradient``."""
+        beta1, beta2 = ADAM_BETAS
+        self.step += 1
+        t = float(self.step)
+        step_size = learning_rate / (1.0 - beta1**t)
+        gradient = gradient.detach().to(self.weight.dtype)
+        if self.weight.device.type == "cpu":
+            change = _lazy_adam_rows(self.weight.numpy(), self.exp_avg.numpy(), self.exp_avg_sq.numpy(), block.labels,
+                                     gradient.contiguous().numpy(), step_size, beta1, beta2, 1.0 - beta2**t, ADAM_EPS)
+        else:
+            rows = torch.as_tensor(block.labels, device=self.weight.device)
+            m = self.exp_avg[rows].mul_(beta1).add_(gradient, alpha=1.0 - beta1)
+            v = self.exp_avg_sq[rows].mul_(beta2).addcmul_(gradient, gradient, value=1.0 - beta2)
+            old = self.weight[rows]
+            new = old - step_size * m / (v / (1.0 - beta2**t)).sqrt_().add_(ADAM_EPS)
+            change = float(new.double().pow(2).sum() - old.double().pow(2).sum())
+            self.weight[rows], self.exp_avg[rows], self.exp_avg_sq[rows] = new, m, v
+        if self._sq_norm is not None:
+            self._sq_norm += change
+
+    def curvature(self, X: sp.csr_matrix, lam: np.ndarray, labels: slice) -> np.ndarray:
+        """d_ls = sum_i lam_il x_{i, S_ls}^2 (labels, K) for the labels ``labels``: the diagonal of the
+        logistic log-likelihood's negative Hessian in the support weights
+        (:func:`~bayesmlc.gp.linear_term.utility_curvature`'s, on the support), from the prepared rows
+        ``X`` (n, D) and the weights lam (n, labels) of their entries."""
+        squared = sp.csc_matrix(sp.csr_matrix(X, dtype=np.float64).multiply(X))
+        support = self.support[labels].cpu().numpy()
+        lam_t = np.ascontiguousarray(np.asarray(lam, dtype=np.float64).T)
+        out = np.empty(support.shape)
+        _support_gradient(squared.indptr, squared.indices, squared.data, support, lam_t, out, 0, support.shape[0])
+        return out
+
+
+@numba.njit(cache=True, nogil=True)
+def _lazy_adam_rows(weight, exp_avg, exp_avg_sq, labels, gradient, step_size, beta1, beta2, bias_correction2, eps):
+    """Adam's update (Kingma and Ba 2015, Algorithm 1) of the rows ``weight[labels[a]]`` with
+    ``gradient[a]``, in place with their moments; returns the change of |W|^2 (float64)."""
+    change = 0.0
+    for a in range(labels.size):
+        row = labels[a]
+        for b in range(weight.shape[1]):
+            g = gradient[a, b]
+            m = beta1 * exp_avg[row, b] + (1.0 - beta1) * g
+            v = beta2 * exp_avg_sq[row, b] + (1.0 - beta2) * g * g
+            exp_avg[row, b] = m
+            exp_avg_sq[row, b] = v
+            old = float(weight[row, b])
+            weight[row, b] = old - step_size * m / (math.sqrt(v / bias_correction2) + eps)
+            new = float(weight[row, b])
+            change += new * new - old * old
+    return change
