@@ -19,8 +19,9 @@ calls ``decision_function``, ``predict_proba`` and ``predict`` that scored a blo
 ``score_and_proba`` (two or three passes of the model). The table gives the medians of wall-clock and
 of process CPU seconds (all threads: less disturbed than the wall clock when other processes share the
 cores), each also as a multiple of ``predict_proba``'s; the 1-minute load average is printed with it.
-The command's fixed costs (parsing the file; loading the model, whose check predicts two
-rows and so sets up what prediction reuses) do not grow with the rows.
+The command's fixed costs are timed on their own too: ``read`` (parsing the test file) and ``load``
+(``MultiLabelEstimator.load`` of the model file with its checks; MLGPF's predict two rows and so build
+the module that prediction then reuses); they do not grow with the model's work per row.
 """
 
 from __future__ import annotations
@@ -90,7 +91,9 @@ def time_model(data: Path, name: str, repeats: int, threads: int) -> dict:
 
     timed = {"command": run_command, "evaluate_model": lambda: evaluate_model(model, test, inv_propensity),
              "score_and_proba": lambda: model.score_and_proba(test.X, return_labels=True),
-             "three calls": three_calls, "predict_proba": lambda: model.predict_proba(test.X)}
+             "three calls": three_calls, "predict_proba": lambda: model.predict_proba(test.X),
+             "read": lambda: read_dataset(data / "test.txt"),
+             "load": lambda: MultiLabelEstimator.load(data / name / "model.npz")}
     seconds = {key: [] for key in timed}
     with use_threads(threads):
         model.predict_proba(test.X[:10])  # the first call sets up what later ones reuse
@@ -115,7 +118,7 @@ def main(argv=None) -> None:
     print(f"EURLex-4K shape at scale {args.scale:g}, {args.threads} threads, median of {args.repeats}, "
           f"load average {os.getloadavg()[0]:.2f}")
     print("seconds (x predict_proba's): wall-clock, then process CPU (all threads)")
-    columns = ("score_and_proba", "evaluate_model", "command", "three calls")
+    columns = ("score_and_proba", "evaluate_model", "command", "three calls", "read", "load")
     print(f"{'model':<7} {'clock':<5} {'rows':>6} {'labels':>6} {'predict_proba':>13} "
           + " ".join(f"{key:>16}" for key in columns))
     for row in rows:
