@@ -4,8 +4,9 @@ Training. :func:`fit_data_parallel` is the body every worker of a data-parallel 
 launcher started it: ``torchrun``, Spark's ``TorchDistributor`` (which calls ``torch.distributed.run``)
 or Ray Train's ``TorchTrainer`` (which sets up the process group itself). Each worker reads only its
 rows of the training file (:func:`~bayesmlc.data.shard.read_shard`) and fits an MLGPF or BNMC
-estimator under :class:`~bayesmlc.distributed.DataParallel`; rank 0 returns the fitted model, which
-the launchers hand back to the caller (``TorchDistributor.run``'s value, Ray's ``Result.return_value``).
+estimator under :class:`~bayesmlc.distributed.DataParallel`; every rank returns the fitted model
+(the same on every rank), which the launchers hand back to the caller (``TorchDistributor.run``'s
+value, Ray's ``Result.return_value``).
 :func:`ray_train_loop` is the same as a ``train_loop_per_worker`` taking Ray's config dict::
 
     from ray.train import ScalingConfig
@@ -25,6 +26,7 @@ predict function of Spark's ``predict_batch_udf``.
 
 from __future__ import annotations
 
+import atexit
 import inspect
 import numbers
 import os
@@ -45,13 +47,17 @@ def fit_data_parallel(estimator, train, format: str | None = None):
 
     The process group is the one the launcher set up (Ray Train) or, when none is initialised, the
     one torchrun's environment variables describe (``torchrun``, Spark's ``TorchDistributor``;
-    :meth:`DataParallel.from_env <bayesmlc.distributed.DataParallel.from_env>`, left again at the
-    end). The worker reads its shard with :func:`~bayesmlc.data.shard.read_shard` (``.npz`` or XC
-    text, ``format`` as there; the file must be readable at the same path on every host: a shared
-    file system, or a copy on each) and fits with ``parallel=``; a worker that cannot read its shard
-    stops the others with :class:`~bayesmlc.distributed.RankFailedError` instead of leaving them
-    waiting. An ``estimator`` whose ``device`` is ``"auto"`` trains on the worker's device
-    (``cuda:LOCAL_RANK`` under nccl).
+    :meth:`DataParallel.from_env <bayesmlc.distributed.DataParallel.from_env>`). A group joined here
+    stays open for later fits in the process and is left when it exits: a default group destroyed
+    and initialised again under torchrun meets the first one's entries in torchrun's key-value store
+    (its gloo addresses), and the ranks fail to connect or wait forever.
+
+    The worker reads its shard with :func:`~bayesmlc.data.shard.read_shard` (``.npz`` or XC text,
+    ``format`` as there; the file must be readable at the same path on every host: a shared file
+    system, or a copy on each) and fits with ``parallel=``; a worker that cannot read its shard stops
+    the others with :class:`~bayesmlc.distributed.RankFailedError` instead of leaving them waiting.
+    An ``estimator`` whose ``device`` is ``"auto"`` trains on the worker's device (``cuda:LOCAL_RANK``
+    under nccl).
 
     Parameters
     ----------
@@ -61,33 +67,41 @@ def fit_data_parallel(estimator, train, format: str | None = None):
 
     Returns
     -------
-    The fitted estimator on rank 0 (the model is the same on every rank); None on the other ranks.
+    The fitted estimator, the same on every rank. Every rank returns it: Spark's local mode has
+    every process write its return value to the one output file, so the last writer's is the one
+    ``TorchDistributor.run`` returns.
     """
     if "parallel" not in inspect.signature(estimator._fit).parameters:
         raise ValidationError(f"fit_data_parallel trains MLGPF or BNMC (their fit takes parallel=), not "
                               f"{type(estimator).__name__}")
+    parallel = _process_group()
+    if estimator.get_params().get("device") == "auto":
+        estimator.set_params(device=str(parallel.device))
+    try:
+        shard = read_shard(train, parallel, format=format)
+    except Exception as exc:
+        parallel.sync_failure(exc)  # the others, at fit's first collective, raise RankFailedError
+        raise
+    estimator.fit(shard.X, shard.Y, label_mask=shard.label_mask, parallel=parallel)
+    return estimator
+
+
+def _process_group() -> DataParallel:
+    """A strategy over the initialised default process group, or over the one joined from torchrun's
+    variables, which is then left at the process's exit (:meth:`DataParallel.close`)."""
     import torch.distributed as dist
 
-    joined = dist.is_available() and dist.is_initialized()
-    parallel = DataParallel() if joined else DataParallel.from_env()
-    try:
-        if estimator.get_params().get("device") == "auto":
-            estimator.set_params(device=str(parallel.device))
-        try:
-            shard = read_shard(train, parallel, format=format)
-        except Exception as exc:
-            parallel.sync_failure(exc)  # the others, at fit's first collective, raise RankFailedError
-            raise
-        estimator.fit(shard.X, shard.Y, label_mask=shard.label_mask, parallel=parallel)
-        return estimator if parallel.is_main else None
-    finally:
-        parallel.close()  # leaves the group only if from_env created it
+    if dist.is_available() and dist.is_initialized():
+        return DataParallel()
+    parallel = DataParallel.from_env()
+    atexit.register(parallel.close)
+    return parallel
 
 
 def ray_train_loop(config: dict):
     """``train_loop_per_worker`` for Ray Train's ``TorchTrainer``: :func:`fit_data_parallel` with the
-    entries of ``config`` (``estimator``, ``train``, optionally ``format``). Rank 0's fitted model
-    becomes the run's ``Result.return_value``."""
+    entries of ``config`` (``estimator``, ``train``, optionally ``format``). The fitted model (rank
+    0's) becomes the run's ``Result.return_value``."""
     unknown = sorted(set(config) - {"estimator", "train", "format"})
     if unknown or not {"estimator", "train"} <= set(config):
         raise ValidationError(f"train_loop_config must hold 'estimator' and 'train' (and optionally 'format'), "

@@ -73,13 +73,13 @@ def train_file(tmp_path_factory):
 
 
 TORCHRUN_SCRIPT = """
-import pickle, sys
+import os, pickle, sys
 from bayesmlc.bnmc import BNMC
 from bayesmlc.cluster import fit_data_parallel
 from bayesmlc.gp import MLGPF
 
 models = [fit_data_parallel(MLGPF(**{mlgpf}), sys.argv[1]), fit_data_parallel(BNMC(**{bnmc}), sys.argv[1])]
-if models[0] is not None:
+if os.environ["RANK"] == "0":
     with open(sys.argv[2], "wb") as handle:
         pickle.dump(models, handle)
 """

@@ -1,8 +1,8 @@
 """``bayesmlc.cluster.fit_data_parallel``, the body every worker of a torchrun, Spark TorchDistributor or
 Ray Train fit runs: in a process group the launcher set up or one it joins from torchrun's
 environment variables, on 127.0.0.1 with gloo. One process equals the plain fit; two spawned ranks
-whose one cannot read its shard both stop, each with its error (the launchers themselves: the slow
-tests in test_cluster_ray.py and test_cluster_spark.py)."""
+whose one cannot read its shard both stop, each with its error (the launchers themselves, and two
+fits in one torchrun launch: the slow tests in test_cluster_ray.py and test_cluster_spark.py)."""
 
 from __future__ import annotations
 
@@ -60,8 +60,9 @@ def test_in_a_process_group_the_launcher_set_up_it_equals_the_plain_fit(train_fi
     _same_parameters(fitted, MLGPF(device="cpu", **MLGPF_SETTINGS).fit(data.X, data.Y))
 
 
-def test_from_torchruns_variables_it_joins_and_leaves_the_group(train_file, monkeypatch):
-    """torchrun's and Spark TorchDistributor's case: the worker creates the group and leaves it."""
+def test_from_torchruns_variables_it_joins_the_group_and_keeps_it_for_the_next_fit(train_file, monkeypatch):
+    """torchrun's and Spark TorchDistributor's case: the worker creates the group, and a second fit in
+    the process uses it again (the group is left at the process's exit)."""
     data, path = train_file
     monkeypatch.setenv("GLOO_SOCKET_IFNAME", "lo")
     for name, value in dict(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
@@ -69,10 +70,16 @@ def test_from_torchruns_variables_it_joins_and_leaves_the_group(train_file, monk
         monkeypatch.setenv(name, value)
     settings = dict(truncation=4, n_passes=2, batch_size=30, random_state=4, device="cpu", solver="cg",
                     calibration_folds=1)
-    fitted = fit_data_parallel(BNMC(**settings), path)
-    assert not dist.is_initialized()
+    try:
+        fitted_bnmc = fit_data_parallel(BNMC(**settings), path)
+        assert dist.is_initialized()
+        fitted_mlgpf = fit_data_parallel(MLGPF(**MLGPF_SETTINGS), path)
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
     expected = BNMC(**settings).fit(data.X, data.Y)
-    np.testing.assert_allclose(fitted.predict_proba(data.X), expected.predict_proba(data.X), rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(fitted_bnmc.predict_proba(data.X), expected.predict_proba(data.X), rtol=1e-6, atol=1e-7)
+    _same_parameters(fitted_mlgpf, MLGPF(device="cpu", **MLGPF_SETTINGS).fit(data.X, data.Y))
 
 
 def test_it_refuses_a_model_without_a_data_parallel_fit_and_a_bad_config(train_file):
