@@ -1,8 +1,9 @@
 """Compiled (numba) kernels of the metrics over dense (rows, labels) arrays: one pass over the array
-each, with no temporaries of its size.
+each, with no temporaries of its size (but the copy of the scores that :func:`row_rank_sums` writes
+for the micro AUC's sort).
 
 * :func:`top_k_rows` - each row's ``k`` highest values, best first, ties to the lower label index
-  (:func:`bayesmlc.metrics.topk`), by a bounded heap per row: O(L log k) a row.
+  (:func:`bayesmlc.metrics.topk`), by a bounded heap per row: O(L log k) a row at worst.
 * :func:`probability_bins` - the all-pairs calibration bins (count and sum of probabilities per
   equal-width bin) of :func:`bayesmlc.metrics.calibration.reliability_curve`.
 * :func:`row_rank_sums`, :func:`label_rank_sums` - the Mann-Whitney rank sums of the instance (per
@@ -17,6 +18,7 @@ Module-level functions so that numba's on-disk cache can key them.
 
 import numba
 import numpy as np
+
 
 @numba.njit(cache=True, nogil=True)
 def _worse(value_a, index_a, value_b, index_b):
@@ -48,8 +50,9 @@ _SCAN_WIDTH = 64
 def top_k_rows(scores, k, indices, values):
     """Fill ``indices[i]`` (int64) and ``values[i]`` (k,) with row i's ``k`` best entries of
     ``scores`` (n, L), ``k <= L``, best first; ties go to the lower label index, so the result is
-    ``argsort(-scores, kind="stable")[:, :k]``. Returns the flat position of the first non-finite
-    score, or -1 (the rows after it are left unfilled)."""
+    ``argsort(-scores, kind="stable")[:, :k]``. Runs of ``_SCAN_WIDTH`` scores are tested at once and
+    read one by one only when one of them is non-finite or above the heap's root. Returns the flat
+    position of the first non-finite score, or -1 (the rows after it are left unfilled)."""
     n, n_labels = scores.shape
     heap_values = np.empty(k, dtype=scores.dtype)
     heap_indices = np.empty(k, dtype=np.int64)
@@ -69,7 +72,7 @@ def top_k_rows(scores, k, indices, values):
             for column in range(first, end):
                 finite &= np.abs(scores[row, column]) < np.inf
                 above |= scores[row, column] > floor
-            if not (above or not finite):
+            if finite and not above:
                 continue
             for column in range(first, end):
                 value = scores[row, column]
