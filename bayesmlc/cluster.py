@@ -57,7 +57,8 @@ def fit_data_parallel(estimator, train, format: str | None = None):
     system, or a copy on each) and fits with ``parallel=``; a worker that cannot read its shard stops
     the others with :class:`~bayesmlc.distributed.RankFailedError` instead of leaving them waiting.
     An ``estimator`` whose ``device`` is ``"auto"`` trains on the worker's device (``cuda:LOCAL_RANK``
-    under nccl).
+    under nccl) and is returned with ``device="auto"`` again, so that a CPU scoring worker can use a
+    model trained on GPUs.
 
     Parameters
     ----------
@@ -75,7 +76,8 @@ def fit_data_parallel(estimator, train, format: str | None = None):
         raise ValidationError(f"fit_data_parallel trains MLGPF or BNMC (their fit takes parallel=), not "
                               f"{type(estimator).__name__}")
     parallel = _process_group()
-    if estimator.get_params().get("device") == "auto":
+    on_any_device = estimator.get_params().get("device") == "auto"
+    if on_any_device:
         estimator.set_params(device=str(parallel.device))
     try:
         shard = read_shard(train, parallel, format=format)
@@ -83,6 +85,8 @@ def fit_data_parallel(estimator, train, format: str | None = None):
         parallel.sync_failure(exc)  # the others, at fit's first collective, raise RankFailedError
         raise
     estimator.fit(shard.X, shard.Y, label_mask=shard.label_mask, parallel=parallel)
+    if on_any_device:  # shipped to scoring workers, the model predicts on whatever device each has
+        estimator.set_params(device="auto")
     return estimator
 
 
