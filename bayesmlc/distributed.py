@@ -36,7 +36,9 @@ Usage under ``torchrun --nproc-per-node 2 script.py``::
         model.save("model.npz")                 # rank 0 alone writes
     parallel.close()
 
-See ``docs/scaling.md`` for the launch commands (several GPUs, several hosts) and memory bounds.
+See ``docs/scaling.md`` for the launch commands (several GPUs, several hosts) and memory bounds;
+:func:`bayesmlc.cluster.fit_data_parallel` is the same worker body for torchrun, Ray Train's
+``TorchTrainer`` and Spark's ``TorchDistributor``.
 """
 
 from __future__ import annotations
