@@ -102,7 +102,7 @@ def check_payload(payload) -> None:
     if missing or unknown:
         raise ModelFormatError(f"checkpoint fields: {'missing ' + ', '.join(missing) if missing else ''}"
                                f"{'; ' if missing and unknown else ''}"
-                               f"{'unknown ' + ', '.join(str(k)[:40] for k in unknown[:5]) if unknown else ''}")
+                               f"{'unknown ' + ', '.join(ascii(str(k)[:40]) for k in unknown[:5]) if unknown else ''}")
     params = payload["params"]
     if not isinstance(params, dict) or not all(v is None or isinstance(v, (bool, int, float, str))
                                                for v in params.values()):
@@ -147,7 +147,10 @@ def _check_parameters(field: str, parameters, n_features: int, n_labels: int) ->
     if not isinstance(parameters, dict) or not parameters:
         raise _fail(field, "must map parameter names to tensors")
     for name, value in parameters.items():
-        _check_tensor(f"{field}[{name[:60]!r}]", value)
+        if name == "linear.support":
+            _check_support(f"{field}[{name!r}]", value, n_features, parameters.get("linear.weight"))
+        else:
+            _check_tensor(f"{field}[{name[:60]!r}]", value)
     extents = {"Phi": (0, n_labels), "bias": (0, n_labels), "inducing.basis_t": (0, n_features),
                "inducing.Z": (1, n_features)}
     for name, (axis, expected) in extents.items():
@@ -155,6 +158,18 @@ def _check_parameters(field: str, parameters, n_features: int, n_labels: int) ->
         if value is not None and (value.dim() <= axis or value.shape[axis] != expected):
             raise _fail(f"{field}[{name!r}]", f"must have {expected} entries on axis {axis} (the checkpoint's "
                         f"data shape), got shape {tuple(value.shape)}")
+
+
+def _check_support(field: str, value, n_features: int, weight) -> None:
+    """The linear term's support: an integer tensor of W's shape holding columns in [0, D) or -1."""
+    if not isinstance(value, torch.Tensor) or value.is_floating_point() or value.is_complex() \
+            or value.dtype == torch.bool:
+        shown = f"a {value.dtype} tensor" if isinstance(value, torch.Tensor) else type(value).__name__
+        raise _fail(field, f"must be an integer tensor, got {shown}")
+    if not isinstance(weight, torch.Tensor) or tuple(value.shape) != tuple(weight.shape):
+        raise _fail(field, "must have the shape of linear.weight")
+    if value.numel() and (int(value.min()) < -1 or int(value.max()) >= n_features):
+        raise _fail(field, f"must hold feature columns in [0, {n_features}) or -1")
 
 
 def _real_numbers(values) -> bool:

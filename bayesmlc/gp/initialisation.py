@@ -166,9 +166,23 @@ def resolved_structure(params: dict, X, n_labels: int, n_rows: int | None = None
     """The kernel and the number of latent GPs of ``MLGPF(**params)`` on training features ``X`` with
     ``n_labels`` labels, "auto" resolved: the kernel by :func:`~bayesmlc.gp.kernels.resolve_kernel`
     (``n_rows``, ``reduce``: all processes' rows, as there), ``n_latent`` as min(100, L)."""
-    kernel = resolve_kernel(params["kernel"], X, n_rows, reduce)
-    n_latent = params["n_latent"]
-    return kernel, int(min(MAX_AUTO_LATENT, n_labels) if n_latent == "auto" else n_latent)
+    return resolve_kernel(params["kernel"], X, n_rows, reduce), resolved_latent(params["n_latent"], n_labels)
+
+
+def resolved_latent(n_latent, n_labels: int) -> int:
+    """P for ``MLGPF(n_latent=n_latent)`` with ``n_labels`` labels: min(100, L) for "auto"."""
+    return int(min(MAX_AUTO_LATENT, n_labels) if n_latent == "auto" else n_latent)
+
+
+def resolve_linear_term(params: dict, n_labels: int, n_latent: int, world_size: int = 1) -> bool:
+    """``linear_term`` of ``MLGPF(**params)`` with "auto" resolved: on when the labels outnumber the
+    latent GPs (L > P: the rank-P loadings Phi cannot give every label a direction of its own), in one
+    process and with batch-shared negatives (where the term can run: :func:`check_linear_term`)."""
+    value = params["linear_term"]
+    if value != "auto":
+        return bool(value)
+    row_negatives = params["negative_sampling"] == "row" and params["negative_samples"] is not None
+    return n_labels > n_latent and world_size == 1 and not row_negatives
 
 
 #: ``linear_prior_variance="evidence"``: the s2 the linear term starts from, before its first update.

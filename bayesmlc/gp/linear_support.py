@@ -236,6 +236,7 @@ class SupportLinearTerm(nn.Module):
         self.register_buffer("step", torch.zeros(()))
         self.n_rows = None
         self._sq_norm = None
+        self._tensor_steps = False  # True: the tensor-operation Adam step on the CPU too (the test of that path)
 
     @property
     def prior_variance(self) -> float:
@@ -294,10 +295,10 @@ class SupportLinearTerm(nn.Module):
         t = float(self.step)
         step_size = learning_rate / (1.0 - beta1**t)
         gradient = gradient.detach().to(self.weight.dtype)
-        if self.weight.device.type == "cpu":
+        if self.weight.device.type == "cpu" and not self._tensor_steps:
             change = _lazy_adam_rows(self.weight.numpy(), self.exp_avg.numpy(), self.exp_avg_sq.numpy(), block.labels,
                                      gradient.contiguous().numpy(), step_size, beta1, beta2, 1.0 - beta2**t, ADAM_EPS)
-        else:
+        else:  # the same update by tensor operations, on any device
             rows = torch.as_tensor(block.labels, device=self.weight.device)
             m = self.exp_avg[rows].mul_(beta1).add_(gradient, alpha=1.0 - beta1)
             v = self.exp_avg_sq[rows].mul_(beta2).addcmul_(gradient, gradient, value=1.0 - beta2)

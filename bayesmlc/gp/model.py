@@ -25,7 +25,7 @@ from ..safe_io import check_output_target
 from ..utils import numpy_rng, resolve_device, torch_threads
 from ..validation import check_fit_inputs
 from .inducing import INDUCING_NAMES
-from .initialisation import module_from_parameters, resolved_structure
+from .initialisation import module_from_parameters, resolve_linear_term, resolved_latent, resolved_structure
 from .kernels import KERNEL_NAMES
 from .linear_term import OPTIMISER_STATE as LINEAR_OPTIMISER_STATE
 from .linear_term import check_linear_term
@@ -133,23 +133,26 @@ class MLGPF(HasPresets, MultiLabelEstimator):
         evaluations (the best parameters are kept).
     checkpoint_every : int or None, epochs between checkpoints written to ``checkpoint_path``.
     checkpoint_path : str or None
-    linear_term : bool, default False
+    linear_term : bool or "auto", default "auto"
         Add a per-label linear term, f_l(x) = sum_p Phi_lp h_p(x) + w_l^T x + b_l with
         w_l ~ N(0, ``linear_prior_variance`` I): an independent linear-kernel GP per label beside the
         shared latent GPs, estimated by MAP (the prior as an L2 penalty) with sparse steps
-        (:mod:`bayesmlc.gp.linear_term`). Needs labels x features (x ``linear_features``) <=
-        ``linear_max_entries``, one process and ``negative_sampling="batch"``. Off by default: it
-        helps on wide features with many labels, not everywhere, and costs training time
-        (docs/experiments.md, "MLGPF: a per-label linear term").
-    linear_prior_variance : float > 0 or "evidence", default 16, s2 of the linear term's prior (its
-        penalty |W|^2 / (2 s2)); with ``linear_learning_rate`` chosen on validation rows of three sets.
-        "evidence" starts at 16 and sets s2 to MacKay's evidence update |W|^2 / gamma five times
-        before the learning rate decays (:func:`bayesmlc.gp.linear_term.evidence_prior_variance`).
+        (:mod:`bayesmlc.gp.linear_term`). Needs labels x ``linear_features`` (x features for a dense
+        W) <= ``linear_max_entries``, one process and ``negative_sampling="batch"``. "auto"
+        (``linear_term_`` holds the choice): on when the labels outnumber the latent GPs (L > P, where
+        the rank-P loadings cannot give each label a direction of its own) and the fit can take it
+        (one process, batch-shared negatives), off otherwise (docs/experiments.md, "MLGPF: the linear
+        term on a per-label support").
+    linear_prior_variance : float > 0 or "evidence", default "evidence", s2 of the linear term's prior
+        (its penalty |W|^2 / (2 s2)). "evidence" starts at 16 and sets s2 to MacKay's evidence update
+        |W|^2 / gamma five times before the learning rate decays
+        (:func:`bayesmlc.gp.linear_term.evidence_prior_variance`): it turns the term down where the data
+        do not support it. A fixed s2 = 16 ranks best on the EURLex-4K shape but loses on delicious.
     linear_learning_rate : float or None, default 0.1, the linear term's (lazy) Adam step size
         (None = ``learning_rate``); it follows the same schedule (``lr_decay``).
     linear_max_entries : int, the largest L x D (L x ``linear_features``) the linear term is allowed
         (12 bytes an entry in float32 with its Adam moments, 8 more for a support; 2^26 is 805 MB).
-    linear_features : int or None, default None, K: each label's w_l is restricted to the K feature
+    linear_features : int or None, default 128, K: each label's w_l is restricted to the K feature
         columns with the largest standardised logistic gradient at w = 0 among those of its positive
         rows (lasso strong-rule screening; :mod:`bayesmlc.gp.linear_support`), so W holds L x K
         weights and a step costs O(labels x K x the columns' batch entries). None: every column
@@ -167,6 +170,7 @@ class MLGPF(HasPresets, MultiLabelEstimator):
         ``preprocessor_.transform(X)``).
     kernel_ : str, the kernel used ("auto" resolved from the training features' density).
     n_latent_ : int, the number of latent GPs used ("auto" resolved: min(100, L)).
+    linear_term_ : bool, whether the fit has the per-label linear term ("auto" resolved).
     parameters_ : dict of name -> tensor, the fitted parameters.
     jitter_ : float, relative jitter the last factorisation needed.
     history_ : per-epoch lists: ``epoch``, ``wall_time``, ``objective`` (mean minibatch ELBO estimate),
@@ -184,7 +188,8 @@ class MLGPF(HasPresets, MultiLabelEstimator):
         negative_samples="auto", negative_sampling="batch", quadrature_points=10, kl_weight=0.5,
         init_factors="svd", init_mean="ridge", idf_weighting="auto", standardize="auto", normalize_features=True,
         rank_by="mean", label_cardinality="independent", jitter=1e-5, svd_max_rows=100_000,
-        linear_term=False, linear_prior_variance=16.0, linear_learning_rate=0.1, linear_max_entries=2**26, linear_features=None,
+        linear_term="auto", linear_prior_variance="evidence", linear_learning_rate=0.1, linear_max_entries=2**26,
+        linear_features=128,
         validation_fraction=0.0, validation_every=1, early_stopping_patience=None,
         checkpoint_every=None, checkpoint_path=None,
         dtype="float32", n_threads=None, random_state=None, device="auto", verbose=False,
@@ -247,7 +252,7 @@ class MLGPF(HasPresets, MultiLabelEstimator):
         "standardize": STANDARDIZE_CONSTRAINT,
         "idf_weighting": ["auto", Boolean()],
         "normalize_features": [Boolean()],
-        "linear_term": [Boolean()],
+        "linear_term": [Boolean(), "auto"],
         "linear_prior_variance": [Real(0, low_open=True), "evidence"],
         "linear_learning_rate": [None, Real(0, low_open=True)],
         "linear_max_entries": [Integer(1)],
@@ -307,7 +312,7 @@ class MLGPF(HasPresets, MultiLabelEstimator):
                 self._check_against_data(shard.n_total)
                 if parallel.world_size > 1:  # the label statistics of all processes' rows (fit counted this one's)
                     self._set_label_statistics(LabelStatistics.of_labels(Y, label_mask).summed(parallel.reduce_sum))
-                check_linear_term(self, Y.shape[1], X.shape[1], parallel.world_size)
+                self._resolve_linear_term(Y.shape[1], X.shape[1], parallel.world_size)
                 self.preprocessor_ = self._preprocessor().fit(X, n_rows=shard.n_total, reduce=parallel.reduce_sum)
                 self.kernel_, self.n_latent_ = resolved_structure(self.get_params(), X, Y.shape[1], shard.n_total,
                                                                   parallel.reduce_sum)
@@ -386,7 +391,7 @@ class MLGPF(HasPresets, MultiLabelEstimator):
         start = time.perf_counter()
         with torch_threads(self.n_threads):
             if first:
-                check_linear_term(self, Y.shape[1], X.shape[1])
+                self._resolve_linear_term(Y.shape[1], X.shape[1])
                 self.preprocessor_ = self._preprocessor().fit(X)
                 self.kernel_, self.n_latent_ = resolved_structure(self.get_params(), X, Y.shape[1])
             if first or getattr(self, "_stream", None) is None:  # kept between calls, with its optimizer
@@ -406,6 +411,12 @@ class MLGPF(HasPresets, MultiLabelEstimator):
         previous.append((previous[-1] if previous else 0.0) + time.perf_counter() - start)
         return self
 
+    def _resolve_linear_term(self, n_labels: int, n_features: int, world_size: int = 1) -> None:
+        """Set ``linear_term_`` ("auto" resolved) and refuse a term that cannot run."""
+        n_latent = resolved_latent(self.n_latent, n_labels)
+        self.linear_term_ = resolve_linear_term(self.get_params(), n_labels, n_latent, world_size)
+        check_linear_term(SimpleNamespace(**self._settings()), n_labels, n_features, world_size)
+
     def _trainer(self, module=None) -> Trainer:
         """A :class:`~bayesmlc.gp.training.Trainer` with these settings and seed, of ``module`` (None: it
         sets the module up from the training rows)."""
@@ -416,7 +427,8 @@ class MLGPF(HasPresets, MultiLabelEstimator):
         """The parameters with the fitted kernel and number of latent GPs in place of "auto" (files
         written before ``kernel_`` and ``n_latent_`` existed named both themselves)."""
         return {**self.get_params(), "kernel": getattr(self, "kernel_", self.kernel),
-                "n_latent": getattr(self, "n_latent_", self.n_latent)}
+                "n_latent": getattr(self, "n_latent_", self.n_latent),
+                "linear_term": getattr(self, "linear_term_", self.linear_term)}
 
     def _keep_parameters(self, module, jitter):
         self._module = module

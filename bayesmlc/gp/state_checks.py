@@ -59,6 +59,13 @@ def _parameters(model, dims) -> None:
                                f"(one column per feature, {dims.get('D')}), got {dims.get('K')} columns")
 
 
+def _flag(model, name: str) -> None:
+    """An optional fitted bool (files written before it existed lack it)."""
+    value = getattr(model, name, False)
+    if not isinstance(value, bool):
+        raise ModelFormatError(f"{name} must be True or False, got {_shown(value)}")
+
+
 def _check_support(value, dims) -> None:
     """linear.support: an integer (L, K) tensor of feature columns in [0, D) or -1."""
     import torch
@@ -80,6 +87,7 @@ def _check_support(value, dims) -> None:
 MLGPF_FIELDS = COMMON_FIELDS + (
     choice("kernel_", KERNEL_NAMES, optional=True),
     integer("n_latent_", 1, binds="Q", optional=True),
+    rule("linear_term_", lambda model, dims: _flag(model, "linear_term_")),
     number("jitter_", 0.0),
     integer("n_rows_seen_", 0, optional=True),
     Field(path=("step_history_",), kind="mapping", optional=True),

@@ -110,9 +110,11 @@ def test_prior_gradient_estimate_is_unbiased_over_every_label_draw():
     assert torch.allclose(total / draws, term.weight / (term.prior_variance * 9), rtol=1e-12, atol=1e-15)
 
 
-def test_lazy_adam_step_is_torch_adam_on_the_block_rows():
+@pytest.mark.parametrize("tensor_steps", [False, True], ids=["compiled", "tensor ops (other devices)"])
+def test_lazy_adam_step_is_torch_adam_on_the_block_rows(tensor_steps):
     X, Y = _problem(seed=6)
     term = _term(X, Y, seed=7)
+    term._tensor_steps = tensor_steps
     before = term.weight.clone()
     block = term.block(X[[0, 4]], _shared_targets(Y[[0, 4]], [1, 3]))
     reference = block.weight.detach().clone().requires_grad_()
@@ -153,14 +155,15 @@ def _planted(seed=0, n=400, D=60, L=12):
     return sp.csr_matrix(X, dtype=np.float32), Y
 
 
-TINY = dict(n_latent=2, n_inducing=20, subspace_rank=10, batch_size=100, epochs=30, random_state=0, n_threads=1)
+TINY = dict(n_latent=2, n_inducing=20, subspace_rank=10, batch_size=100, epochs=30, random_state=0, n_threads=1,
+            linear_term=False)
 
 
 def test_support_term_learns_the_planted_features_and_round_trips(tmp_path):
     X, Y = _planted()
     train, test = slice(0, 300), slice(300, None)
     plain = MLGPF(**TINY).fit(X[train], Y[train])
-    model = MLGPF(linear_term=True, linear_features=4, **TINY).fit(X[train], Y[train])
+    model = MLGPF(**dict(TINY, linear_term=True, linear_features=4, linear_prior_variance=16.0)).fit(X[train], Y[train])
     support = model.parameters_["linear.support"].numpy()
     assert all(label in support[label] for label in range(Y.shape[1]))  # each label's own feature is screened in
     assert precision_at_k(Y[test], model.decision_function(X[test]), 1) > \
@@ -174,11 +177,11 @@ def test_support_term_learns_the_planted_features_and_round_trips(tmp_path):
 
 def test_damaged_support_is_refused_at_load():
     X, Y = _planted(n=120)
-    model = MLGPF(linear_term=True, linear_features=3, **dict(TINY, epochs=1)).fit(X, Y)
+    model = MLGPF(**dict(TINY, linear_term=True, linear_features=3, epochs=1)).fit(X, Y)
     support = model.parameters_["linear.support"]
     for damage, message in ((support.double(), "integer"), (support + X.shape[1], r"\[0, 60\)"),
                             (support[:, :-1], "shape")):
-        broken = MLGPF(linear_term=True, linear_features=3, **dict(TINY, epochs=1)).fit(X, Y)
+        broken = MLGPF(**dict(TINY, linear_term=True, linear_features=3, epochs=1)).fit(X, Y)
         broken.parameters_ = dict(broken.parameters_, **{"linear.support": damage})
         broken._module = None
         with pytest.raises(ModelFormatError, match=message):
@@ -188,5 +191,5 @@ def test_damaged_support_is_refused_at_load():
 def test_support_size_counts_against_the_entry_limit():
     X, Y = _planted(n=120)
     with pytest.raises(ValidationError, match="linear_max_entries"):
-        MLGPF(linear_term=True, linear_features=20, linear_max_entries=100, **TINY).fit(X, Y)
-    MLGPF(linear_term=True, linear_features=8, linear_max_entries=100, **dict(TINY, epochs=1)).fit(X, Y)
+        MLGPF(**dict(TINY, linear_term=True, linear_features=20, linear_max_entries=100)).fit(X, Y)
+    MLGPF(**dict(TINY, linear_term=True, linear_features=8, linear_max_entries=100, epochs=1)).fit(X, Y)

@@ -84,7 +84,7 @@ def test_elbo_gradient_on_the_block_matches_finite_differences():
     central differences (float64, a tiny module with subspace inducing inputs)."""
     X = _rows(n=20, D=8, seed=4, density=0.5)
     Y = sp.csr_matrix(np.random.default_rng(5).random((20, 6)) < 0.3, dtype=np.float64)
-    model = MLGPF(n_latent=2, n_inducing=5, subspace_rank=4, epochs=1, batch_size=10, linear_term=True,
+    model = MLGPF(n_latent=2, n_inducing=5, subspace_rank=4, epochs=1, batch_size=10, linear_term=True, **DENSE,
                   negative_samples=3, dtype="float64", random_state=0, n_threads=1).fit(X, Y)
     module = model._ensure_module()
     rows = np.arange(10)
@@ -163,14 +163,17 @@ def _planted_linear(seed=0, n=400, D=30, L=12):
     return sp.csr_matrix(X, dtype=np.float32), Y
 
 
-TINY = dict(n_latent=2, n_inducing=20, subspace_rank=10, batch_size=100, epochs=30, random_state=0, n_threads=1)
+TINY = dict(n_latent=2, n_inducing=20, subspace_rank=10, batch_size=100, epochs=30, random_state=0, n_threads=1,
+            linear_term=False)
+#: the dense W of this file's tests, at a fixed s2
+DENSE = dict(linear_features=None, linear_prior_variance=16.0)
 
 
 def test_linear_term_learns_what_the_factors_cannot_and_predicts_by_hand(tmp_path):
     X, Y = _planted_linear()
     train, test = slice(0, 300), slice(300, None)
     plain = MLGPF(**TINY).fit(X[train], Y[train])
-    model = MLGPF(linear_term=True, linear_learning_rate=0.1, **TINY).fit(X[train], Y[train])
+    model = MLGPF(**dict(TINY, linear_term=True, linear_learning_rate=0.1, **DENSE)).fit(X[train], Y[train])
     from bayesmlc.metrics import precision_at_k
 
     assert precision_at_k(Y[test], model.decision_function(X[test]), 1) > \
@@ -207,9 +210,9 @@ def test_linear_term_learns_what_the_factors_cannot_and_predicts_by_hand(tmp_pat
 
 def test_damaged_linear_weight_is_refused_at_load(tmp_path):
     X, Y = _planted_linear(n=120)
-    model = MLGPF(linear_term=True, **dict(TINY, epochs=1)).fit(X, Y)
+    model = MLGPF(**dict(TINY, linear_term=True, epochs=1, **DENSE)).fit(X, Y)
     for damage, message in ((lambda w: w[:, :-1], "shape"), (lambda w: w * float("nan"), "finite")):
-        broken = MLGPF(linear_term=True, **dict(TINY, epochs=1)).fit(X, Y)
+        broken = MLGPF(**dict(TINY, linear_term=True, epochs=1, **DENSE)).fit(X, Y)
         broken.parameters_ = dict(broken.parameters_, **{"linear.weight": damage(model.parameters_["linear.weight"])})
         broken._module = None
         with pytest.raises(ModelFormatError, match=message):
@@ -219,14 +222,14 @@ def test_damaged_linear_weight_is_refused_at_load(tmp_path):
 def test_linear_term_refusals_name_the_setting():
     X, Y = _planted_linear(n=120)
     with pytest.raises(ValidationError, match="linear_max_entries"):
-        MLGPF(linear_term=True, linear_max_entries=100, **TINY).fit(X, Y)
+        MLGPF(**dict(TINY, linear_term=True, linear_max_entries=100, **DENSE)).fit(X, Y)
     with pytest.raises(ValidationError, match="negative_sampling"):
-        MLGPF(linear_term=True, negative_samples=3, negative_sampling="row", **TINY).fit(X, Y)
+        MLGPF(**dict(TINY, linear_term=True, negative_samples=3, negative_sampling="row")).fit(X, Y)
 
 
 def test_checkpoint_resume_with_the_linear_term_gives_the_uninterrupted_result(tmp_path):
     X, Y = _planted_linear(seed=3, n=200)
-    params = dict(TINY, linear_term=True, negative_samples=4, lr_decay=0.0, checkpoint_every=1)
+    params = dict(TINY, linear_term=True, **DENSE, negative_samples=4, lr_decay=0.0, checkpoint_every=1)
     path = tmp_path / "run.ckpt.npz"
     straight = MLGPF(**dict(params, epochs=4, checkpoint_path=str(tmp_path / "other.npz"))).fit(X, Y)
     MLGPF(**dict(params, epochs=2, checkpoint_path=str(path))).fit(X, Y)

@@ -69,7 +69,7 @@ def test_every_family_and_inducing_choice_learns(variational, inducing, kernel):
 
 def test_predict_proba_matches_monte_carlo_under_q_f():
     X, Y, _ = _planted(seed=2, n=300)
-    model = MLGPF(epochs=3, **SMALL).fit(X, Y)
+    model = MLGPF(epochs=3, linear_term=False, **SMALL).fit(X, Y)  # q(f) of the factor model alone
     module = model._ensure_module()
     with torch.no_grad():
         batch = module.inducing.make_batch(model.preprocessor_.transform(X[:4]))
@@ -394,12 +394,12 @@ def test_partial_fit_after_fit_continues_from_the_fitted_parameters():
     model = MLGPF(epochs=3, **SMALL).fit(X[:200], Y[:200])
     before = {k: v.clone() for k, v in model.parameters_.items()}
     scores = model.decision_function(X[200:])
-    model.set_params(learning_rate=1e-7)  # a tiny step: the parameters must stay where fit left them
+    model.set_params(learning_rate=1e-7, linear_learning_rate=1e-7)  # tiny steps: the parameters stay where fit left them
     model.partial_fit(X[200:], Y[200:])
     assert model.n_rows_seen_ == 300
     for key, value in before.items():
         assert torch.allclose(model.parameters_[key], value, atol=1e-4), key
-    assert np.allclose(model.decision_function(X[200:]), scores, atol=1e-3)
+    assert np.allclose(model.decision_function(X[200:]), scores, atol=5e-3)  # float32 factorisations amplify 1e-7 moves
 
 
 def test_batch_negative_sampling_fits_reproducibly_and_checks_its_setting():
