@@ -175,12 +175,19 @@ def main() -> None:
     parser.add_argument("--score-repeats", type=int, default=4, help="test rows: the training rows this many times")
     parser.add_argument("--json", help="write the results here")
     args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="bench-cluster-") as folder:
+        results = _run(args, folder)
+    print(json.dumps(results, indent=1))
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=1))
 
+
+def _run(args, folder: str) -> dict:
+    """The training launches and the scoring jobs, with the data and models written under ``folder``."""
     from bayesmlc.data.io import write_dataset
     from bayesmlc.data.synthetic import make_multilabel
     from bayesmlc.gp import MLGPF
 
-    folder = tempfile.mkdtemp(prefix="bench-cluster-")
     data = make_multilabel(args.n_samples, 2000, 400, random_state=0)
     train_path = os.path.join(folder, "train.npz")
     write_dataset(data, train_path)
@@ -213,9 +220,11 @@ def main() -> None:
                 print(scorer, workers, round(seconds, 2), flush=True)
     results["rows"] = {"train": args.n_samples, "score": args.n_samples * args.score_repeats}
     results["load_after"] = os.getloadavg()
-    print(json.dumps(results, indent=1))
-    if args.json:
-        Path(args.json).write_text(json.dumps(results, indent=1))
+    if spark is not None:
+        spark.stop()
+    if "ray" in sys.modules:
+        sys.modules["ray"].shutdown()
+    return results
 
 
 if __name__ == "__main__":
