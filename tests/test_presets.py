@@ -25,16 +25,16 @@ DOCS = Path(__file__).resolve().parents[1] / "docs"
 # variational family named in 9bdd665): written out here, key by key, from those texts.
 DOCUMENTED_PAIR = {
     "subspace": {"lr_decay": 0.5, "rank_by": "proba", "kl_weight": 0.5, "variational": "whitened",
-                 "n_inducing": 400, "epochs": 15},
+                 "n_inducing": 400, "epochs": 15, "linear_term": False},
     "free": {"kernel": "linear+se", "ard": True, "inducing": "free", "n_inducing": 400, "n_latent": 30,
              "variational": "cholesky", "batch_size": 100, "batch_size_growth": 20, "batch_size_every": 10,
              "learning_rate": 0.005, "lr_decay": 0.5, "kl_weight": 0.5, "init_factors": "svd", "init_mean": "ridge",
-             "idf_weighting": True, "standardize": False, "epochs": 100},
+             "idf_weighting": True, "standardize": False, "epochs": 100, "linear_term": False},
 }
 # the subspace paper's Table 3 settings (P=30, M=500, R=1000, batch 500), constant rates, 400 epochs
 DOCUMENTED_MLGPF_PAPER = {"n_latent": 30, "n_inducing": 500, "kernel": "linear", "inducing": "subspace",
                           "subspace_rank": 1000, "batch_size": 500, "variational": "whitened",
-                          "idf_weighting": False, "lr_decay": 0.0, "epochs": 400}
+                          "idf_weighting": False, "lr_decay": 0.0, "epochs": 400, "linear_term": False}
 # the BMLS authors' demo (K=100, 200 burn-in, 250 samples thinned by 10) and BNMC-L (truncation 15, 2 passes)
 DOCUMENTED_BMLS_PAPER = {"n_topics": 100, "schedule": "fixed", "n_burnin": 200, "n_draws": 250, "thin": 10}
 DOCUMENTED_BNMC_PAPER = {"truncation": 15, "n_passes": 2, "classifier": "logistic"}
