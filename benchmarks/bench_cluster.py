@@ -41,8 +41,9 @@ REPO = Path(__file__).resolve().parents[1]
 LOOPBACK_ENVIRONMENT = {"GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO),
                         "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_USAGE_STATS_ENABLED": "0",
                         "SPARK_LOCAL_IP": "127.0.0.1", "PYSPARK_PYTHON": sys.executable}
+#: linear_term=False: "auto" would turn the per-label linear term on with one worker only (L > P)
 SETTINGS = dict(n_latent=30, n_inducing=100, subspace_rank=200, batch_size=500, epochs=3, random_state=0,
-                n_threads=1, device="cpu")
+                n_threads=1, device="cpu", linear_term=False)
 TORCHRUN_SCRIPT = """
 import os, pickle, sys
 from bayesmlc.cluster import fit_data_parallel

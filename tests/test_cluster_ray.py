@@ -39,8 +39,10 @@ RAY_ENVIRONMENT = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_USAGE_STATS_EN
 #: the workers': bayesmlc importable, one thread each, gloo on the loopback interface
 WORKER_ENVIRONMENT = {"PYTHONPATH": str(Path(bayesmlc.__file__).resolve().parents[1]), "OMP_NUM_THREADS": "1",
                       "GLOO_SOCKET_IFNAME": "lo"}
+#: linear_term=False: "auto" turns the per-label linear term on in one process only (L > P), so the
+#: one-process comparison would be between different models
 MLGPF_SETTINGS = dict(n_latent=3, n_inducing=8, subspace_rank=6, batch_size=40, epochs=2, dtype="float64",
-                      learning_rate=0.05, lr_decay=0.0, random_state=3)
+                      learning_rate=0.05, lr_decay=0.0, random_state=3, linear_term=False)
 BNMC_SETTINGS = dict(truncation=4, n_passes=2, batch_size=30, random_state=4, solver="cg", calibration_folds=1)
 
 

@@ -36,8 +36,10 @@ pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore:PySpark does 
 SPARK_ENVIRONMENT = {"SPARK_LOCAL_IP": "127.0.0.1", "PYSPARK_PYTHON": sys.executable,
                      "PYSPARK_DRIVER_PYTHON": sys.executable, "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo",
                      "PYTHONPATH": str(Path(bayesmlc.__file__).resolve().parents[1])}
+#: linear_term=False: "auto" turns the per-label linear term on in one process only (L > P), so the
+#: one-process comparison would be between different models
 MLGPF_SETTINGS = dict(n_latent=3, n_inducing=8, subspace_rank=6, batch_size=40, epochs=2, dtype="float64",
-                      learning_rate=0.05, lr_decay=0.0, random_state=3)
+                      learning_rate=0.05, lr_decay=0.0, random_state=3, linear_term=False)
 
 
 @pytest.fixture(scope="module")
