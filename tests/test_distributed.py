@@ -47,6 +47,7 @@ N_ROWS, N_FEATURES, N_LABELS = 121, 40, 10
 MLGPF_SETTINGS = dict(
     n_latent=3, n_inducing=8, subspace_rank=6, batch_size=40, learning_rate=0.05, random_state=3, device="cpu",
     lr_decay=0.0,  # constant rates: a 2-epoch checkpoint is the first half of a 4-epoch run
+    linear_term=False,  # "auto" keeps the per-label linear term to one process: one model on both sides
 )
 STANDIN_STEPS, STANDIN_BATCH = 6, 25
 # initialisations compared with one process: the SVD on a row sample split across the ranks (and a
@@ -606,7 +607,7 @@ from bayesmlc.gp import MLGPF
 parallel = DataParallel.from_env(backend="gloo", timeout_s=120)
 data = make_multilabel(121, 40, 10, features_per_row=8, labels_per_row=2, random_state=11)
 model = MLGPF(epochs=2, dtype="float64", n_latent=3, n_inducing=8, subspace_rank=6, batch_size=40, lr_decay=0.0,
-              learning_rate=0.05, random_state=3, device=parallel.device)
+              learning_rate=0.05, random_state=3, device=parallel.device, linear_term=False)
 model.fit(data.X, data.Y, parallel=parallel)
 if parallel.is_main:
     np.save(sys.argv[1], model.parameters_["Phi"].numpy())
