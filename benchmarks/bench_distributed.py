@@ -37,6 +37,7 @@ def _settings(args) -> dict:
     return dict(
         n_latent=args.latent, n_inducing=args.inducing, subspace_rank=args.rank, batch_size=args.batch_size,
         epochs=args.epochs, negative_samples=args.negative_samples, learning_rate=0.01, random_state=0,
+        linear_term=False,  # one model for 1 and N processes ("auto" has the term in one process only)
     )
 
 
