@@ -32,10 +32,8 @@ import numba
 import numpy as np
 import scipy.sparse as sp
 import torch
-from torch import nn
 
-from ..exceptions import ValidationError
-from .linear_term import ADAM_BETAS, ADAM_EPS
+from .linear_term import ADAM_BETAS, ADAM_EPS, PenalisedLinearWeights
 
 __all__ = ["SupportLinearTerm", "SupportBlock", "gradient_support"]
 
@@ -215,7 +213,7 @@ class SupportBlock:
         return (self.weight[torch.as_tensor(self.positive_positions, device=device)] * values_t).sum(-1)
 
 
-class SupportLinearTerm(nn.Module):
+class SupportLinearTerm(PenalisedLinearWeights):
     """W (L, K) on the columns ``support`` (L, K) of the per-label linear term, with its lazy Adam state
     (module docstring).
 
@@ -225,58 +223,23 @@ class SupportLinearTerm(nn.Module):
     prior_variance : s2 of w_l ~ N(0, s2 I)
     """
 
+    block_class = SupportBlock
+
     def __init__(self, support: np.ndarray, prior_variance: float):
-        super().__init__()
         support = torch.as_tensor(np.asarray(support, dtype=np.int64))
-        self.register_buffer("prior_variance_now", torch.tensor(float(prior_variance), dtype=torch.float64))
+        super().__init__(tuple(support.shape), prior_variance)
         self.register_buffer("support", support)
-        self.register_buffer("weight", torch.zeros(support.shape))
-        self.register_buffer("exp_avg", torch.zeros(support.shape))
-        self.register_buffer("exp_avg_sq", torch.zeros(support.shape))
-        self.register_buffer("step", torch.zeros(()))
-        self.n_rows = None
-        self._sq_norm = None
         self._tensor_steps = False  # True: the tensor-operation Adam step on the CPU too (the test of that path)
-
-    @property
-    def prior_variance(self) -> float:
-        """s2 of the prior w_l ~ N(0, s2 I)."""
-        return float(self.prior_variance_now)
-
-    @prior_variance.setter
-    def prior_variance(self, value: float) -> None:
-        self.prior_variance_now.fill_(float(value))
-
-    def _load_from_state_dict(self, *args, **kwargs):
-        self._sq_norm = None
-        super()._load_from_state_dict(*args, **kwargs)
 
     def set_training_rows(self, X: sp.csr_matrix) -> None:
         """The number of rows the batches are drawn from."""
         self.n_rows = X.shape[0]
-
-    def penalty(self) -> float:
-        """-log p(W) up to its constant: |W|_F^2 / (2 s2)."""
-        if self._sq_norm is None:
-            self._sq_norm = float(self.weight.double().pow(2).sum())
-        return self._sq_norm / (2.0 * self.prior_variance)
 
     def utilities(self, X: sp.csr_matrix) -> torch.Tensor:
         """X W^T (n, L) for prepared rows ``X`` (n, D), without gradients."""
         weight = self.weight.detach().cpu()
         out = support_products(sp.csc_matrix(X), self.support.cpu().numpy(), weight.numpy())
         return torch.from_numpy(out).T.contiguous().to(self.weight.device)
-
-    def block(self, X_rows, targets) -> SupportBlock:
-        """The :class:`SupportBlock` of a minibatch with ``targets`` of
-        :func:`~bayesmlc.gp.training.minibatch_targets` ("full" or "shared")."""
-        if targets[0] == "full":
-            empty = np.zeros(0, dtype=np.int64)
-            return SupportBlock(self, X_rows, np.arange(self.weight.shape[0], dtype=np.int64), empty, empty)
-        if targets[0] != "shared":
-            raise ValidationError('linear_term=True needs negative_sampling="batch" (or negative_samples=None)')
-        entries = targets[1]
-        return SupportBlock(self, X_rows, entries.labels, entries.positives.rows, entries.positives.labels)
 
     def prior_gradient(self, block: SupportBlock, n_total: int) -> torch.Tensor:
         """The unbiased estimate, on ``block``, of the gradient of |W|^2 / (2 s2 N): whole rows of the

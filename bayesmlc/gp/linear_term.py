@@ -46,7 +46,7 @@ from ..exceptions import ValidationError
 from ..linalg import _csr_rows_times_dense
 from ..utils import csr_to_torch
 
-__all__ = ["OPTIMISER_STATE", "LinearTerm", "LinearBlock", "check_linear_term",
+__all__ = ["OPTIMISER_STATE", "LinearTerm", "LinearBlock", "PenalisedLinearWeights", "check_linear_term",
            "column_inclusion_probability", "sparse_times_block"]
 
 #: the module's state dict entries of W's training state (its lazy Adam's moments and step, and the prior
@@ -167,23 +167,21 @@ class LinearBlock:
         return out.index_add(0, torch.as_tensor(entry, device=self.weight.device), terms)
 
 
-class LinearTerm(nn.Module):
-    """W (L, D) of the per-label linear term with its lazy Adam state (module docstring).
+class PenalisedLinearWeights(nn.Module):
+    """What both forms of the linear term share: the weights W of ``shape`` (zeros at the start) with
+    their lazy Adam moments and step, the prior variance s2 of w_l ~ N(0, s2 I), the penalty |W|^2 /
+    (2 s2) and the minibatch's block (of the subclass's ``block_class``)."""
 
-    Parameters
-    ----------
-    n_labels, n_features : the shape of W (zeros at the start)
-    prior_variance : s2 of w_l ~ N(0, s2 I)
-    """
+    block_class = None
 
-    def __init__(self, n_labels: int, n_features: int, prior_variance: float):
+    def __init__(self, shape: tuple, prior_variance: float):
         super().__init__()
         self.register_buffer("prior_variance_now", torch.tensor(float(prior_variance), dtype=torch.float64))
-        self.register_buffer("weight", torch.zeros(n_labels, n_features))
-        self.register_buffer("exp_avg", torch.zeros(n_labels, n_features))
-        self.register_buffer("exp_avg_sq", torch.zeros(n_labels, n_features))
+        self.register_buffer("weight", torch.zeros(shape))
+        self.register_buffer("exp_avg", torch.zeros(shape))
+        self.register_buffer("exp_avg_sq", torch.zeros(shape))
         self.register_buffer("step", torch.zeros(()))
-        self.doc_freq, self.n_rows = None, None
+        self.n_rows = None
         self._sq_norm = None  # |W|_F^2, kept up to date by adam_step
 
     @property
@@ -199,18 +197,45 @@ class LinearTerm(nn.Module):
         self._sq_norm = None  # W is replaced: form |W|^2 again when asked
         super()._load_from_state_dict(*args, **kwargs)
 
+    def penalty(self) -> float:
+        """-log p(W) up to its constant: |W|_F^2 / (2 s2) (|W|^2 formed once, then updated by each step)."""
+        if self._sq_norm is None:
+            self._sq_norm = float(self.weight.double().pow(2).sum())
+        return self._sq_norm / (2.0 * self.prior_variance)
+
+    def block(self, X_rows, targets):
+        """The block (a ``block_class``) of a minibatch with ``targets`` of
+        :func:`~bayesmlc.gp.training.minibatch_targets` ("full" or "shared")."""
+        if targets[0] == "full":
+            empty = np.zeros(0, dtype=np.int64)
+            return self.block_class(self, X_rows, np.arange(self.weight.shape[0], dtype=np.int64), empty, empty)
+        if targets[0] != "shared":
+            raise ValidationError('linear_term=True needs negative_sampling="batch" (or negative_samples=None)')
+        entries = targets[1]
+        return self.block_class(self, X_rows, entries.labels, entries.positives.rows, entries.positives.labels)
+
+
+class LinearTerm(PenalisedLinearWeights):
+    """W (L, D) of the per-label linear term with its lazy Adam state (module docstring).
+
+    Parameters
+    ----------
+    n_labels, n_features : the shape of W (zeros at the start)
+    prior_variance : s2 of w_l ~ N(0, s2 I)
+    """
+
+    block_class = LinearBlock
+
+    def __init__(self, n_labels: int, n_features: int, prior_variance: float):
+        super().__init__((n_labels, n_features), prior_variance)
+        self.doc_freq = None
+
     def set_training_rows(self, X: sp.csr_matrix) -> None:
         """The rows the batches are drawn from: their count and each column's rows with a stored entry
         (the columns a batch's block holds are those of its stored entries, zeros included)."""
         X = sp.csr_matrix(X)
         self.doc_freq = np.bincount(X.indices, minlength=X.shape[1])
         self.n_rows = X.shape[0]
-
-    def penalty(self) -> float:
-        """-log p(W) up to its constant: |W|_F^2 / (2 s2) (|W|^2 formed once, then updated by each step)."""
-        if self._sq_norm is None:
-            self._sq_norm = float(self.weight.double().pow(2).sum())
-        return self._sq_norm / (2.0 * self.prior_variance)
 
     def utilities(self, X: sp.csr_matrix) -> torch.Tensor:
         """X W^T (n, L) for prepared rows ``X`` (n, D), without gradients."""
@@ -222,17 +247,6 @@ class LinearTerm(nn.Module):
         from the prepared rows ``X`` (n, D) and the weights lam (n, labels) of their entries."""
         squared = sp.csr_matrix(X, dtype=np.float64).multiply(X).tocsr()
         return np.asarray((squared.T @ lam).T)
-
-    def block(self, X_rows, targets) -> LinearBlock:
-        """The :class:`LinearBlock` of a minibatch with ``targets`` of
-        :func:`~bayesmlc.gp.training.minibatch_targets` ("full" or "shared")."""
-        if targets[0] == "full":
-            empty = np.zeros(0, dtype=np.int64)
-            return LinearBlock(self, X_rows, np.arange(self.weight.shape[0], dtype=np.int64), empty, empty)
-        if targets[0] != "shared":
-            raise ValidationError('linear_term=True needs negative_sampling="batch" (or negative_samples=None)')
-        entries = targets[1]
-        return LinearBlock(self, X_rows, entries.labels, entries.positives.rows, entries.positives.labels)
 
     def prior_gradient(self, block: LinearBlock, n_total: int) -> torch.Tensor:
         """The unbiased estimate, on ``block``, of the gradient of |W|^2 / (2 s2 N) (per training row):
