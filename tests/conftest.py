@@ -83,3 +83,26 @@ def write_dense_xc(path, X, Y):
         lines.append(",".join(str(j) for j in np.flatnonzero(y)) + " " +
                      " ".join(f"{j}:{x[j]:g}" for j in np.flatnonzero(x)))
     path.write_text("\n".join(lines) + "\n")
+
+
+def shared_negative_targets(Y_rows, sampled):
+    """MLGPF minibatch targets ("shared", SharedNegatives) for the rows ``Y_rows``: their positives one by
+    one and the B x S block of the labels ``sampled`` as negatives, weighted L / S (0 on positives)."""
+    from bayesmlc.gp.objective import LabelEntries, SharedNegatives
+
+    Y_rows = sp.csr_matrix(Y_rows)
+    counts = np.diff(Y_rows.indptr)
+    positives = LabelEntries(np.repeat(np.arange(Y_rows.shape[0]), counts), Y_rows.indices.astype(np.int64),
+                             np.ones(Y_rows.nnz), np.ones(Y_rows.nnz))
+    weights = Y_rows.shape[1] / len(sampled) * (1.0 - Y_rows[:, sampled].toarray())
+    return ("shared", SharedNegatives(positives, np.asarray(sampled, dtype=np.int64), weights))
+
+
+def planted_linear_problem(seed=0, n=400, D=30, L=12):
+    """Each of L labels fires on its own feature (the first L of D): a signal a rank-2 MLGPF factor
+    model cannot carry and a per-label linear term can. (X float32 CSR, Y CSR)."""
+    rng = np.random.default_rng(seed)
+    X = sp.random(n, D, density=0.15, random_state=np.random.RandomState(seed), format="csr", dtype=np.float64)
+    X.data = np.abs(rng.standard_normal(X.nnz)) + 0.5
+    Y = sp.csr_matrix((X[:, :L].toarray() > 0).astype(np.float64))
+    return sp.csr_matrix(X, dtype=np.float32), Y

@@ -10,6 +10,7 @@ import pytest
 import scipy.sparse as sp
 import torch
 
+from conftest import planted_linear_problem, shared_negative_targets
 from bayesmlc.exceptions import ModelFormatError, ValidationError
 from bayesmlc.gp import MLGPF
 from bayesmlc.gp.linear_support import SupportLinearTerm, gradient_support
@@ -38,16 +39,6 @@ def _term(X, Y, K=5, seed=0, prior_variance=2.0):
     values = np.random.default_rng(seed).standard_normal(term.support.shape) * (term.support.numpy() >= 0)
     term.weight.copy_(torch.as_tensor(values))
     return term
-
-
-def _shared_targets(Y_rows, sampled):
-    from bayesmlc.gp.objective import LabelEntries, SharedNegatives
-
-    counts = np.diff(Y_rows.indptr)
-    positives = LabelEntries(np.repeat(np.arange(Y_rows.shape[0]), counts), Y_rows.indices.astype(np.int64),
-                             np.ones(Y_rows.nnz), np.ones(Y_rows.nnz))
-    weights = Y_rows.shape[1] / len(sampled) * (1.0 - Y_rows[:, sampled].toarray())
-    return ("shared", SharedNegatives(positives, np.asarray(sampled, dtype=np.int64), weights))
 
 
 def test_support_is_the_brute_force_standardised_screening():
@@ -104,7 +95,7 @@ def test_prior_gradient_estimate_is_unbiased_over_every_label_draw():
     rows = [0, 3, 6]
     total, draws = torch.zeros_like(term.weight), 0
     for sampled in itertools.combinations(range(5), 2):
-        block = term.block(X[rows], _shared_targets(Y[rows], list(sampled)))
+        block = term.block(X[rows], shared_negative_targets(Y[rows], list(sampled)))
         total[block.labels] += term.prior_gradient(block, 9)
         draws += 1
     assert torch.allclose(total / draws, term.weight / (term.prior_variance * 9), rtol=1e-12, atol=1e-15)
@@ -116,7 +107,7 @@ def test_lazy_adam_step_is_torch_adam_on_the_block_rows(tensor_steps):
     term = _term(X, Y, seed=7)
     term._tensor_steps = tensor_steps
     before = term.weight.clone()
-    block = term.block(X[[0, 4]], _shared_targets(Y[[0, 4]], [1, 3]))
+    block = term.block(X[[0, 4]], shared_negative_targets(Y[[0, 4]], [1, 3]))
     reference = block.weight.detach().clone().requires_grad_()
     adam = torch.optim.Adam([reference], lr=0.05)
     for seed in range(3):
@@ -146,21 +137,12 @@ def test_evidence_curvature_is_the_dense_curvature_on_the_support():
     assert s2 == pytest.approx(float((term.weight**2).sum()) / gamma_by_hand, rel=1e-12)
 
 
-def _planted(seed=0, n=400, D=60, L=12):
-    """Each label fires on its own rare feature among many: a signal a rank-2 factor model cannot carry."""
-    rng = np.random.default_rng(seed)
-    X = sp.random(n, D, density=0.15, random_state=np.random.RandomState(seed), format="csr", dtype=np.float64)
-    X.data = np.abs(rng.standard_normal(X.nnz)) + 0.5
-    Y = sp.csr_matrix((X[:, :L].toarray() > 0).astype(np.float64))
-    return sp.csr_matrix(X, dtype=np.float32), Y
-
-
 TINY = dict(n_latent=2, n_inducing=20, subspace_rank=10, batch_size=100, epochs=30, random_state=0, n_threads=1,
             linear_term=False)
 
 
 def test_support_term_learns_the_planted_features_and_round_trips(tmp_path):
-    X, Y = _planted()
+    X, Y = planted_linear_problem(D=60)
     train, test = slice(0, 300), slice(300, None)
     plain = MLGPF(**TINY).fit(X[train], Y[train])
     model = MLGPF(**dict(TINY, linear_term=True, linear_features=4, linear_prior_variance=16.0)).fit(X[train], Y[train])
@@ -176,7 +158,7 @@ def test_support_term_learns_the_planted_features_and_round_trips(tmp_path):
 
 
 def test_damaged_support_is_refused_at_load():
-    X, Y = _planted(n=120)
+    X, Y = planted_linear_problem(D=60, n=120)
     model = MLGPF(**dict(TINY, linear_term=True, linear_features=3, epochs=1)).fit(X, Y)
     support = model.parameters_["linear.support"]
     for damage, message in ((support.double(), "integer"), (support + X.shape[1], r"\[0, 60\)"),
@@ -189,7 +171,7 @@ def test_damaged_support_is_refused_at_load():
 
 
 def test_support_size_counts_against_the_entry_limit():
-    X, Y = _planted(n=120)
+    X, Y = planted_linear_problem(D=60, n=120)
     with pytest.raises(ValidationError, match="linear_max_entries"):
         MLGPF(**dict(TINY, linear_term=True, linear_features=20, linear_max_entries=100)).fit(X, Y)
     MLGPF(**dict(TINY, linear_term=True, linear_features=8, linear_max_entries=100, epochs=1)).fit(X, Y)

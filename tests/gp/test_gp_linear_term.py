@@ -12,10 +12,11 @@ import scipy.sparse as sp
 import torch
 from scipy import integrate
 
+from conftest import planted_linear_problem, shared_negative_targets
 from bayesmlc.exceptions import ModelFormatError, ValidationError
 from bayesmlc.gp import MLGPF
-from bayesmlc.gp.linear_term import LinearBlock, LinearTerm, column_inclusion_probability, sparse_times_block
-from bayesmlc.gp.objective import LabelEntries, SharedNegatives, minibatch_elbo
+from bayesmlc.gp.linear_term import LinearTerm, column_inclusion_probability, sparse_times_block
+from bayesmlc.gp.objective import minibatch_elbo
 from bayesmlc.gp.likelihoods import BernoulliLogit
 from bayesmlc.gp.prediction import mean_utilities, predictive_probabilities
 from bayesmlc.gp.initialisation import feature_batch
@@ -33,14 +34,6 @@ def _term(L=5, D=7, seed=0, dtype=torch.float64, prior_variance=2.0):
     return term
 
 
-def _shared_targets(Y_rows: sp.csr_matrix, sampled):
-    counts = np.diff(Y_rows.indptr)
-    positives = LabelEntries(np.repeat(np.arange(Y_rows.shape[0]), counts), Y_rows.indices.astype(np.int64),
-                             np.ones(Y_rows.nnz), np.ones(Y_rows.nnz))
-    weights = Y_rows.shape[1] / len(sampled) * (1.0 - Y_rows[:, sampled].toarray())
-    return ("shared", SharedNegatives(positives, np.asarray(sampled, dtype=np.int64), weights))
-
-
 def test_column_inclusion_probability_is_the_hypergeometric_one():
     for n, b in ((12, 4), (30, 7), (9, 9)):
         df = np.arange(n + 1)
@@ -52,7 +45,7 @@ def test_block_utilities_equal_the_dense_product():
     X, term = _rows(), _term()
     Y_rows = sp.csr_matrix(np.random.default_rng(1).random((4, 5)) < 0.3, dtype=np.float64)
     rows = np.array([0, 3, 5, 8])
-    block = term.block(X[rows], _shared_targets(Y_rows, [1, 4]))
+    block = term.block(X[rows], shared_negative_targets(Y_rows, [1, 4]))
     dense = X[rows].toarray() @ term.weight.numpy().T
     assert np.allclose(block.sampled_utilities().detach().numpy(), dense[:, [1, 4]], atol=1e-12)
     pos_rows, pos_labels = np.nonzero(Y_rows.toarray())
@@ -69,7 +62,7 @@ def test_sparse_products_pass_gradcheck():
     term = _term(L=4, D=6, seed=3)
     Y_rows = sp.csr_matrix(np.array([[1, 0, 1, 0], [0, 1, 0, 0], [0, 0, 0, 1], [1, 1, 0, 0], [0, 0, 1, 0]]),
                            dtype=np.float64)
-    block = term.block(X, _shared_targets(Y_rows, [0, 2]))
+    block = term.block(X, shared_negative_targets(Y_rows, [0, 2]))
     start = block.weight.detach().clone()
 
     def both(w):
@@ -89,7 +82,7 @@ def test_elbo_gradient_on_the_block_matches_finite_differences():
     module = model._ensure_module()
     rows = np.arange(10)
     prepared = model.preprocessor_.transform(X)
-    targets = _shared_targets(Y[rows], [0, 2, 5])
+    targets = shared_negative_targets(Y[rows], [0, 2, 5])
     block = module.linear.block(prepared[rows], targets)
     batch = feature_batch(module, prepared, rows)
     likelihood = BernoulliLogit(10)
@@ -128,7 +121,7 @@ def test_prior_gradient_estimate_is_unbiased_over_every_draw():
     draws = 0
     for rows in itertools.combinations(range(n), B):
         for sampled in itertools.combinations(range(L), S):
-            block = term.block(X[list(rows)], _shared_targets(Y[list(rows)], list(sampled)))
+            block = term.block(X[list(rows)], shared_negative_targets(Y[list(rows)], list(sampled)))
             estimate = term.prior_gradient(block, n)
             total[np.ix_(block.labels, block.columns)] += estimate
             draws += 1
@@ -139,7 +132,7 @@ def test_lazy_adam_step_is_torch_adam_on_the_block_and_leaves_the_rest():
     term = _term(seed=8)
     before = term.weight.clone()
     X = _rows(seed=9)
-    block = term.block(X[[0, 4]], _shared_targets(sp.csr_matrix((2, 5)), [1, 3]))
+    block = term.block(X[[0, 4]], shared_negative_targets(sp.csr_matrix((2, 5)), [1, 3]))
     reference = block.weight.detach().clone().requires_grad_()
     adam = torch.optim.Adam([reference], lr=0.05)
     for seed in range(3):
@@ -154,15 +147,6 @@ def test_lazy_adam_step_is_torch_adam_on_the_block_and_leaves_the_rest():
     assert torch.equal(term.weight[untouched], before[untouched])
 
 
-def _planted_linear(seed=0, n=400, D=30, L=12):
-    """Each label fires on its own feature: a signal a rank-2 factor model cannot carry."""
-    rng = np.random.default_rng(seed)
-    X = sp.random(n, D, density=0.15, random_state=np.random.RandomState(seed), format="csr", dtype=np.float64)
-    X.data = np.abs(rng.standard_normal(X.nnz)) + 0.5
-    Y = sp.csr_matrix((X[:, :L].toarray() > 0).astype(np.float64))
-    return sp.csr_matrix(X, dtype=np.float32), Y
-
-
 TINY = dict(n_latent=2, n_inducing=20, subspace_rank=10, batch_size=100, epochs=30, random_state=0, n_threads=1,
             linear_term=False)
 #: the dense W of this file's tests, at a fixed s2
@@ -170,7 +154,7 @@ DENSE = dict(linear_features=None, linear_prior_variance=16.0)
 
 
 def test_linear_term_learns_what_the_factors_cannot_and_predicts_by_hand(tmp_path):
-    X, Y = _planted_linear()
+    X, Y = planted_linear_problem()
     train, test = slice(0, 300), slice(300, None)
     plain = MLGPF(**TINY).fit(X[train], Y[train])
     model = MLGPF(**dict(TINY, linear_term=True, linear_learning_rate=0.1, **DENSE)).fit(X[train], Y[train])
@@ -209,7 +193,7 @@ def test_linear_term_learns_what_the_factors_cannot_and_predicts_by_hand(tmp_pat
 
 
 def test_damaged_linear_weight_is_refused_at_load(tmp_path):
-    X, Y = _planted_linear(n=120)
+    X, Y = planted_linear_problem(n=120)
     model = MLGPF(**dict(TINY, linear_term=True, epochs=1, **DENSE)).fit(X, Y)
     for damage, message in ((lambda w: w[:, :-1], "shape"), (lambda w: w * float("nan"), "finite")):
         broken = MLGPF(**dict(TINY, linear_term=True, epochs=1, **DENSE)).fit(X, Y)
@@ -220,7 +204,7 @@ def test_damaged_linear_weight_is_refused_at_load(tmp_path):
 
 
 def test_linear_term_refusals_name_the_setting():
-    X, Y = _planted_linear(n=120)
+    X, Y = planted_linear_problem(n=120)
     with pytest.raises(ValidationError, match="linear_max_entries"):
         MLGPF(**dict(TINY, linear_term=True, linear_max_entries=100, **DENSE)).fit(X, Y)
     with pytest.raises(ValidationError, match="negative_sampling"):
@@ -228,7 +212,7 @@ def test_linear_term_refusals_name_the_setting():
 
 
 def test_checkpoint_resume_with_the_linear_term_gives_the_uninterrupted_result(tmp_path):
-    X, Y = _planted_linear(seed=3, n=200)
+    X, Y = planted_linear_problem(seed=3, n=200)
     params = dict(TINY, linear_term=True, **DENSE, negative_samples=4, lr_decay=0.0, checkpoint_every=1)
     path = tmp_path / "run.ckpt.npz"
     straight = MLGPF(**dict(params, epochs=4, checkpoint_path=str(tmp_path / "other.npz"))).fit(X, Y)
