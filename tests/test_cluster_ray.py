@@ -48,22 +48,18 @@ BNMC_SETTINGS = dict(truncation=4, n_passes=2, batch_size=30, random_state=4, so
 
 @pytest.fixture(scope="module")
 def ray_session():
-    saved = {name: os.environ.get(name) for name in RAY_ENVIRONMENT}
-    os.environ.update(RAY_ENVIRONMENT)  # read when ray is imported
-    import ray
+    with pytest.MonkeyPatch.context() as patch:
+        for name, value in RAY_ENVIRONMENT.items():  # read when ray is imported
+            patch.setenv(name, value)
+        import ray
 
-    ray.init(address="local", num_cpus=2, include_dashboard=False, _node_ip_address="127.0.0.1",
-             object_store_memory=256 * 2**20, runtime_env={"env_vars": WORKER_ENVIRONMENT}, log_to_driver=False)
-    try:
-        assert ray.util.get_node_ip_address() == "127.0.0.1"
-        yield ray
-    finally:
-        ray.shutdown()
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
+        ray.init(address="local", num_cpus=2, include_dashboard=False, _node_ip_address="127.0.0.1",
+                 object_store_memory=256 * 2**20, runtime_env={"env_vars": WORKER_ENVIRONMENT}, log_to_driver=False)
+        try:
+            assert ray.util.get_node_ip_address() == "127.0.0.1"
+            yield ray
+        finally:
+            ray.shutdown()
 
 
 @pytest.fixture(scope="module")

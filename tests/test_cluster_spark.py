@@ -44,22 +44,18 @@ MLGPF_SETTINGS = dict(n_latent=3, n_inducing=8, subspace_rank=6, batch_size=40, 
 
 @pytest.fixture(scope="module")
 def spark():
-    saved = {name: os.environ.get(name) for name in SPARK_ENVIRONMENT}
-    os.environ.update(SPARK_ENVIRONMENT)
-    from pyspark.sql import SparkSession
+    with pytest.MonkeyPatch.context() as patch:
+        for name, value in SPARK_ENVIRONMENT.items():
+            patch.setenv(name, value)
+        from pyspark.sql import SparkSession
 
-    session = (SparkSession.builder.master("local[2]").appName("bayesmlc-cluster-test")
-               .config("spark.driver.host", "127.0.0.1").config("spark.driver.bindAddress", "127.0.0.1")
-               .config("spark.ui.enabled", "false").getOrCreate())
-    try:
-        yield session
-    finally:
-        session.stop()
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
+        session = (SparkSession.builder.master("local[2]").appName("bayesmlc-cluster-test")
+                   .config("spark.driver.host", "127.0.0.1").config("spark.driver.bindAddress", "127.0.0.1")
+                   .config("spark.ui.enabled", "false").getOrCreate())
+        try:
+            yield session
+        finally:
+            session.stop()
 
 
 def test_torch_distributor_two_processes_give_the_one_process_model(spark, tmp_path):
