@@ -32,6 +32,7 @@ from ..fitted_state import check_integer, check_number, probe_rows
 from ..persistence import decode, encode, read_npz, write_npz_atomically
 from .history import EPOCH_FIELDS, STEP_FIELDS
 from .initialisation import module_from_parameters
+from .linear_support import support_problem
 from .prediction import mean_utilities
 
 __all__ = ["CHECKPOINT_FORMAT", "CHECKPOINT_VERSION", "save_checkpoint", "load_checkpoint", "module_from_checkpoint",
@@ -162,14 +163,11 @@ def _check_parameters(field: str, parameters, n_features: int, n_labels: int) ->
 
 def _check_support(field: str, value, n_features: int, weight) -> None:
     """The linear term's support: an integer tensor of W's shape holding columns in [0, D) or -1."""
-    if not isinstance(value, torch.Tensor) or value.is_floating_point() or value.is_complex() \
-            or value.dtype == torch.bool:
-        shown = f"a {value.dtype} tensor" if isinstance(value, torch.Tensor) else type(value).__name__
-        raise _fail(field, f"must be an integer tensor, got {shown}")
+    problem = support_problem(value, n_features)
+    if problem:
+        raise _fail(field, problem)
     if not isinstance(weight, torch.Tensor) or tuple(value.shape) != tuple(weight.shape):
         raise _fail(field, "must have the shape of linear.weight")
-    if value.numel() and (int(value.min()) < -1 or int(value.max()) >= n_features):
-        raise _fail(field, f"must hold feature columns in [0, {n_features}) or -1")
 
 
 def _real_numbers(values) -> bool:

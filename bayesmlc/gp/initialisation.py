@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import warnings
+from types import SimpleNamespace
 
 import numpy as np
 import torch
@@ -28,7 +29,7 @@ from .inducing import (
 from .kernels import make_kernel, resolve_kernel
 from .likelihoods import BernoulliLogit
 from .linear_support import SupportLinearTerm, gradient_support
-from .linear_term import OPTIMISER_STATE, LinearTerm
+from .linear_term import OPTIMISER_STATE, LinearTerm, uses_row_negatives
 from .objective import MLGPFModule, data_term_full, latent_marginals
 from .variational import make_variational, robust_cholesky
 
@@ -181,8 +182,7 @@ def resolve_linear_term(params: dict, n_labels: int, n_latent: int, world_size: 
     value = params["linear_term"]
     if value != "auto":
         return bool(value)
-    row_negatives = params["negative_sampling"] == "row" and params["negative_samples"] is not None
-    return n_labels > n_latent and world_size == 1 and not row_negatives
+    return n_labels > n_latent and world_size == 1 and not uses_row_negatives(SimpleNamespace(**params))
 
 
 #: ``linear_prior_variance="evidence"``: the s2 the linear term starts from, before its first update.

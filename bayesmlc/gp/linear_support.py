@@ -35,10 +35,25 @@ import torch
 
 from .linear_term import ADAM_BETAS, ADAM_EPS, PenalisedLinearWeights
 
-__all__ = ["SupportLinearTerm", "SupportBlock", "gradient_support"]
+__all__ = ["SupportLinearTerm", "SupportBlock", "gradient_support", "support_problem"]
 
 #: :func:`gradient_support` forms X^T y_l for at most this many (label, feature) stored entries at a time
 SUPPORT_BLOCK_ENTRIES = 1 << 24
+
+
+def support_problem(value, n_features: int) -> str | None:
+    """What is wrong with ``value`` as a stored support (model files and checkpoints check it the same
+    way): it must be a 2-d integer tensor of feature columns in [0, ``n_features``) or -1. None if
+    nothing."""
+    if not isinstance(value, torch.Tensor) or value.is_floating_point() or value.is_complex() \
+            or value.dtype == torch.bool or value.dim() != 2:
+        shown = f"a {value.dtype} tensor of {value.dim()} dimensions" if isinstance(value, torch.Tensor) \
+            else type(value).__name__
+        return f"must be a 2-d integer tensor, got {shown}"
+    if value.numel() and (int(value.min()) < -1 or int(value.max()) >= n_features):
+        return (f"must hold feature columns in [0, {n_features}) or -1, got values in "
+                f"[{int(value.min())}, {int(value.max())}]")
+    return None
 
 
 def gradient_support(X: sp.csr_matrix, Y: sp.csr_matrix, n_features: int) -> np.ndarray:

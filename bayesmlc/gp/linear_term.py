@@ -72,8 +72,14 @@ def check_linear_term(settings, n_labels: int, n_features: int, world_size: int 
     if world_size > 1:
         raise ValidationError("linear_term=True trains in one process only; set linear_term=False for a "
                               "data-parallel fit")
-    if settings.negative_sampling == "row" and settings.negative_samples is not None:
+    if uses_row_negatives(settings):
         raise ValidationError('linear_term=True needs negative_sampling="batch" (or negative_samples=None)')
+
+
+def uses_row_negatives(settings) -> bool:
+    """Whether ``settings`` sample negatives per row (whose label inclusion probabilities the linear
+    term's penalty estimate does not know)."""
+    return settings.negative_sampling == "row" and settings.negative_samples is not None
 
 
 def column_inclusion_probability(doc_freq: np.ndarray, n_rows: int, batch_rows: int) -> np.ndarray:

@@ -424,8 +424,8 @@ class MLGPF(HasPresets, MultiLabelEstimator):
                        _DTYPES[self.dtype], module=module, jitter=None if module is None else self.jitter_)
 
     def _settings(self) -> dict:
-        """The parameters with the fitted kernel and number of latent GPs in place of "auto" (files
-        written before ``kernel_`` and ``n_latent_`` existed named both themselves)."""
+        """The parameters with the fitted kernel, number of latent GPs and linear term in place of "auto"
+        (files written before ``kernel_``, ``n_latent_`` and ``linear_term_`` existed named them themselves)."""
         return {**self.get_params(), "kernel": getattr(self, "kernel_", self.kernel),
                 "n_latent": getattr(self, "n_latent_", self.n_latent),
                 "linear_term": getattr(self, "linear_term_", self.linear_term)}

@@ -14,6 +14,7 @@ from ..exceptions import ModelFormatError
 from ..fitted_state import Field, _check_value, _shown, choice, integer, number, rule, tensor
 from ..state_checks import COMMON_FIELDS
 from .kernels import KERNEL_NAMES
+from .linear_support import support_problem
 
 __all__ = ["MLGPF_FIELDS", "PARAMETER_SHAPES"]
 
@@ -68,19 +69,14 @@ def _flag(model, name: str) -> None:
 
 def _check_support(value, dims) -> None:
     """linear.support: an integer (L, K) tensor of feature columns in [0, D) or -1."""
-    import torch
-
     name = "parameters_['linear.support']"
-    if not isinstance(value, torch.Tensor) or value.is_floating_point() or value.is_complex() \
-            or value.dtype == torch.bool or value.dim() != 2:
-        raise ModelFormatError(f"{name} must be a 2-d integer tensor, got {_shown(value)}")
+    problem = support_problem(value, dims["D"])
+    if problem:
+        raise ModelFormatError(f"{name} {problem}")
     for symbol, length in zip(("L", "K"), value.shape):
         dims.setdefault(symbol, length)
         if dims[symbol] != length:
             raise ModelFormatError(f"{name} must have shape (L, K) = ({dims['L']}, {dims['K']}), got {tuple(value.shape)}")
-    if value.numel() and (int(value.min()) < -1 or int(value.max()) >= dims["D"]):
-        raise ModelFormatError(f"{name} must hold feature columns in [0, {dims['D']}) or -1, got values in "
-                               f"[{int(value.min())}, {int(value.max())}]")
 
 
 #: :class:`bayesmlc.gp.MLGPF` (files written before ``kernel_`` and ``n_latent_`` existed lack them)
