@@ -106,6 +106,21 @@ def _mean_sq_norm(inputs) -> float:
     return float(squares) / max(inputs.shape[0], 1)
 
 
+def absent_label_weights(observed, prior: np.ndarray, n_labels: int, n_keep: int, inference: str):
+    """The low-rank classifiers of labels with no positive among the fitted rows, before the others are
+    filled in: (means (n_keep, r + 1, L) float32, variances (r + 1, L) float32 or None for Gibbs
+    inference). Such a label gets no weights and the bias logit(1/2 / (m + 1)), m its observed
+    entries (``observed`` (L,); None: no label is absent), the Krichevsky-Trofimov estimate of a rate
+    with no positive in m trials, with no spread; fitting it would cost a share of every sweep for a
+    classifier whose evidence only says "rare" (on the 8,000-label synthetic set at 5,000 rows 27% of
+    the labels had no positive)."""
+    means = np.zeros((n_keep, prior.size, n_labels), dtype=np.float32)
+    variances = None if inference != "variational" else np.zeros((prior.size, n_labels), dtype=np.float32)
+    if observed is not None:
+        means[:, -1, :] = np.log(0.5 / (np.asarray(observed, dtype=np.float64) + 0.5))
+    return means, variances
+
+
 class ClassifierFitter:
     """The classifier fits of a :class:`~bayesmlc.bnmc.BNMC` whose mixture is fitted.
 
@@ -306,26 +321,30 @@ class ClassifierFitter:
         return fit(rows, n_refit, min(self.model.n_keep, n_refit), init, 1)
 
     def _fit_label_blocks(self, design, rows, n_rows, prior, n_iter, n_keep, rng, init, n_mode_steps):
-        """The variational (or Gibbs) classifiers of every label on a low-rank design, label block by
-        label block, so no dense (rows x L) array is formed: blocks of at most BLOCK_ENTRIES / n_rows
-        labels (``rows``: this process's rows of the ``n_rows`` fitted). Returns what
-        :func:`gibbs_classifier` returns, for all labels."""
+        """The variational (or Gibbs) classifiers of every label with a positive among the fitted rows on a
+        low-rank design, label block by label block, so no dense (rows x L) array is formed: blocks of
+        at most BLOCK_ENTRIES / n_rows labels (``rows``: this process's rows of the ``n_rows`` fitted).
+        A label with no positive there is not fitted (:func:`absent_label_weights`). Returns what
+        :func:`gibbs_classifier` returns, for all labels (the trace: that of the labels fitted)."""
         model = self.model
-        L = model.n_labels_
-        width = max(1, BLOCK_ENTRIES // max(1, n_rows))
         Y_rows = self.Y[rows].tocsc()
-        means, variances, trace = [], [], None
-        for start in range(0, L, width):
-            labels = slice(start, min(L, start + width))
+        present = self.parallel.reduce_sum(np.diff(Y_rows.indptr).astype(np.float64)) > 0
+        fitted = np.flatnonzero(present)
+        observed = self.parallel.reduce_sum(self.entries.per_label(rows).astype(np.float64)) if fitted.size < present.size else None
+        means, variances = absent_label_weights(observed, prior, model.n_labels_, n_keep, model.inference)
+        width = max(1, BLOCK_ENTRIES // max(1, n_rows))
+        trace = np.zeros(n_mode_steps + n_iter)
+        for start in range(0, fitted.size, width):
+            labels = fitted[start:start + width]
             block_means, block_var, block_trace = gibbs_classifier(
                 design, Y_rows[:, labels].toarray().astype(np.float64), self.entries.block(rows, labels),
                 model.classifier_, prior, n_iter, n_keep, rng, "cg", init=None if init is None else init[:, labels],
                 n_mode_steps=n_mode_steps, inference=model.inference)
-            means.append(block_means)
-            variances.append(block_var)
-            trace = np.asarray(block_trace) if trace is None else trace + np.asarray(block_trace)
-        variances = None if variances[0] is None else np.concatenate(variances, axis=1)
-        return np.concatenate(means, axis=2), variances, list(trace)
+            means[:, :, labels] = block_means
+            if variances is not None:
+                variances[:, labels] = block_var
+            trace = trace + np.asarray(block_trace)
+        return means, variances, list(trace)
 
     def _set_basis(self, Z, n_rows: int, parallel=None) -> None:
         """``classifier_basis_`` (D, r) float32: the top-r right singular vectors of the classifier

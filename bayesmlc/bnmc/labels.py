@@ -25,21 +25,24 @@ class ObservedEntries:
         self.labelled = np.asarray(labelled, dtype=bool)
         self.n_labels = int(n_labels)
 
-    def block(self, rows=None, labels: slice | None = None) -> np.ndarray:
-        """Dense float64 0/1 array (len(rows), len(labels)) of the observed entries."""
+    def block(self, rows=None, labels=None) -> np.ndarray:
+        """Dense float64 0/1 array (len(rows), len(labels)) of the observed entries; ``labels`` a slice or
+        an array of label indices (None: all)."""
         labels = slice(0, self.n_labels) if labels is None else labels
         if self.label_mask is not None:
             part = self.label_mask if rows is None else self.label_mask[rows]
             return part[:, labels].toarray().astype(np.float64)
         flags = self.labelled if rows is None else self.labelled[rows]
-        width = len(range(self.n_labels)[labels])
+        width = np.arange(self.n_labels)[labels].size
         return np.repeat(flags[:, None].astype(np.float64), width, axis=1)
 
-    def per_label(self) -> np.ndarray:
-        """Observed entries per label, (L,) int64."""
+    def per_label(self, rows=None) -> np.ndarray:
+        """Observed entries per label among ``rows`` (None: all rows), (L,) int64."""
         if self.label_mask is not None:
-            return np.asarray(self.label_mask.sum(axis=0)).ravel().astype(np.int64)
-        return np.full(self.n_labels, int(self.labelled.sum()), dtype=np.int64)
+            part = self.label_mask if rows is None else self.label_mask[rows]
+            return np.asarray(part.sum(axis=0)).ravel().astype(np.int64)
+        flags = self.labelled if rows is None else self.labelled[rows]
+        return np.full(self.n_labels, int(flags.sum()), dtype=np.int64)
 
     def complete_rows(self) -> np.ndarray:
         """Rows whose every label entry is observed, (n,) bool."""

@@ -78,6 +78,8 @@ def test_full_rank_basis_has_the_full_space_conditional_mean():
     ((1243, 5000, 3993, 1243 * 236), "lowrank"),        # eurlex-4k at 10 %
     ((15539, 5000, 3993, 15539 * 236), "lowrank"),      # eurlex-4k
     ((43410, 13077, 28, 43410 * 10), "lowrank"),        # goemotions: a 13078^2 Cholesky
+    ((1200, 3000, 1000, 1200 * 30), "lowrank"),         # cg's preconditioner solves: 1.8e11 flops a sweep
+    ((7662, 1892, 4223, 7662 * 50), "lowrank"),         # a tagging set's shape: 3e11
 ])
 def test_auto_solver_keeps_small_problems_exact_and_sends_large_ones_to_lowrank(shape, expected):
     assert choose_solver(*shape) == expected
