@@ -24,16 +24,32 @@ from .schedule import AUTO_MIN_PREDICTIVE_DRAWS, AUTO_WINDOW, Schedule, draw_cap
 
 __all__ = ["BMLS", "cooccurrence_matrix"]
 
-# n_topics="auto": K = sqrt(positive label entries of the training rows), within [AUTO_MIN_TOPICS,
-# AUTO_MAX_TOPICS] (the papers' K = 100 on Bibtex, whose 11,729 positives give 108); too many topics for
-# few positives ranks far worse (docs/experiments.md, "BMLS: the number of topics").
+# n_topics="auto": K = sqrt(positive label entries of the training rows), within [AUTO_MIN_TOPICS, a cap]
+# (the papers' K = 100 on Bibtex, whose 11,729 positives give 108); too many topics for few positives
+# ranks far worse (docs/experiments.md, "BMLS: the number of topics"). The cap is AUTO_MAX_TOPICS, raised
+# to one topic per AUTO_LABELS_PER_TOPIC labels on large label spaces, where 100 topics lump dozens of
+# labels together (EURLex-4K shape: K = 100 / 300, P@1 37.3 / 48.1), but never beyond
+# AUTO_TOPIC_ENTRIES entries of a (L + D + 1, K) draw, so that wide models (AmazonCat-13K) keep K = 100
+# and their prediction cost and file size (docs/experiments.md, "BMLS: topics on large label spaces").
 AUTO_MIN_TOPICS = 10
 AUTO_MAX_TOPICS = 100
+AUTO_LABELS_PER_TOPIC = 10
+AUTO_TOPIC_ENTRIES = 2**22
 
 
-def auto_topics(n_positives: int) -> int:
-    """``n_topics="auto"``: round(sqrt(n_positives)) clipped to [AUTO_MIN_TOPICS, AUTO_MAX_TOPICS]."""
-    return int(np.clip(round(float(np.sqrt(max(int(n_positives), 0)))), AUTO_MIN_TOPICS, AUTO_MAX_TOPICS))
+def auto_topic_cap(n_labels: int, n_features_bias: int) -> int:
+    """The most topics ``n_topics="auto"`` gives: max(AUTO_MAX_TOPICS, min(n_labels //
+    AUTO_LABELS_PER_TOPIC, AUTO_TOPIC_ENTRIES // (n_labels + n_features_bias)))."""
+    by_labels = int(n_labels) // AUTO_LABELS_PER_TOPIC
+    by_size = AUTO_TOPIC_ENTRIES // max(int(n_labels) + int(n_features_bias), 1)
+    return max(AUTO_MAX_TOPICS, min(by_labels, by_size))
+
+
+def auto_topics(n_positives: int, n_labels: int = 0, n_features_bias: int = 0) -> int:
+    """``n_topics="auto"``: round(sqrt(n_positives)) clipped to [AUTO_MIN_TOPICS, :func:`auto_topic_cap`]
+    of ``n_labels`` labels and ``n_features_bias`` features (the bias column included)."""
+    root = round(float(np.sqrt(max(int(n_positives), 0))))
+    return int(np.clip(root, AUTO_MIN_TOPICS, auto_topic_cap(n_labels, n_features_bias)))
 
 
 def cooccurrence_matrix(Y, diagonal: bool = False) -> sp.csr_matrix:
@@ -102,9 +118,10 @@ class BMLS(HasPresets, MultiLabelEstimator):
     Parameters
     ----------
     n_topics : ``"auto"`` or int, K, the number of label topics. ``"auto"``: the square root of the number
-        of positive (observed) label entries of the training rows, at least 10 and at most 100
-        (:func:`auto_topics`; Bibtex: 100, the papers' K; medical's 418 positives: 20); stored as
-        ``n_topics_``.
+        of positive (observed) label entries of the training rows, at least 10 and at most 100, or at
+        most one per 10 labels where that is more and a draw's (L + D + 1) K values stay within 2^22
+        (:func:`auto_topics`; Bibtex: 100, the papers' K; medical's 418 positives: 20; the EURLex-4K
+        shape: 287); stored as ``n_topics_``.
     mu0, nu0 : float, shape and rate of the gamma prior on h and the bias b (paper: mu0 = nu0 = 10).
     beta0 : float, Dirichlet concentration of the topics; the initial value when ``sample_beta0``.
     sample_beta0 : bool, resample beta0 each sweep under a Gamma(0.01, 0.01) prior (authors' code)
@@ -360,11 +377,12 @@ class BMLS(HasPresets, MultiLabelEstimator):
         data = SweepData.build(
             X_bias, Y, label_mask, self._cooccurrence_pairs(Y), pair_diagonal=bool(self.cooccurrence_diagonal)
         )
-        n_topics = auto_topics(Y.nnz) if self.n_topics == "auto" else int(self.n_topics)
+        n_topics = (auto_topics(Y.nnz, Y.shape[1], X.shape[1] + 1) if self.n_topics == "auto" else int(self.n_topics))
         self.n_topics_ = n_topics
         state = init_state(data, n_topics, X_bias.shape[1], float(self.beta0), rng)
         settings = self._schedule_settings()
-        schedule = Schedule.of(settings, X_bias, n_topics, validating=validation is not None)
+        schedule = Schedule.of(settings, X_bias, n_topics, validating=validation is not None, n_labels=data.n_labels,
+                               n_positives=data.pos_rows.size)
         capacity = draw_capacity(settings, data.n_labels, X_bias.shape[1], n_topics)
         chain = GibbsChain(self, data, state, rng, schedule, capacity, validation).run(self.history_)
         self._keep_posterior(chain, seen, X.shape[1])

@@ -34,12 +34,17 @@ AUTO_DRAW_BYTES = 128 * 2**20  # ... and at most this many bytes of them
 AUTO_MIN_PREDICTIVE_DRAWS = 16
 # max_sweeps="auto": as many sweeps as a budget of about one minute of one core buys, predicted from the
 # data's shape (deterministic, so the same seed gives the same chain on any machine). Cost model of one
-# sweep, fitted to one-thread CPU times on Bibtex (0.033 s) and the AmazonCat-13K shape at 1% (0.8 s):
-# seconds = K (SECONDS_PER_ENTRY nnz(X') + SECONDS_PER_FEATURE D'), the second term being the h step's
-# D' K gamma draws and the passes over (D', K) arrays. docs/bmls.md, "Schedules".
+# sweep: seconds = K (SECONDS_PER_ENTRY nnz(X') + SECONDS_PER_FEATURE D' + SECONDS_PER_LABEL L +
+# SECONDS_PER_POSITIVE nnz(Y)): the h step's passes over X' and its D' K gamma draws (fitted to one-thread
+# CPU times on Bibtex, 0.033 s, and the AmazonCat-13K shape at 1%, 0.8 s), the phi step's L K gamma draws,
+# and the latent counts, their allocation to topics and the rates at the positives (fitted to one-thread
+# step times on delicious, EURLex-4K shapes and Bibtex; docs/experiments.md, "BMLS: topics on large label
+# spaces"). docs/bmls.md, "Schedules".
 AUTO_BUDGET_SECONDS = 60.0
 SECONDS_PER_ENTRY = 7e-10
 SECONDS_PER_FEATURE = 5.5e-8
+SECONDS_PER_LABEL = 7e-10
+SECONDS_PER_POSITIVE = 3e-9
 AUTO_SWEEP_RANGE = (5 * AUTO_WINDOW, 2000)  # the fewest sweeps the rules can use, and the most
 
 
@@ -53,15 +58,17 @@ def window_gain(series) -> float:
     return float((last - previous) / max(abs(last), np.finfo(float).tiny))
 
 
-def auto_sweeps(max_sweeps, X_bias: sp.csr_matrix, n_topics: int) -> int:
+def auto_sweeps(max_sweeps, X_bias: sp.csr_matrix, n_topics: int, n_labels: int = 0, n_positives: int = 0) -> int:
     """The ``"auto"`` schedule's most sweeps: ``max_sweeps``, or for ``"auto"`` the sweeps that
     AUTO_BUDGET_SECONDS buy by the cost model above on the training features ``X_bias`` (with the bias
-    column) and ``n_topics`` topics, within AUTO_SWEEP_RANGE."""
+    column), ``n_topics`` topics, ``n_labels`` labels and ``n_positives`` observed positive label entries,
+    within AUTO_SWEEP_RANGE."""
     if max_sweeps != "auto":
         return int(max_sweeps)
-    seconds = n_topics * (SECONDS_PER_ENTRY * X_bias.nnz + SECONDS_PER_FEATURE * X_bias.shape[1])
+    per_topic = (SECONDS_PER_ENTRY * X_bias.nnz + SECONDS_PER_FEATURE * X_bias.shape[1]
+                 + SECONDS_PER_LABEL * int(n_labels) + SECONDS_PER_POSITIVE * int(n_positives))
     low, high = AUTO_SWEEP_RANGE
-    return int(np.clip(AUTO_BUDGET_SECONDS // max(seconds, 1e-12), low, high))
+    return int(np.clip(AUTO_BUDGET_SECONDS // max(n_topics * per_topic, 1e-12), low, high))
 
 
 def draw_capacity(settings, n_labels: int, n_features_bias: int, n_topics: int) -> int:
@@ -95,12 +102,14 @@ class Schedule:
         self._previous_rates = None
 
     @classmethod
-    def of(cls, settings, X_bias: sp.csr_matrix, n_topics: int, validating: bool) -> "Schedule":
-        """The schedule of the BMLS ``settings`` for training features ``X_bias`` and ``n_topics`` topics;
-        ``validating``: a held-out log-likelihood is recorded and must plateau too."""
+    def of(cls, settings, X_bias: sp.csr_matrix, n_topics: int, validating: bool, n_labels: int = 0,
+           n_positives: int = 0) -> "Schedule":
+        """The schedule of the BMLS ``settings`` for training features ``X_bias``, ``n_topics`` topics,
+        ``n_labels`` labels and ``n_positives`` observed positives; ``validating``: a held-out
+        log-likelihood is recorded and must plateau too."""
         if settings.schedule == "auto":
-            return cls(True, auto_sweeps(settings.max_sweeps, X_bias, n_topics), None, 1, settings.plateau_tol,
-                       settings.predictive_tol, validating)
+            total = auto_sweeps(settings.max_sweeps, X_bias, n_topics, n_labels, n_positives)
+            return cls(True, total, None, 1, settings.plateau_tol, settings.predictive_tol, validating)
         n_burnin = int(settings.n_burnin)
         return cls(False, n_burnin + int(settings.n_draws) * int(settings.thin), n_burnin, int(settings.thin))
 

@@ -602,9 +602,10 @@ def test_heldout_log_likelihood_and_validation_fraction():
         BMLS(validation_fraction=0.2).fit(X, Y, label_mask=np.ones_like(Y))
 
 
-def test_auto_sweep_budget_follows_the_cost_model():
-    """max_sweeps='auto' = 60 s / (K (7e-10 nnz(X') + 5.5e-8 D')) sweeps, within [100, 2000], where X' is
-    the binary training pattern restricted to the features that occur, plus the bias column."""
+def test_auto_sweep_budget_follows_the_cost_model(monkeypatch):
+    """max_sweeps='auto' = 60 s / (K (7e-10 nnz(X') + 5.5e-8 D' + 7e-10 L + 3e-9 nnz(Y))) sweeps, within
+    [100, 2000], where X' is the binary training pattern restricted to the features that occur, plus the
+    bias column; a fit passes its labels and observed positives."""
     from bayesmlc.bmls.schedule import auto_sweeps
 
     rng = np.random.default_rng(16)
@@ -616,7 +617,24 @@ def test_auto_sweep_budget_follows_the_cost_model():
         X_bias = model._with_bias(X[:, np.unique(X.indices)])
         seconds = 50 * (7e-10 * (X.nnz + n_rows) + 5.5e-8 * (occurring + 1))
         assert auto_sweeps(model.max_sweeps, X_bias, 50) == int(np.clip(60.0 // seconds, 100, 2000))
+        seconds += 50 * (7e-10 * 4000 + 3e-9 * 300_000)
+        assert auto_sweeps(model.max_sweeps, X_bias, 50, 4000, 300_000) == int(np.clip(60.0 // seconds, 100, 2000))
     assert auto_sweeps(300, X_bias, 50) == 300
+    # delicious' shape (12,920 rows, 18 of 500 features a row, 983 labels, 245,937 positives, K = 100): the
+    # label terms are 80% of the sweep (measured: 0.07 of 0.12 s), so the budget falls from 2000 to 640
+    X = sp.random(12_920, 500, density=18 / 500, format="csr", random_state=rng)
+    X.data[:] = 1.0
+    X_bias = model._with_bias(X)
+    assert auto_sweeps("auto", X_bias, 100) == 2000
+    assert 600 <= auto_sweeps("auto", X_bias, 100, 983, 245_937) <= 680
+    # a fit counts its labels and positives: at 1/121 s a positive-topic a sweep of K = 1 over Y's 60
+    # positives takes just under 0.5 s, so 60 s buy 120 sweeps, which near-zero tolerances run to the end
+    from bayesmlc.bmls import schedule
+
+    monkeypatch.setattr(schedule, "SECONDS_PER_POSITIVE", 1.0 / 121)
+    Y_fit = sp.csr_matrix((np.arange(300)[:, None] % 5 == np.arange(5)[None, :])[:, :5].astype(float))[:60]
+    fitted = BMLS(n_topics=1, plateau_tol=1e-12, predictive_tol=1e-12, random_state=0).fit(X[:60], Y_fit)
+    assert Y_fit.nnz == 60 and fitted.n_sweeps_ == 120
 
 
 def test_cli_says_the_binarisation_in_one_line_on_stderr(tmp_path):
@@ -643,10 +661,17 @@ def test_cli_says_the_binarisation_in_one_line_on_stderr(tmp_path):
 
 def test_auto_topics_grow_with_the_square_root_of_the_positive_label_entries():
     """n_topics="auto": round(sqrt(positives)) within [10, 100], counted over the observed training
-    entries (a label mask hides the rest, a validation split holds its rows out)."""
-    from bayesmlc.bmls.model import auto_topics
+    entries (a label mask hides the rest, a validation split holds its rows out); on large label spaces
+    the cap rises to L / 10 while a draw's (L + D + 1) K entries stay within 2^22."""
+    from bayesmlc.bmls.model import auto_topic_cap, auto_topics
 
     assert [auto_topics(n) for n in (0, 99, 418, 2346, 11729)] == [10, 10, 20, 48, 100]
+    assert auto_topics(11729, 159, 1837) == 100  # bibtex
+    assert auto_topics(245_937, 983, 501) == 100  # delicious: L / 10 = 98 < 100
+    assert auto_topics(82_500, 3993, 5001) == 287  # EURLex-4K shape: sqrt(82,500), under L / 10 = 399
+    assert auto_topics(10**6, 3993, 5001) == 399
+    assert auto_topic_cap(3993, 20_000) == 4_194_304 // 23_993 == 174
+    assert auto_topics(598_000, 13_330, 203_883) == 100  # AmazonCat-13K shape: the draw's size keeps K = 100
     rng = np.random.default_rng(16)
     X, Y, _ = _planted_problem(rng, 0, n_labels=30, d=20)(300)
     Y = sp.csr_matrix(Y)
