@@ -19,6 +19,7 @@ import scipy.sparse as sp
 from ..data.shard import RowShard
 from ..distributed import ONE_PROCESS
 from ..linalg import top_singular_vectors
+from ..preprocessing import row_square_sums
 from ..utils import iter_batches, sigmoid
 from .classifiers import Design, LowRankDesign, SGDClassifier, choose_low_rank, choose_solver, gibbs_classifier
 from .label_sets import choose_count_rule, choose_threshold
@@ -29,10 +30,12 @@ from .rank_calibration import (
 
 __all__ = [
     "CLASSIFIER_CHOICES",
+    "FEATURE_WEIGHTINGS",
     "ClassifierFitter",
     "calibration_fold_count",
     "classifier_steps",
     "compared_classifiers",
+    "resolve_feature_weighting",
 ]
 
 #: Dense (rows x labels) entries a label block of the low-rank classifiers, and the validation
@@ -56,6 +59,26 @@ CLASSIFIER_CHOICES = ("logistic", "svm")
 #: most this many: a second cross-fit costs about as much as the first (on hmc_cellcycle_go's 2,473 x
 #: 4,125 entries it added about six minutes to 3.5).
 CLASSIFIER_CHOICE_MAX_ENTRIES = 2**22
+
+
+#: BNMC's ``feature_weighting`` settings other than "auto" (see :func:`resolve_feature_weighting`).
+FEATURE_WEIGHTINGS = ("none", "l2", "idf")
+
+
+def resolve_feature_weighting(setting: str, X, reduce=None) -> str:
+    """BNMC's ``feature_weighting`` for the training features ``X`` (this process's rows; ``reduce``
+    sums counts over processes): "auto" is "idf" for count features (every stored value a whole
+    number and some above 1) and "none" otherwise; any other setting is kept. Binary features stay
+    "none": idf then unit rows moved validation P@1 by +2.3 on bibtex and -0.7 on delicious, no
+    better than noise either way; on word counts it gave +16.3 (docs/experiments.md, "BNMC: count
+    features")."""
+    if setting != "auto":
+        return setting
+    data = X.data if hasattr(X, "data") and not isinstance(X, np.ndarray) else np.asarray(X).ravel()
+    tallies = np.array([np.count_nonzero(data != np.round(data)), np.count_nonzero(data > 1)], dtype=np.float64)
+    if reduce is not None:
+        tallies = reduce(tallies)
+    return "idf" if tallies[0] == 0 and tallies[1] > 0 else "none"
 
 
 # ---- the plan of a fit, from the settings alone ----------------------------------------------------
@@ -149,12 +172,15 @@ class ClassifierFitter:
         self.reduce = None if parallel.world_size == 1 else parallel.reduce_sum
 
     # ---- batch --------------------------------------------------------------------------------
-    def fit(self, Z, Y, entries: ObservedEntries, labelled: np.ndarray, shard: RowShard | None = None) -> None:
+    def fit(self, Z, Y, entries: ObservedEntries, labelled: np.ndarray, shard: RowShard | None = None,
+            raw=None) -> None:
         """Z (classifier features), Y (CSR), entries: this process's rows; ``labelled``: (N,) flags of
-        all rows. Splits off the validation rows (at most VALIDATION_ENTRIES / L of them), fits,
-        calibrates and refits. Row ids are global; ``shard`` maps them to this process's rows."""
+        all rows; ``raw``: the rows' raw features (the mixture's evidence of held-out rows is taken on
+        them where Z cannot be mapped back: weighted features). Splits off the validation rows (at
+        most VALIDATION_ENTRIES / L of them), fits, calibrates and refits. Row ids are global;
+        ``shard`` maps them to this process's rows."""
         model = self.model
-        self.Z, self.Y, self.entries = Z, Y, entries
+        self.Z, self.Y, self.entries, self.raw = Z, Y, entries, raw
         self.shard = RowShard.whole(Z.shape[0]) if shard is None else shard
         self._set_weight_precision(Z, self.shard.n_total)
         rows = np.flatnonzero(labelled)
@@ -183,7 +209,8 @@ class ClassifierFitter:
         ``n_total`` rows (at least 1e-3)."""
         model = self.model
         if model.weight_precision == "auto":
-            squares = self.parallel.reduce_sum(np.array([Z.multiply(Z).sum()], dtype=np.float64))[0]
+            local = row_square_sums(Z.data, Z.indptr).sum() if sp.issparse(Z) else np.square(Z, dtype=np.float64).sum()
+            squares = self.parallel.reduce_sum(np.array([local], dtype=np.float64))[0]  # float64 sums
             mean_sq_norm = float(squares) / max(n_total, 1)
             model.weight_precision_ = max(mean_sq_norm / 7.0, 1e-3)
         else:
@@ -250,7 +277,8 @@ class ClassifierFitter:
             mine, val_shard = self.shard.select(val_rows)
             gather = None if self.reduce is None else (
                 lambda part: val_shard.gather(part, np.arange(val_rows.size), self.reduce))
-            self.calibrate(self.Z[mine], self.Y[mine].toarray().astype(np.float64), self.entries.block(mine), gather)
+            self.calibrate(self.Z[mine], self.Y[mine].toarray().astype(np.float64), self.entries.block(mine), gather,
+                           self._raw_rows(mine))
         if val_rows.size and model.refit:
             # refit on every labelled row, starting from the posterior mean of the first fit
             samples, variances, trace = self._refit(fit, rows, samples.mean(axis=0))
@@ -296,7 +324,7 @@ class ClassifierFitter:
                                             model.n_mode_steps, generator=generator)
             model.classifier_samples_, model.classifier_variances_ = samples, variances
             Z_fold = self.Z[held_out]
-            evidence.append(model._evidence(Z_fold, self._raw_features(Z_fold))
+            evidence.append(model._evidence(Z_fold, self._raw_rows(held_out))
                             + (self.Y[held_out].toarray().astype(np.float64), self.entries.block(held_out)))
             means.append(samples.mean(axis=0))
             traces += list(trace)
@@ -307,6 +335,14 @@ class ClassifierFitter:
         (all (n, L)), under the fitted calibration: how ``classifier="auto"`` compares likelihoods."""
         logits = self.model._calibrated_logits(s_clf, s_pat, probability=True)
         return float(np.sum(bernoulli_log_likelihood(Y, logits)[observed > 0]))
+
+    def _raw_rows(self, rows: np.ndarray):
+        """The raw features of this process's ``rows``, for the mixture's evidence: those given to
+        :meth:`fit` where the classifier features are weighted (``feature_weighting_`` other than
+        "none"), else the classifier features mapped back (:meth:`_raw_features`)."""
+        if self.raw is not None and self.model.preprocessor_.normalize:
+            return self.raw[rows]
+        return self._raw_features(self.Z[rows])
 
     def _raw_features(self, Z):
         """The classifier features ``Z`` of held-out rows back to raw features, for the mixture's evidence."""
@@ -374,7 +410,8 @@ class ClassifierFitter:
         self.sgd_passes(inputs, Y, entries, train_rows)
         model.classifier_samples_ = model.classifier_variances_ = None
         if val_rows.size:
-            self.calibrate(Z[val_rows], Y[val_rows].toarray().astype(np.float64), entries.block(val_rows))
+            self.calibrate(Z[val_rows], Y[val_rows].toarray().astype(np.float64), entries.block(val_rows), None,
+                           self._raw_rows(val_rows))
             # the held-out rows are then streamed in like any later data
             self.sgd_passes(inputs, Y, entries, val_rows, passes=1)
         model.classifier_trace_ = np.zeros(0)
@@ -417,13 +454,13 @@ class ClassifierFitter:
                     self.progress.update(1)
 
     # ---- calibration --------------------------------------------------------------------------
-    def calibrate(self, Z_val, Y_val, mask_val, gather=None) -> None:
+    def calibrate(self, Z_val, Y_val, mask_val, gather=None, X_val=None) -> None:
         """The calibration from the validation rows' evidence (:meth:`fit_calibration_maps`).
         ``gather``: this process's validation rows of an (n_val_local, L) array -> all validation
-        rows (several processes)."""
+        rows (several processes); ``X_val``: their raw features (None: mapped back from ``Z_val``)."""
         model = self.model
         model._finish_mixture()
-        X_val = self._raw_features(Z_val)
+        X_val = self._raw_features(Z_val) if X_val is None else X_val
         s_clf, s_pat = model._evidence(Z_val, X_val)
         if gather is not None:
             s_clf, s_pat, Y_val, mask_val = (gather(part) for part in (s_clf, s_pat, Y_val, mask_val))

@@ -9,7 +9,7 @@ from __future__ import annotations
 from ..exceptions import ModelFormatError
 from ..fitted_state import Field, array, choice, integer, number, rule
 from ..state_checks import COMMON_FIELDS
-from .classifier_fitting import CLASSIFIER_CHOICES
+from .classifier_fitting import CLASSIFIER_CHOICES, FEATURE_WEIGHTINGS
 from .label_sets import COUNT_RULES
 
 __all__ = ["BNMC_FIELDS", "RANK_TERMS"]
@@ -67,6 +67,7 @@ BNMC_FIELDS = COMMON_FIELDS + (
     number("weight_precision_", 0.0, low_open=True),
     integer("calibration_folds_", 0, optional=True),
     choice("classifier_", CLASSIFIER_CHOICES, optional=True),
+    choice("feature_weighting_", FEATURE_WEIGHTINGS, optional=True),
     array("evidence_weights_", (3,)),  # (a, b, d); files written before the rename: calibration_
     array("probability_evidence_weights_", (3,), optional=True),
     *(number(name, optional=True) for name in RANK_TERMS),

@@ -73,3 +73,52 @@ def test_labels_without_a_positive_get_the_rare_label_bias_and_leave_the_others_
         m = int(np.sum(np.diff(Y.indptr) > 0))
         np.testing.assert_allclose(padded.classifier_samples_[:, -1, empty], np.log(0.5 / (m + 0.5)), rtol=1e-6)
         assert np.all(padded.classifier_variances_[:, empty] == 0.0)
+
+
+def _count_problem(seed=0, n=240, D=80, L=6):
+    """Word-count-like features (Poisson counts, most zero) and labels driven by a few of the columns."""
+    import scipy.sparse as sp
+
+    rng = np.random.default_rng(seed)
+    X = rng.poisson(0.4, size=(n, D)) * (rng.random((n, D)) < 0.3)
+    X[:, 0] += 1  # no empty row
+    W = rng.normal(size=(D, L)) * (rng.random((D, L)) < 0.2)
+    Y = (X / (1.0 + X.sum(axis=1, keepdims=True))) @ W * 8.0 + rng.normal(scale=0.3, size=(n, L)) > 0.2
+    Y[np.arange(n), rng.integers(0, L, n)] = True  # every row has a label
+    return sp.csr_matrix(X.astype(np.float32)), sp.csr_matrix(Y.astype(np.float32))
+
+
+def test_auto_weighting_takes_idf_for_counts_only():
+    import scipy.sparse as sp
+
+    from bayesmlc.bnmc.classifier_fitting import resolve_feature_weighting
+
+    X, _ = _count_problem()
+    assert resolve_feature_weighting("auto", X) == "idf"
+    assert resolve_feature_weighting("auto", sp.csr_matrix((X > 0).astype(np.float32))) == "none"  # binary
+    assert resolve_feature_weighting("auto", sp.csr_matrix(X * 0.37)) == "none"  # real-valued
+    assert resolve_feature_weighting("l2", sp.csr_matrix(X * 0.37)) == "l2"
+    # summed over processes: one process holding a count above 1 is enough
+    assert resolve_feature_weighting("auto", sp.csr_matrix((X > 0).astype(np.float32)),
+                                     reduce=lambda tallies: tallies + np.array([0.0, 1.0])) == "idf"
+
+
+def test_idf_weighting_gives_the_classifiers_tfidf_rows_and_the_mixture_raw_counts(tmp_path):
+    # the classifier features are scikit-learn's TfidfTransformer (smooth idf, raw tf, unit L2 rows);
+    # the mixture still sees the counts (its feature statistics are those of the raw rows); a saved
+    # model predicts the same after loading
+    from sklearn.feature_extraction.text import TfidfTransformer
+
+    from bayesmlc.bnmc import BNMC
+
+    X, Y = _count_problem()
+    model = BNMC(random_state=0, n_passes=1, n_sweeps=2, n_keep=1, n_mode_steps=2, device="cpu").fit(X, Y)
+    assert model.feature_weighting_ == "idf"
+    expected = TfidfTransformer().fit(X).transform(X).toarray()
+    np.testing.assert_allclose(model._classifier_features(X).toarray(), expected, rtol=1e-5, atol=1e-7)
+    raw = BNMC(random_state=0, feature_weighting="none", n_passes=1, n_sweeps=2, n_keep=1, n_mode_steps=2,
+               device="cpu").fit(X, Y)
+    np.testing.assert_allclose(model.pattern_weights_, raw.pattern_weights_, rtol=1e-10)
+    model.save(tmp_path / "bnmc.npz")
+    loaded = BNMC.load(tmp_path / "bnmc.npz")
+    np.testing.assert_allclose(loaded.predict_proba(X), model.predict_proba(X), rtol=1e-6)
