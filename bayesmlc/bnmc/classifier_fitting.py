@@ -49,9 +49,12 @@ SGD_DENSE_WEIGHTS = 2e7
 #: ``calibration_folds="auto"``: cross-fit the calibration over this many folds when fewer than
 #: CROSS_FIT_MAX_ROWS rows are labelled (the 20% split then holds under 500 rows: 67 on medical, 78 on
 #: emotions), else fit it on the single validation split (docs/experiments.md, "Calibration: BNMC's
-#: cross-fitted evidence").
+#: cross-fitted evidence"), and the labelled rows times the labels are at most CROSS_FIT_MAX_ENTRIES:
+#: the 20% split of more entries holds enough of them for the calibration's 10 coefficients (EURLex-4K
+#: shape at 2,486 rows: 2M entries), where five more fits of thousands of labels took 5x the time.
 CROSS_FIT_FOLDS = 5
 CROSS_FIT_MAX_ROWS = 2500
+CROSS_FIT_MAX_ENTRIES = 2**22
 #: ``classifier="auto"``: the likelihoods compared on the cross-fitted evidence, the first also the
 #: choice where they are not compared (docs/experiments.md, "BNMC: the classifier's likelihood").
 CLASSIFIER_CHOICES = ("logistic", "svm")
@@ -82,14 +85,15 @@ def resolve_feature_weighting(setting: str, X, reduce=None) -> str:
 
 
 # ---- the plan of a fit, from the settings alone ----------------------------------------------------
-def calibration_fold_count(settings, n_labelled: int, world_size: int = 1) -> int:
+def calibration_fold_count(settings, n_labelled: int, world_size: int = 1, n_labels: int = 1) -> int:
     """The folds the calibration's evidence is cross-fitted over (1: the single validation split;
-    ``calibration_folds`` of the BNMC ``settings`` resolved), for ``n_labelled`` labelled rows over
-    ``world_size`` processes."""
+    ``calibration_folds`` of the BNMC ``settings`` resolved), for ``n_labelled`` labelled rows of
+    ``n_labels`` labels over ``world_size`` processes."""
     if settings.online or world_size > 1 or float(settings.validation_fraction) <= 0:
         return 1
     if settings.calibration_folds == "auto":
-        return CROSS_FIT_FOLDS if n_labelled < CROSS_FIT_MAX_ROWS else 1
+        small = n_labelled < CROSS_FIT_MAX_ROWS and n_labelled * n_labels <= CROSS_FIT_MAX_ENTRIES
+        return CROSS_FIT_FOLDS if small else 1
     return min(int(settings.calibration_folds), n_labelled)
 
 
@@ -112,7 +116,7 @@ def classifier_steps(settings, n_labelled: int, n_labels: int, world_size: int =
     SGD minibatches online, else the mode steps and sweeps of every fit (folds, likelihoods, refit)."""
     if settings.online:
         return settings.n_passes * -(-n_labelled // settings.batch_size)
-    folds = calibration_fold_count(settings, n_labelled, world_size)
+    folds = calibration_fold_count(settings, n_labelled, world_size, n_labels)
     refit = refit_sweeps(settings.n_sweeps) + 1 if folds > 1 or (float(settings.validation_fraction) > 0
                                                                   and settings.refit) else 0
     kinds = len(compared_classifiers(settings, folds, n_labelled, n_labels))
@@ -184,7 +188,7 @@ class ClassifierFitter:
         self.shard = RowShard.whole(Z.shape[0]) if shard is None else shard
         self._set_weight_precision(Z, self.shard.n_total)
         rows = np.flatnonzero(labelled)
-        model.calibration_folds_ = calibration_fold_count(model, rows.size, self.parallel.world_size)
+        model.calibration_folds_ = calibration_fold_count(model, rows.size, self.parallel.world_size, model.n_labels_)
         model.classifier_ = CLASSIFIER_CHOICES[0] if model.classifier == "auto" else model.classifier
         val_rows, train_rows = self._validation_split(rows)
         model._reset_calibration()

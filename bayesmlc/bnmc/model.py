@@ -153,7 +153,8 @@ class BNMC(HasPresets, MultiLabelEstimator):
         held-out evidence, and the classifiers are then fitted on all labelled rows, warm-started
         from the folds' mean (one mode step and max(2, n_sweeps // 2) sweeps): about K + 1 fits in
         time. "auto": 5 folds below 2,500 labelled rows (``CROSS_FIT_MAX_ROWS``), where a 20% split
-        leaves the seven rank terms a few hundred rows or fewer, else 1; always 1 with several
+        leaves the seven rank terms a few hundred rows or fewer, if those rows times the labels are at
+        most 2^22 (``CROSS_FIT_MAX_ENTRIES``: many labels give the split entries enough), else 1; always 1 with several
         processes or ``online=True``. ``calibration_folds_`` holds the choice.
     sgd_alpha : float or None, default None
         lambda of the online SGD (eq. 7). None: 1 / n_train in ``fit`` (the paper's 32 / n_train

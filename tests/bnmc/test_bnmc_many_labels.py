@@ -122,3 +122,13 @@ def test_idf_weighting_gives_the_classifiers_tfidf_rows_and_the_mixture_raw_coun
     model.save(tmp_path / "bnmc.npz")
     loaded = BNMC.load(tmp_path / "bnmc.npz")
     np.testing.assert_allclose(loaded.predict_proba(X), model.predict_proba(X), rtol=1e-6)
+
+
+def test_auto_cross_fits_only_where_rows_times_labels_are_few():
+    from bayesmlc.bnmc import BNMC
+    from bayesmlc.bnmc.classifier_fitting import CROSS_FIT_MAX_ENTRIES, calibration_fold_count
+
+    assert calibration_fold_count(BNMC(), 2000, n_labels=CROSS_FIT_MAX_ENTRIES // 2000) == 5
+    assert calibration_fold_count(BNMC(), 2000, n_labels=CROSS_FIT_MAX_ENTRIES // 2000 + 1) == 1
+    assert calibration_fold_count(BNMC(), 2473, n_labels=4125) == 1  # hmc_cellcycle_go: 10M entries
+    assert calibration_fold_count(BNMC(calibration_folds=5), 2473, n_labels=4125) == 5  # asked for
