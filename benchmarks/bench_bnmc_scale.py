@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import importlib
 import io
 import multiprocessing
 import os
@@ -158,6 +159,8 @@ def _fit_in_child(queue, make_model, X, Y, X_test, top: int) -> None:
     """Fit, score ``X_test`` (decision_function) and put times, peak memory, stages and scores on ``queue``
     (the native baselines' progress bars on stderr are sent to /dev/null)."""
     model = make_model()
+    for name, value in getattr(model, "module_settings", {}).items():  # "classifier_fitting.NAME=value" of a --config
+        setattr(importlib.import_module(f"bayesmlc.bnmc.{name.split('.')[0]}"), name.split(".")[1], value)
     if not isinstance(model, BNMC):
         os.dup2(os.open(os.devnull, os.O_WRONLY), 2)
     clock = StageClock()
@@ -202,6 +205,14 @@ def band_cells(Y_test, scores, Y_train) -> str:
     return " | ".join(cells)
 
 
+def _bnmc(seed: int, settings: dict) -> BNMC:
+    """BNMC with ``settings``; a key ``MODULE.NAME`` (a module of ``bayesmlc.bnmc``) is set on that module
+    in the forked child instead (a constant under test)."""
+    model = BNMC(random_state=seed, **{k: v for k, v in settings.items() if "." not in k})
+    model.module_settings = {k: v for k, v in settings.items() if "." in k}
+    return model
+
+
 def main(argv=None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     cut = argv.index("--config") if "--config" in argv else len(argv)
@@ -226,7 +237,7 @@ def main(argv=None) -> None:
     weightings = {}
     for name, settings in configs.items():
         weightings[f"BNMC {name}"] = settings.pop("weighting", None)
-        runs.append((f"BNMC {name}", lambda settings=settings: BNMC(random_state=args.seed, **settings)))
+        runs.append((f"BNMC {name}", lambda settings=settings: _bnmc(args.seed, settings)))
     results = {}
     print("| model | P@1 | P@5 | PSP@1 | PSP@5 | P@5 head / mid / tail | PSP@5 head / mid / tail | fit s (CPU s) "
           "| / omikuji | peak GB | load |\n|---|---|---|---|---|---|---|---|---|---|---|", flush=True)
