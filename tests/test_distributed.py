@@ -732,9 +732,10 @@ def test_bnmc_two_ranks_equal_one_process(bnmc_distributed_run, name):
     single = BNMC(**settings).fit(X, Y, label_mask=_mask() if masked else None)
     reference = _bnmc_arrays(single, X)
     distributed = dict(np.load(os.path.join(bnmc_distributed_run, f"bnmc-{name}.npz")))
-    # the mixture and the label statistics: float64 sums
+    # the mixture and the label statistics: float64 sums (the low-rank prior's: of projections on the float32 basis)
     for key in ("label_conc", "stick_a", "elbo", "count_mean", "prior", "weight_precision"):
-        np.testing.assert_allclose(distributed[key], reference[key], rtol=1e-9, atol=1e-9, err_msg=key)
+        tolerance = 1e-6 if key == "weight_precision" and settings["solver"] == "lowrank" else 1e-9
+        np.testing.assert_allclose(distributed[key], reference[key], rtol=tolerance, atol=1e-9, err_msg=key)
     # the classifiers: float32 sums over rows in another order
     for key in ("basis", "samples", "variances", "calibration", "proba"):
         np.testing.assert_allclose(distributed[key], reference[key], rtol=2e-3, atol=2e-4, err_msg=key)

@@ -1,6 +1,7 @@
-"""BNMC on many labels: the calibration's weighted negative sample."""
+"""BNMC on many labels: the calibration's negative sample, absent labels, count features, the low-rank prior."""
 
 import numpy as np
+import pytest
 
 from bayesmlc.bnmc import rank_calibration
 from bayesmlc.bnmc.rank_calibration import fit_calibration, negative_sample_weights
@@ -132,3 +133,17 @@ def test_auto_cross_fits_only_where_rows_times_labels_are_few():
     assert calibration_fold_count(BNMC(), 2000, n_labels=CROSS_FIT_MAX_ENTRIES // 2000 + 1) == 1
     assert calibration_fold_count(BNMC(), 2473, n_labels=4125) == 1  # hmc_cellcycle_go: 10M entries
     assert calibration_fold_count(BNMC(calibration_folds=5), 2473, n_labels=4125) == 5  # asked for
+
+
+def test_the_low_rank_prior_is_set_on_the_projected_rows():
+    # weight_precision="auto" on the low-rank solver: mean_i |x_i V|^2 / 7 over the rows, by hand from
+    # the stored basis V; below the exact solvers' mean |x_i|^2 / 7, as V keeps part of each row's norm
+    from bayesmlc.bnmc import BNMC
+    from test_bnmc_scale import FAST, _low_rank_problem
+
+    X, Y = _low_rank_problem(n=300, L=12)
+    model = BNMC(solver="lowrank", low_rank=4, random_state=0, **FAST).fit(X, Y)
+    projected = X.toarray().astype(np.float64) @ model.classifier_basis_.astype(np.float64)
+    expected = np.mean(np.sum(projected**2, axis=1)) / 7.0
+    assert model.weight_precision_ == pytest.approx(expected, rel=1e-5)
+    assert model.weight_precision_ < 0.99 * np.mean(np.asarray(X.multiply(X).sum(axis=1))) / 7.0
