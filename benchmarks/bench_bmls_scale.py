@@ -10,7 +10,8 @@ SET is a folder of ``--data-root`` (``delicious``, ``bibtex``, ...) or ``PRESET:
 ``bayesmlc.data.synthetic.split`` (``eurlex-4k:0.25``, ``amazoncat-13k:0.1``). With ``--validation``
 the models are trained on 80% of the training rows and scored on the other 20% (seeded by ``--seed``):
 the split the defaults are chosen on; without it, trained on the training rows and scored on the test
-rows. Each ``--config NAME key=value ...`` is a BMLS fit with those settings over the defaults
+rows (``--test-rows N``: a random N of the scored rows, for shapes whose dense (rows, labels) scores would
+not fit in memory). Each ``--config NAME key=value ...`` is a BMLS fit with those settings over the defaults
 (``--config default`` alone: the defaults, which is also what no ``--config`` runs). Every model runs
 at its default thread count. Prints P@1, P@5, PSP@1, PSP@5 (%, propensities from the training labels,
 A = 0.55, B = 1.5), the training and prediction wall seconds, BMLS's K, sweeps and kept draws, the
@@ -124,11 +125,15 @@ def main(argv=None) -> None:
     parser.add_argument("--no-omikuji", action="store_true")
     parser.add_argument("--save", action="store_true", help="measure the BMLS model file's size")
     parser.add_argument("--data-root", default=str(DATA_ROOT))
+    parser.add_argument("--test-rows", type=int, help="score a random subset of this many rows (seeded by --seed)")
     args = parser.parse_args(argv[:cut])
     configs = parse_configs(argv[cut:])
     X, Y, X_test, Y_test = load_set(args.set, args.data_root)
     if args.validation:
         X, Y, X_test, Y_test = validation_split(X, Y, args.seed)
+    if args.test_rows is not None and args.test_rows < X_test.shape[0]:
+        rows = np.sort(np.random.default_rng(args.seed).choice(X_test.shape[0], args.test_rows, replace=False))
+        X_test, Y_test = X_test[rows], Y_test[rows]
     print(f"{args.set}: {X.shape[0]} training rows, {X_test.shape[0]} scored rows "
           f"({'validation' if args.validation else 'test'}), D = {X.shape[1]}, L = {Y.shape[1]}, nnz(Y) = {Y.nnz}")
     print("| model | P@1 | P@5 | PSP@1 | PSP@5 | train s | / omikuji | predict s | file MB | load | BMLS |\n"
