@@ -31,7 +31,8 @@ from .labels import (
     ObservedEntries, label_count_moments, label_count_sums, observed_entries, pad_columns, stream_labels,
 )
 from .mixture import DirichletEmission, DPMixture, GaussianEmission
-from .rank_calibration import TOP_LABEL_IDENTITY, RankTerms, calibrated_probability_logits, rank_adjusted_logits
+from .rank_calibration import (TOP_LABEL_IDENTITY, RankTerms, calibrated_probability_logits, rank_adjusted_logits,
+                               scores_and_probability_logits)
 from .state_checks import BNMC_FIELDS
 from .svi import MixtureFitter
 
@@ -452,8 +453,9 @@ class BNMC(HasPresets, MultiLabelEstimator):
     def _scores_and_proba(self, X):
         """Both hooks' outputs for a batch from one computation of the evidence."""
         s_clf, s_pat = self._evidence(self._classifier_features(X), X)
-        return (self._calibrated_logits(s_clf, s_pat).astype(np.float32),
-                sigmoid(self._calibrated_logits(s_clf, s_pat, probability=True)))
+        scores, logits = scores_and_probability_logits(s_clf, s_pat, self.evidence_weights_,
+                                                       *self._probability_calibration())
+        return scores.astype(np.float32), sigmoid(logits)
 
     def _labels_from_proba(self, proba, X) -> sp.csr_matrix:
         """``predict(X)``'s label sets (``count_rule_``, batches of 2048 rows) from ``predict_proba(X)``."""
@@ -472,13 +474,17 @@ class BNMC(HasPresets, MultiLabelEstimator):
         """The ranking score z = a s_clf + b s_pattern + d, + r for each row's leading label (r >= 0 keeps
         it in the lead), or, with ``probability``, the logits of the calibrated probabilities
         (:func:`calibrated_probability_logits`)."""
-        if probability:  # files written before the probability's own weights existed used one set for both
-            theta = getattr(self, "probability_evidence_weights_", self.evidence_weights_)
-            top_map = np.asarray(getattr(self, "top_label_map_", TOP_LABEL_IDENTITY), dtype=np.float64)
-            top_map = None if np.array_equal(top_map, TOP_LABEL_IDENTITY) else top_map
-            return calibrated_probability_logits(s_clf, s_pat, self.evidence_weights_, theta, self._rank_terms(), top_map)
+        if probability:
+            return calibrated_probability_logits(s_clf, s_pat, self.evidence_weights_, *self._probability_calibration())
         a, b, d = self.evidence_weights_
         return rank_adjusted_logits(a * s_clf + b * s_pat + d, self._rank_terms())
+
+    def _probability_calibration(self) -> tuple:
+        """(probability theta, rank terms, top-label map or None) of the calibrated probabilities; files
+        written before the probability's own weights existed used the ranking's for both."""
+        theta = getattr(self, "probability_evidence_weights_", self.evidence_weights_)
+        top_map = np.asarray(getattr(self, "top_label_map_", TOP_LABEL_IDENTITY), dtype=np.float64)
+        return theta, self._rank_terms(), None if np.array_equal(top_map, TOP_LABEL_IDENTITY) else top_map
 
     def _classifier_kind(self) -> str:
         """The classifiers' likelihood: ``classifier_`` (files written before it existed: ``classifier``;

@@ -56,6 +56,8 @@ def top_positions(z: np.ndarray, m: int) -> np.ndarray:
     """Column indices (n, m) of each row's ``m`` largest entries of ``z`` (n, L), largest first (ties:
     the lower index first, as ``argmax`` and the ranking metrics break them)."""
     n, L = z.shape
+    if m == 1:
+        return np.argmax(z, axis=1)[:, None]
     if m >= L:
         candidates = np.broadcast_to(np.arange(L), (n, L))
     else:
@@ -65,19 +67,20 @@ def top_positions(z: np.ndarray, m: int) -> np.ndarray:
 
 
 def rank_adjusted_logits(z: np.ndarray, terms: RankTerms, probability: bool = False, ranking=None,
-                          top_map=None) -> np.ndarray:
+                          top_map=None, top=None) -> np.ndarray:
     """``z`` (n, L) turned in place into the ranking score (each row's leading label + r) or, with
     ``probability``, the calibrated logits of :class:`RankTerms`, the ranks (and the runner-up) taken
     from ``ranking`` (n, L; default ``z``), the leading label's through ``top_map``
     (:func:`apply_top_label_map`; None: none). The probabilities are then capped: within a row's top 1 +
     :data:`NEXT_RANKS` each is at most that of the label ranked just above it, and every other label's
     at most the last of them. So ``predict_proba``'s top five are ``decision_function``'s, in its
-    order (up to ties); below them, labels keep the order of their probability logits."""
+    order (up to ties); below them, labels keep the order of their probability logits. ``top``: the
+    ranking's :func:`top_positions` when already known (at least the columns this needs)."""
     ranking = z if ranking is None else ranking
     if not z.size or (ranking is z and top_map is None and not (any(terms) if probability else terms.offset)):
         return z
     m = min(1 + NEXT_RANKS, z.shape[1]) if probability else 1
-    top = top_positions(ranking, m)
+    top = top_positions(ranking, m) if top is None else top[:, :m]
     values = np.take_along_axis(z, top, axis=1)
     if not probability:
         np.put_along_axis(z, top, values + terms.offset, axis=1)
@@ -169,6 +172,18 @@ def calibrated_probability_logits(s_clf, s_pat, theta, probability_theta, terms:
     z = theta[0] * s_clf + theta[1] * s_pat + theta[2]
     z_prob = probability_theta[0] * s_clf + probability_theta[1] * s_pat + probability_theta[2]
     return rank_adjusted_logits(z_prob, terms, True, ranking=z, top_map=top_map)
+
+
+def scores_and_probability_logits(s_clf, s_pat, theta, probability_theta, terms: RankTerms,
+                                  top_map=None) -> tuple[np.ndarray, np.ndarray]:
+    """The ranking scores (:func:`rank_adjusted_logits` of z = theta . (s_clf, s_pat, 1)) and
+    :func:`calibrated_probability_logits`, equal to the two computed apart, from one z and one
+    :func:`top_positions` of it."""
+    z = theta[0] * s_clf + theta[1] * s_pat + theta[2]
+    z_prob = probability_theta[0] * s_clf + probability_theta[1] * s_pat + probability_theta[2]
+    top = top_positions(z, min(1 + NEXT_RANKS, z.shape[1])) if z.size else None
+    probability = rank_adjusted_logits(z_prob, terms, True, ranking=z, top_map=top_map, top=top)
+    return rank_adjusted_logits(z, terms, top=top), probability
 
 
 #: :func:`fit_top_label_map`'s "no map": (alpha, beta, gamma) = (1, 1, 0).

@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 from ..exceptions import ModelFormatError
-from ..fitted_state import check_integer, check_number, probe_rows
+from ..fitted_state import check_integer, check_number, probe_rows, tensor_all_finite
 from ..persistence import decode, encode, read_npz, write_npz_atomically
 from .history import EPOCH_FIELDS, STEP_FIELDS
 from .initialisation import module_from_parameters
@@ -136,7 +136,7 @@ def _check_tensor(field: str, value, shape=None, low=None) -> None:
         raise _fail(field, f"must be a floating-point tensor, got {shown}")
     if shape is not None and tuple(value.shape) != tuple(shape):
         raise _fail(field, f"must have shape {tuple(shape)} (its parameter's), got {tuple(value.shape)}")
-    if not bool(torch.isfinite(value).all()):
+    if not tensor_all_finite(value):
         raise _fail(field, "must hold finite numbers (it holds NaN or infinity)")
     if low is not None and value.numel() and float(value.min()) < low:
         raise _fail(field, f"must be >= {low}, got {float(value.min()):.6g}")

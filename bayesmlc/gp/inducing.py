@@ -137,9 +137,10 @@ class SubspaceInducing(InducingInputs):
     basis : ndarray (R, D), X~ with orthonormal rows (right singular vectors of X).
     A : ndarray (M, R), initial weights.
     trainable : bool
+    gram : ndarray (R, R) or None, X~ X~^T when it is already known (a saved model's), else computed.
     """
 
-    def __init__(self, basis: np.ndarray, A: np.ndarray, trainable: bool):
+    def __init__(self, basis: np.ndarray, A: np.ndarray, trainable: bool, gram: np.ndarray | None = None):
         super().__init__()
         basis = torch.as_tensor(np.asarray(basis, dtype=np.float32))
         # stored as X~^T (D, R), contiguous: a sparse (B, D) product with a transposed view of an
@@ -148,7 +149,7 @@ class SubspaceInducing(InducingInputs):
         # K_X~ = X~ X~^T, precomputed once (eq. (5)); I_R up to rounding for an SVD basis, and then
         # dropped from Z Z^T = A K_X~ A^T, which saves an (M, R) x (R, R) product (M R^2, twice that
         # backward) per step: at M = 200, R = 1000, B = 500 about 400k multiply-adds per row.
-        gram = torch.from_numpy(basis_gram(basis.numpy()))
+        gram = torch.from_numpy(basis_gram(basis.numpy()) if gram is None else np.asarray(gram, dtype=np.float32))
         self.register_buffer("basis_gram", gram)
         eye = torch.eye(gram.shape[0], dtype=gram.dtype)
         self.orthonormal_basis = bool(torch.allclose(gram, eye, rtol=0.0, atol=ORTHONORMAL_TOLERANCE))

@@ -200,7 +200,8 @@ def build_module(settings, arrays: dict) -> MLGPFModule:
     """The module (float32, on the CPU) of ``settings``'s kernel, inducing inputs and variational family,
     holding ``arrays`` (from :func:`initial_arrays`, or :func:`structural_arrays` of a state dict)."""
     if "basis" in arrays:
-        inducing = SubspaceInducing(arrays["basis"], arrays["A"], trainable=settings.inducing == "subspace")
+        inducing = SubspaceInducing(arrays["basis"], arrays["A"], trainable=settings.inducing == "subspace",
+                                    gram=arrays.get("basis_gram"))
     else:
         inducing = InputSpaceInducing(arrays["Z"], trainable=settings.inducing == "free")
     kernel = make_kernel(settings.kernel, inducing.n_weights if settings.ard else None)
@@ -239,6 +240,10 @@ def structural_arrays(parameters: dict) -> dict:
         arrays["linear_shape"] = tuple(parameters["linear.weight"].shape)
     if "inducing.basis_t" in parameters:
         arrays["basis"] = np.asarray(parameters["inducing.basis_t"], dtype=np.float32).T
+        rank = arrays["basis"].shape[0]
+        gram = parameters.get("inducing.basis_gram")
+        if gram is not None and tuple(gram.shape) == (rank, rank):  # else recomputed; loading then names the misfit
+            arrays["basis_gram"] = np.asarray(gram, dtype=np.float32)
     if not any(k in arrays for k in ("basis", "Z")):
         raise ModelFormatError("MLGPF parameters hold neither inducing.basis_t nor inducing.Z")
     return arrays

@@ -147,3 +147,23 @@ def test_the_low_rank_prior_is_set_on_the_projected_rows():
     expected = np.mean(np.sum(projected**2, axis=1)) / 7.0
     assert model.weight_precision_ == pytest.approx(expected, rel=1e-5)
     assert model.weight_precision_ < 0.99 * np.mean(np.asarray(X.multiply(X).sum(axis=1))) / 7.0
+
+
+def test_scores_and_probability_logits_equal_the_two_computed_apart():
+    """One z and one top_positions for both outputs give what the ranking score and the calibrated
+    probability logits give apart, with every rank term set, a top-label map and tied scores (rounded
+    evidence, so argmax's lower-index rule decides the lead)."""
+    rng = np.random.default_rng(5)
+    s_clf, s_pat = np.round(rng.normal(size=(2, 60, 9)), 1)
+    theta, probability_theta = np.array([1.2, 0.4, -0.3]), np.array([0.9, 0.6, -0.5])
+    terms = rank_calibration.RankTerms(0.7, 0.2, -0.3, 0.4, 0.1, 0.25, -0.05)
+    top_map = np.array([0.8, 1.1, 0.2])
+    scores, logits = rank_calibration.scores_and_probability_logits(s_clf, s_pat, theta, probability_theta,
+                                                                    terms, top_map)
+    z = theta[0] * s_clf + theta[1] * s_pat + theta[2]
+    np.testing.assert_array_equal(scores, rank_calibration.rank_adjusted_logits(z.copy(), terms))
+    np.testing.assert_array_equal(logits, rank_calibration.calibrated_probability_logits(
+        s_clf, s_pat, theta, probability_theta, terms, top_map))
+    lead = np.argmax(z, axis=1)  # ties to the lower index; the offset r lands on that label only
+    np.testing.assert_allclose(scores[np.arange(60), lead] - z[np.arange(60), lead], terms.offset, atol=1e-12)
+    assert np.count_nonzero(scores != z) == 60

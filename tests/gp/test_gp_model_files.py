@@ -29,3 +29,6 @@ def test_a_saved_model_loads_and_predicts_the_same(settings, data, tmp_path):
         np.testing.assert_array_equal(np.asarray(loaded.parameters_[name]), np.asarray(value))
     np.testing.assert_array_equal(loaded.predict_proba(data.X[:20]), model.predict_proba(data.X[:20]))
     np.testing.assert_array_equal(loaded.decision_function(data.X[:20]), model.decision_function(data.X[:20]))
+    if "inducing.basis_t" in model.parameters_:  # the loaded module reuses the saved X~ X~^T: equal to a recomputed one
+        basis = np.asarray(loaded.parameters_["inducing.basis_t"]).T
+        np.testing.assert_allclose(loaded._module.inducing.basis_gram.numpy(), basis @ basis.T, atol=1e-5)
