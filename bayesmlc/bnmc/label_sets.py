@@ -17,38 +17,59 @@ COUNT_RULES = ("threshold", "count", "expected", "sample")
 THRESHOLD_GRID = np.linspace(0.05, 0.95, 37)
 
 
-def top_counts(scores: np.ndarray, counts: np.ndarray) -> np.ndarray:
-    """0/1 rows with the ``counts[i]`` highest ``scores`` of row i set."""
-    order = np.argsort(-scores, axis=1, kind="stable")
-    ranks = np.empty_like(order)
-    np.put_along_axis(ranks, order, np.arange(scores.shape[1])[None, :].repeat(scores.shape[0], 0), axis=1)
-    return (ranks < counts[:, None]).astype(np.float32)
+def top_counts(scores: np.ndarray, counts: np.ndarray) -> sp.csr_matrix:
+    """0/1 float32 CSR with the ``counts[i]`` (in [1, L]) highest ``scores`` of row i set, ties to the
+    lower index (a stable sort of -scores). Only the entries at or above each row's max(counts)-th
+    largest score are sorted, so the cost is one partition of ``scores`` rather than a full sort."""
+    n, L = scores.shape
+    m = int(counts.max()) if n else 0
+    if m == 0:
+        return sp.csr_matrix((n, L), dtype=np.float32)
+    kth = np.partition(scores, L - m, axis=1)[:, L - m]  # each row's m-th largest score
+    rows, cols = np.nonzero(scores >= kth[:, None])
+    order = np.lexsort((cols, -scores[rows, cols], rows))
+    rows, cols = rows[order], cols[order]
+    rank = np.arange(rows.size) - np.searchsorted(rows, rows)  # position within its row, best first
+    keep = rank < np.asarray(counts)[rows]
+    return sp.csr_matrix((np.ones(int(keep.sum()), dtype=np.float32), (rows[keep], cols[keep])), shape=(n, L))
 
 
-def threshold_rows(proba: np.ndarray, threshold: float) -> np.ndarray:
-    """proba >= threshold, and the most probable label for rows that would otherwise be empty."""
-    pred = (proba >= threshold).astype(np.float32)
-    empty = pred.sum(axis=1) == 0
-    if empty.any():
-        pred[np.flatnonzero(empty), np.argmax(proba[empty], axis=1)] = 1.0
-    return pred
+def threshold_rows(proba: np.ndarray, threshold: float) -> sp.csr_matrix:
+    """0/1 float32 CSR: proba >= threshold, and the most probable label for rows that would otherwise
+    be empty (the first, by index, of tied ones). A float32 ``proba`` is compared, exactly as its
+    float64 values would be, against the smallest float32 >= ``threshold``."""
+    bound = threshold
+    if proba.dtype == np.float32:
+        bound = np.float32(threshold)
+        if float(bound) < threshold:  # (a Python float beside a float32 compares in float32)
+            bound = np.nextafter(bound, np.float32(np.inf))
+    chosen = proba >= bound
+    empty = np.flatnonzero(~chosen.any(axis=1))
+    if empty.size:
+        chosen[empty, np.argmax(proba[empty], axis=1)] = True
+    rows, cols = np.nonzero(chosen)
+    indptr = np.zeros(proba.shape[0] + 1, dtype=np.int64)
+    np.cumsum(np.bincount(rows, minlength=proba.shape[0]), out=indptr[1:])
+    return sp.csr_matrix((np.ones(cols.size, dtype=np.float32), cols, indptr), shape=proba.shape)
 
 
 def rule_predictions(proba: np.ndarray, rule: str, threshold: float, count_mean: float, count_std: float,
-                     rng) -> np.ndarray:
-    """0/1 (b, L) label sets from calibrated probabilities ``proba`` (b, L) by one of :data:`COUNT_RULES`:
+                     rng) -> sp.csr_matrix:
+    """0/1 float32 CSR (b, L) label sets from calibrated probabilities ``proba`` (b, L) by one of :data:`COUNT_RULES`:
     "threshold" (:func:`threshold_rows` at ``threshold``), "count" (the top round(sum_c p_c) labels),
     "expected" (the top round(``count_mean``) labels) or "sample" (eq. 9: T ~ round(N(``count_mean``,
     ``count_std``)), labels ~ Mult(nu, T) with nu the normalised probabilities (eq. 8), drawn from
-    ``rng``). The counts of "count" and "expected" are clipped to [1, L]."""
+    ``rng``). The counts of "count" and "expected" are clipped to [1, L]. Sums are taken in float64
+    whatever ``proba``'s precision."""
     n_labels = proba.shape[1]
     if rule == "threshold":
         return threshold_rows(proba, threshold)
-    if rule == "count":
-        counts = np.clip(np.rint(proba.sum(axis=1)), 1, n_labels).astype(int)
-        return top_counts(proba, counts)
     if rule == "expected":
         counts = np.full(proba.shape[0], int(np.clip(round(count_mean), 1, n_labels)))
+        return top_counts(proba, counts)
+    proba = proba.astype(np.float64, copy=False)
+    if rule == "count":
+        counts = np.clip(np.rint(proba.sum(axis=1)), 1, n_labels).astype(int)
         return top_counts(proba, counts)
     nu = proba / proba.sum(axis=1, keepdims=True)
     pred = np.zeros(proba.shape, dtype=np.float32)
@@ -56,7 +77,7 @@ def rule_predictions(proba: np.ndarray, rule: str, threshold: float, count_mean:
     for i, t in enumerate(np.clip(draws, 0, None).astype(int)):
         if t:
             pred[i, np.flatnonzero(rng.multinomial(t, nu[i]))] = 1.0
-    return pred
+    return sp.csr_matrix(pred)
 
 
 def _set_scorer(Y: np.ndarray, observed: np.ndarray):
@@ -70,8 +91,8 @@ def _set_scorer(Y: np.ndarray, observed: np.ndarray):
     every_entry = bool(observed.all())
     truth = sp.csr_matrix(Y * observed)
 
-    def scores(pred: np.ndarray) -> tuple[float, float]:
-        sets = sp.csr_matrix(pred if every_entry else pred * observed)
+    def scores(pred: sp.csr_matrix) -> tuple[float, float]:
+        sets = pred if every_entry else sp.csr_matrix(pred.multiply(observed))
         return f1_example(truth, sets), exact_match(truth, sets)
 
     return scores

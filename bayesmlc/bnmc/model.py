@@ -465,8 +465,7 @@ class BNMC(HasPresets, MultiLabelEstimator):
     def _rule_labels(self, proba_batches, rule: str, rng) -> sp.csr_matrix:
         """The label sets of ``rule`` (:func:`~bayesmlc.bnmc.label_sets.rule_predictions`) for the rows of
         each batch of calibrated probabilities in turn, stacked as CSR (n, L)."""
-        parts = [sp.csr_matrix(rule_predictions(proba.astype(np.float64), rule, self.threshold_,
-                                                self.label_count_mean_, self.label_count_std_, rng))
+        parts = [rule_predictions(proba, rule, self.threshold_, self.label_count_mean_, self.label_count_std_, rng)
                  for proba in proba_batches]
         return sp.vstack(parts, format="csr") if parts else sp.csr_matrix((0, self.n_labels_), dtype=np.float32)
 

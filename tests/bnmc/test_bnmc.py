@@ -656,7 +656,7 @@ def test_label_set_tuning_matches_a_brute_force_search_with_scikit_learn():
 
     def by_sklearn(pred):
         """(example F1, exact match) on the observed entries: unobserved ones set to 0 in both."""
-        true, guess = (Y * observed).astype(int), (pred * observed).astype(int)
+        true, guess = (Y * observed).astype(int), (pred.toarray() * observed).astype(int)
         return f1_score(true, guess, average="samples", zero_division=1.0), accuracy_score(true, guess)
 
     grid = np.linspace(0.05, 0.95, 37)
@@ -669,6 +669,30 @@ def test_label_set_tuning_matches_a_brute_force_search_with_scikit_learn():
                for rule in ("threshold", "count", "expected")}
     assert choose_count_rule(proba, Y, observed, 0.3, 2.0) == max(quality, key=quality.get)
     # the rules themselves: "expected" keeps round(mean) labels, "count" round(sum p) (at least 1)
-    assert np.all(rule_predictions(proba, "expected", 0.3, 2.4, 0.0, None).sum(axis=1) == 2)
-    counts = rule_predictions(proba, "count", 0.3, 2.0, 0.0, None).sum(axis=1)
+    assert np.all(rule_predictions(proba, "expected", 0.3, 2.4, 0.0, None).getnnz(axis=1) == 2)
+    counts = rule_predictions(proba, "count", 0.3, 2.0, 0.0, None).getnnz(axis=1)
     np.testing.assert_array_equal(counts, np.clip(np.rint(proba.sum(axis=1)), 1, 7))
+
+
+def test_label_set_rules_match_a_full_stable_sort_and_float64_thresholds():
+    """``top_counts`` (a partition, then a sort of the entries at the boundary and above) sets the same
+    labels as a stable argsort of -scores, ties included; ``threshold_rows`` on float32 probabilities
+    sets the same labels as on their float64 values, thresholds that float32 cannot hold included."""
+    from bayesmlc.bnmc.label_sets import threshold_rows, top_counts
+
+    rng = np.random.default_rng(11)
+    scores = np.round(rng.random((300, 40)), 1).astype(np.float32)  # many ties, some at every boundary
+    counts = rng.integers(1, 41, size=300)
+    order = np.argsort(-scores, axis=1, kind="stable")
+    expected = np.zeros(scores.shape, dtype=np.float32)
+    for i in range(300):
+        expected[i, order[i, :counts[i]]] = 1.0
+    np.testing.assert_array_equal(top_counts(scores, counts).toarray(), expected)
+    proba = rng.random((200, 30)).astype(np.float32) ** 3
+    proba[:, 0] = np.float32(0.3)  # just above 0.3 in float64: kept at 0.3, not at nextafter(0.3)
+    proba[:, 1] = np.float32(0.95)  # just below 0.95 in float64: dropped at 0.95 (unless the row's best)
+    for threshold in (0.3, float(np.nextafter(np.float32(0.3), np.float32(1))), 0.95, 0.6, 0.99999):
+        by_float64 = proba.astype(np.float64) >= threshold
+        empty = ~by_float64.any(axis=1)
+        by_float64[np.flatnonzero(empty), np.argmax(proba[empty], axis=1)] = True
+        np.testing.assert_array_equal(threshold_rows(proba, threshold).toarray(), by_float64)
