@@ -2,18 +2,21 @@
 (per row), exact Mann-Whitney statistics with ties counting one half; dense scores only.
 
 Each AUC is computed from its groups' rank sums (:func:`_rank_sums`), in exact integers: the micro
-AUC's from one sort of a copy of the scores, the macro and instance AUCs' by compiled kernels that
+AUC's from a sort of a copy of the scores, the macro and instance AUCs' by compiled kernels that
 compare each positive score with the scores of its label or row.
 """
 
 from __future__ import annotations
 
+import contextlib
+from concurrent.futures import ThreadPoolExecutor
 from typing import NamedTuple
 
 import numpy as np
 import scipy.sparse as sp
 
 from ..exceptions import ValidationError
+from ..threads import enclosing_threads
 from ._checks import _check_dense, _check_mask, _check_y_true, _entry_rows, _kernel_array, _restrict, _undefined
 from ._kernels import label_rank_sums, row_rank_sums
 
@@ -47,13 +50,22 @@ def _grouped(values: np.ndarray, group: np.ndarray, n_groups: int):
     return values[np.argsort(group, kind="stable")], np.concatenate(([0], np.cumsum(sizes))).astype(np.int64)
 
 
-def _micro_rank_sum(observed: np.ndarray, positive_values: np.ndarray) -> int:
-    """The micro group's rank sum from a copy of every observed score (sorted here, in place): each
-    positive located in it by binary search."""
-    observed.sort()
+def _micro_rank_sum(observed: np.ndarray, positive_values: np.ndarray, pool=None) -> int:
+    """The micro group's rank sum from a copy of every observed score (sorted here, in place, in two
+    halves on ``pool``'s threads when given): each positive located in each sorted part by binary
+    search, the counts below it summed over the parts."""
     needles = np.sort(positive_values)  # ascending needles: each search starts where the last ended
-    total = np.searchsorted(observed, needles, side="left").sum(dtype=np.int64)
-    return int(total + np.searchsorted(observed, needles, side="right").sum(dtype=np.int64))
+
+    def below_and_at(part: np.ndarray) -> int:
+        part.sort()
+        return int(np.searchsorted(part, needles, side="left").sum(dtype=np.int64)
+                   + np.searchsorted(part, needles, side="right").sum(dtype=np.int64))
+
+    if pool is None:
+        return below_and_at(observed)
+    first, second = np.array_split(observed, 2)
+    second_part = pool.submit(below_and_at, second)
+    return below_and_at(first) + second_part.result()
 
 
 #: the macro AUC's tiles of scores: at most this many rows, and about _TILE_ENTRIES entries
@@ -63,10 +75,10 @@ _TILE_ROWS, _TILE_ENTRIES = 1 << 14, 1 << 16
 def _rank_sums(Y: sp.csr_matrix, scores: np.ndarray, mask: sp.csr_matrix | None, micro=True, macro=True,
                instance=True) -> RankSums:
     """The :class:`RankSums` of the checked ``Y`` (CSR), finite ``scores`` (n, L) and ``mask`` (CSR or
-    None), in exact int64 counts: the macro ones by the compiled
-    :func:`~bayesmlc.metrics._kernels.label_rank_sums` (a tile of scores at a time), the instance
-    ones by :func:`~bayesmlc.metrics._kernels.row_rank_sums`, which also copies the observed scores
-    for the micro one's sort."""
+    None), in exact int64 counts: the macro ones by :func:`_macro_sums`, the instance ones by the
+    compiled :func:`~bayesmlc.metrics._kernels.row_rank_sums`, which also copies the observed scores
+    for the micro one's sort (:func:`_micro_rank_sum`). On large inputs the macro sums and half of
+    the sort run on helper threads (:func:`_helper_threads`)."""
     n, n_labels = Y.shape
     scores = _kernel_array(scores)
     positives = _restrict(Y, mask)
@@ -80,25 +92,56 @@ def _rank_sums(Y: sp.csr_matrix, scores: np.ndarray, mask: sp.csr_matrix | None,
             mask = mask.sorted_indices()
         observed_ptr, observed_columns = mask.indptr.astype(np.int64), mask.indices.astype(np.int64)
         label_observed, row_observed = np.bincount(mask.indices, minlength=n_labels), np.diff(mask.indptr)
-    sums = RankSums(None, None, None)
-    if macro:
-        label_values, label_ptr = _grouped(values, positives.indices, n_labels)
-        label_sums = np.zeros(n_labels, dtype=np.int64)
-        tile_rows = min(n, _TILE_ROWS)
-        label_rank_sums(scores, observed_ptr, observed_columns, mask is not None, label_ptr, label_values, tile_rows,
-                        max(1, min(n_labels, _TILE_ENTRIES // tile_rows)), label_sums)
-        sums = sums._replace(macro=(label_sums.astype(np.float64), np.diff(label_ptr), label_observed))
-    if micro or instance:  # one pass over the rows: the instance sums, and the copy the micro AUC sorts
-        row_sums = np.zeros(n, dtype=np.int64)
-        observed = np.empty(int(row_observed.sum() if micro else row_observed.max()), dtype=scores.dtype)
-        row_ptr = positives.indptr.astype(np.int64) if instance else np.zeros(n + 1, dtype=np.int64)
-        row_rank_sums(scores, observed_ptr, observed_columns, mask is not None, row_ptr, values, row_sums, observed,
-                      micro)
-        if instance:  # CSR order: each row's positives in one run
-            sums = sums._replace(instance=(row_sums.astype(np.float64), np.diff(positives.indptr), row_observed))
-        if micro:
-            sums = sums._replace(micro=(_micro_rank_sum(observed, values), positives.nnz, observed.size))
+    with _helper_threads(scores.size) as pool:
+        macro_sums = pool.submit(_macro_sums, scores, observed_ptr, observed_columns, mask, positives, values,
+                                 label_observed) if macro and pool else None
+        sums = RankSums(None, None, None)
+        if macro and not pool:
+            sums = sums._replace(macro=_macro_sums(scores, observed_ptr, observed_columns, mask, positives, values,
+                                                   label_observed))
+        if micro or instance:  # one pass over the rows: the instance sums, and the copy the micro AUC sorts
+            row_sums = np.zeros(n, dtype=np.int64)
+            observed = np.empty(int(row_observed.sum() if micro else row_observed.max()), dtype=scores.dtype)
+            row_ptr = positives.indptr.astype(np.int64) if instance else np.zeros(n + 1, dtype=np.int64)
+            row_rank_sums(scores, observed_ptr, observed_columns, mask is not None, row_ptr, values, row_sums,
+                          observed, micro)
+            if instance:  # CSR order: each row's positives in one run
+                sums = sums._replace(instance=(row_sums.astype(np.float64), np.diff(positives.indptr), row_observed))
+            if micro:
+                sums = sums._replace(micro=(_micro_rank_sum(observed, values, pool), positives.nnz, observed.size))
+        if macro_sums is not None:
+            sums = sums._replace(macro=macro_sums.result())
     return sums
+
+
+def _macro_sums(scores, observed_ptr, observed_columns, mask, positives, values, label_observed) -> tuple:
+    """:class:`RankSums`'s ``macro`` entry, by the compiled
+    :func:`~bayesmlc.metrics._kernels.label_rank_sums` (a tile of scores at a time)."""
+    n, n_labels = scores.shape
+    label_values, label_ptr = _grouped(values, positives.indices, n_labels)
+    label_sums = np.zeros(n_labels, dtype=np.int64)
+    tile_rows = min(n, _TILE_ROWS)
+    label_rank_sums(scores, observed_ptr, observed_columns, mask is not None, label_ptr, label_values, tile_rows,
+                    max(1, min(n_labels, _TILE_ENTRIES // tile_rows)), label_sums)
+    return label_sums.astype(np.float64), np.diff(label_ptr), label_observed
+
+
+#: scores from which :func:`_rank_sums` shares its work with a second thread (when the enclosing
+#: :func:`bayesmlc.threads.use_threads` block allows two or more)
+PARALLEL_MIN_SCORES = 1 << 20
+
+
+@contextlib.contextmanager
+def _helper_threads(n_scores: int):
+    """A pool of two threads for :func:`_rank_sums`'s parts (the compiled kernels and NumPy's sort
+    release the GIL) when there are at least :data:`PARALLEL_MIN_SCORES` scores and the enclosing
+    thread count is two or more; else None (everything on the calling thread). The sums are exact
+    integers, so the result does not depend on the split."""
+    if n_scores < PARALLEL_MIN_SCORES or (enclosing_threads() or 1) < 2:
+        yield None
+        return
+    with ThreadPoolExecutor(2, thread_name_prefix="bayesmlc-auc") as pool:
+        yield pool
 
 
 def auc_micro(Y_true, scores, label_mask=None) -> float:

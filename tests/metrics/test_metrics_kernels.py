@@ -189,3 +189,28 @@ def test_a_probability_outside_the_unit_interval_is_refused(bad, message):
         M.expected_calibration_error(Y, proba)
     with pytest.raises(ValidationError, match=f"proba.*{message}"):
         M.evaluate(Y, scores=np.zeros((4, 5)), proba=proba)
+
+
+@pytest.mark.parametrize("masked", [False, True])
+def test_rank_sums_on_helper_threads_equal_the_serial_ones_and_scikit_learn(masked, monkeypatch):
+    """With two threads allowed, the macro sums and half of the micro sort run on helper threads (the
+    micro rank sum then adds the counts of two separately sorted halves): the same integers as on one
+    thread, and scikit-learn's micro AUC."""
+    from bayesmlc.threads import use_threads
+
+    dense_y, scores = tied_problem(4, n=70, n_labels=23, density=0.25)
+    observed = np.random.default_rng(4).random(scores.shape) < (0.7 if masked else 1.1)
+    Y, mask = sp.csr_matrix(dense_y), sp.csr_matrix(observed.astype(np.float32)) if masked else None
+    serial = auc._rank_sums(Y, scores, mask)
+    monkeypatch.setattr(auc, "PARALLEL_MIN_SCORES", 1)
+    with use_threads(2):
+        with auc._helper_threads(scores.size) as pool:
+            assert pool is not None
+        shared = auc._rank_sums(Y, scores, mask)
+    assert shared.micro == serial.micro
+    for kind in ("macro", "instance"):
+        for ours, theirs in zip(getattr(shared, kind), getattr(serial, kind)):
+            np.testing.assert_array_equal(ours, theirs)
+    with use_threads(2):
+        assert M.auc_micro(Y, scores, mask) == pytest.approx(
+            skm.roc_auc_score(dense_y[observed], scores[observed]), abs=1e-12)
