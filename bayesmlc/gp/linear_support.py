@@ -133,20 +133,26 @@ def _support_gradient(colptr, rows, values, support, grad_out, grad, start, stop
 
 
 @numba.njit(cache=True, nogil=True)
-def _pair_values(indptr, indices, data, pair_rows, pair_labels, support, out):
-    """out[e, s] = x_{pair_rows[e], support[pair_labels[e], s]} (0 where not stored), from a CSR with
-    sorted column indices."""
-    for e in range(pair_rows.size):
-        lo, hi = indptr[pair_rows[e]], indptr[pair_rows[e] + 1]
-        q = pair_labels[e]
-        for s in range(support.shape[1]):
-            j = support[q, s]
-            out[e, s] = 0.0
-            if j < 0:
-                continue
-            k = lo + np.searchsorted(indices[lo:hi], j)
-            if k < hi and indices[k] == j:
-                out[e, s] = data[k]
+def _pair_values(indptr, indices, data, n_columns, pair_rows, pair_labels, support, out):
+    """out[e, s] = x_{pair_rows[e], support[pair_labels[e], s]} (0 where not stored), from a CSR of
+    ``n_columns`` columns (the support's columns lie below it). Each
+    run of equal ``pair_rows`` (a row's positives, which come together) scatters its row into a dense
+    scratch once and reads the K columns of each of its labels from it: O(nnz of the rows + E K)."""
+    scratch = np.zeros(n_columns, dtype=out.dtype)
+    e, n_pairs = 0, pair_rows.size
+    while e < n_pairs:
+        row = pair_rows[e]
+        lo, hi = indptr[row], indptr[row + 1]
+        for p in range(lo, hi):
+            scratch[indices[p]] = data[p]
+        while e < n_pairs and pair_rows[e] == row:
+            q = pair_labels[e]
+            for s in range(support.shape[1]):
+                j = support[q, s]
+                out[e, s] = scratch[j] if j >= 0 else 0.0
+            e += 1
+        for p in range(lo, hi):
+            scratch[indices[p]] = 0.0
 
 
 def _label_blocks(n_labels: int, work) -> None:
@@ -221,8 +227,8 @@ class SupportBlock:
     def positive_utilities(self) -> torch.Tensor:
         """w_l^T x_i for the positive entries: (E,)."""
         values = np.empty((self.positive_rows.size, self.support.shape[1]), dtype=np.float64)
-        _pair_values(self.X.indptr, self.X.indices, self.X.data.astype(np.float64, copy=False), self.positive_rows,
-                     self.positive_positions, self.support, values)
+        _pair_values(self.X.indptr, self.X.indices, self.X.data.astype(np.float64, copy=False), self.X.shape[1],
+                     self.positive_rows, self.positive_positions, self.support, values)
         device = self.weight.device
         values_t = torch.as_tensor(values, dtype=self.weight.dtype, device=device)
         return (self.weight[torch.as_tensor(self.positive_positions, device=device)] * values_t).sum(-1)

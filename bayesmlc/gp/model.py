@@ -174,8 +174,8 @@ class MLGPF(HasPresets, MultiLabelEstimator):
     parameters_ : dict of name -> tensor, the fitted parameters.
     jitter_ : float, relative jitter the last factorisation needed.
     history_ : per-epoch lists: ``epoch``, ``wall_time``, ``objective`` (mean minibatch ELBO estimate),
-        ``kl``, ``batch_size``, ``jitter``, ``train_P@1`` (running, on the first
-        ``TRAIN_SCORE_ENTRIES // L`` rows of each batch), ``val_P@1/3/5`` (NaN when not evaluated).
+        ``kl``, ``batch_size``, ``jitter``, ``train_P@1`` (running, on the first ``TRAIN_SCORE_ENTRIES`` x
+        steps // L rows of each epoch's first batch), ``val_P@1/3/5`` (NaN when not evaluated).
     step_history_ : per-step lists ``step``, ``wall_time``, ``elbo``.
     """
 

@@ -88,6 +88,22 @@ def test_products_equal_the_dense_algebra_and_pass_gradcheck():
     assert torch.autograd.gradcheck(utilities, (start,), eps=1e-6, atol=1e-7)
 
 
+def test_pair_values_read_each_pair_from_its_row_in_any_row_order():
+    from bayesmlc.gp.linear_support import _pair_values
+
+    X, _ = _problem(n=20, D=15, seed=4)
+    rng = np.random.default_rng(5)
+    support = np.sort(rng.choice(15, size=(6, 5)), axis=1)  # repeated columns allowed
+    support[2, 3:] = -1
+    pair_rows = np.array([3, 3, 0, 7, 3, 19, 19, 0])  # runs of a row, and a row met again later
+    pair_labels = np.array([0, 2, 1, 5, 4, 2, 3, 0])
+    out = np.full((pair_rows.size, 5), np.nan)
+    _pair_values(X.indptr, X.indices, X.data, X.shape[1], pair_rows, pair_labels, support, out)
+    dense = X.toarray()
+    expected = np.where(support[pair_labels] >= 0, dense[pair_rows[:, None], support[pair_labels]], 0.0)
+    assert np.array_equal(out, expected)
+
+
 def test_prior_gradient_estimate_is_unbiased_over_every_label_draw():
     X, Y = _problem(n=9, L=5, seed=4)
     term = _term(X, Y, K=4, seed=5)
