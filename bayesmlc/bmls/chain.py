@@ -101,6 +101,10 @@ class GibbsChain:
     capacity : int, the most draws :attr:`draws` keeps (:func:`~bayesmlc.bmls.schedule.draw_capacity`).
     validation : None or (X' CSR float64, positive rows, positive columns) of held-out rows, whose
         log-likelihood is recorded after every sweep.
+    sweep : None, or a callable ``sweep(state, recompute_theta, timings)`` that runs one sweep in
+        place and returns the training log-likelihood, in place of :func:`~bayesmlc.bmls.gibbs.gibbs_sweep`
+        (a data-parallel fit's :class:`~bayesmlc.bmls.distributed_gibbs.ShardedSweep`).
+    show_progress : bool, whether ``verbose`` shows a progress bar here (one process of several: rank 0 only).
 
     Attributes
     ----------
@@ -109,8 +113,9 @@ class GibbsChain:
     """
 
     def __init__(self, settings, data: SweepData, state, rng: np.random.Generator, schedule: Schedule, capacity: int,
-                 validation=None):
+                 validation=None, sweep=None, show_progress: bool = True):
         self.settings, self.data, self.state, self.rng = settings, data, state, rng
+        self.sweep_step, self.show_progress = sweep, show_progress
         self.schedule, self.validation = schedule, validation
         n_features_bias, n_topics = state.h.shape
         self.moments = PosteriorMoments(data.n_labels, n_features_bias, n_topics)
@@ -127,7 +132,7 @@ class GibbsChain:
             history[key] = []
         schedule, moments, state = self.schedule, self.moments, self.state
         progress = None
-        if self.settings.verbose:
+        if self.settings.verbose and self.show_progress:
             from tqdm.auto import tqdm
 
             progress = tqdm(total=schedule.total, desc="BMLS Gibbs", unit="sweep")
@@ -158,11 +163,14 @@ class GibbsChain:
         """One Gibbs sweep (eqs. (22)-(26)), recorded in ``history``; returns the training log-likelihood."""
         settings, state = self.settings, self.state
         tic = time.perf_counter()
-        log_lik = gibbs_sweep(
-            self.data, state, self.rng, float(settings.mu0), float(settings.nu0), bool(settings.sample_beta0),
-            recompute_theta=self.sweeps % int(settings.recompute_theta_every) == 0, phi_step=settings.phi_step,
-            timings=self.timings,
-        )
+        recompute_theta = self.sweeps % int(settings.recompute_theta_every) == 0
+        if self.sweep_step is not None:
+            log_lik = self.sweep_step(state, recompute_theta, self.timings)
+        else:
+            log_lik = gibbs_sweep(
+                self.data, state, self.rng, float(settings.mu0), float(settings.nu0), bool(settings.sample_beta0),
+                recompute_theta=recompute_theta, phi_step=settings.phi_step, timings=self.timings,
+            )
         heldout = np.nan
         if self.validation is not None:
             heldout = heldout_log_likelihood(*self.validation, state.phi, state.h)

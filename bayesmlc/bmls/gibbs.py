@@ -60,6 +60,8 @@ __all__ = [
     "gibbs_sweep",
     "heldout_log_likelihood",
     "init_state",
+    "sample_topic_parameters",
+    "unobserved_tokens_from_mass",
 ]
 
 HYPER_SHAPE = 1.0  # gamma0 ~ Gamma(1, 1), c0 ~ Gamma(1, 1) (authors' code)
@@ -275,8 +277,15 @@ def sample_unobserved_label_tokens(data: SweepData, state: SamplerState, rng) ->
     """Data augmentation for missing labels: Z^u_lk ~ Poisson(phi_lk W^u_lk), W^u_lk = sum of theta_kn
     over the instances n where label l is unobserved. (L, K) int64."""
     observed_mass = np.asarray(data.mask_obs_t @ state.theta)  # (L, K): sum over observed instances
-    unobserved_mass = np.maximum(state.theta.sum(axis=0)[None, :] - observed_mass, 0.0)
-    return rng.poisson(state.phi * unobserved_mass)
+    return unobserved_tokens_from_mass(state.phi, observed_mass, state.theta.sum(axis=0), rng)
+
+
+def unobserved_tokens_from_mass(phi: np.ndarray, observed_mass: np.ndarray, theta_total: np.ndarray, rng) -> np.ndarray:
+    """Z^u_lk ~ Poisson(phi_lk W^u_lk) with W^u_lk = ``theta_total``_k - ``observed_mass``_lk (clipped at
+    0): the sum of theta_kn over all instances less its sum over those where l is observed. Both are
+    sums over rows, so over row shards they are all-reduced and the draw is the one-process one."""
+    unobserved_mass = np.maximum(theta_total[None, :] - observed_mass, 0.0)
+    return rng.poisson(phi * unobserved_mass)
 
 
 def sample_beta0(label_topic_counts: np.ndarray, beta0: float, rng) -> float:
@@ -341,6 +350,36 @@ def sample_cooccurrence_hyper(state: SamplerState, endpoint: np.ndarray, rng, di
     state.c0 = float(rng.gamma(HYPER_SHAPE + state.gamma0) / (HYPER_RATE + state.r.sum()))
 
 
+def sample_topic_parameters(data: SweepData, state: SamplerState, label_topic: np.ndarray, rng, sample_beta0_flag: bool,
+                            phi_step: str, timings: Optional[dict], tic: float) -> float:
+    """The sweep's steps on the shared topic parameters, in place, given the label tokens per (label,
+    topic) ``label_topic`` (L, K) of all rows: co-occurrence tokens (eqs. (17)-(18)) -> beta0 (phi
+    collapsed, optional) -> phi (eqs. (24)/(26)) -> lambda, gamma0, f0. Every draw reads only
+    ``label_topic``, the co-occurrence triples and the shared state, so processes that share ``rng``
+    and ``label_topic`` draw the same values. Returns the clock for :func:`_lap`."""
+    endpoint = None
+    if data.uses_cooccurrence:
+        uniforms = rng.random(int(data.pair_counts.sum()))
+        endpoint = allocate_pair_tokens(data.pair_first, data.pair_second, data.pair_counts, state.phi, state.r, uniforms)
+        label_topic = label_topic + endpoint
+    tic = _lap(timings, "cooccurrence", tic)
+    if sample_beta0_flag:
+        state.beta0 = sample_beta0(label_topic, state.beta0, rng)
+    if endpoint is not None and phi_step == "metropolis":
+        # eq. (26) as a proposal, corrected for the exposure of eq. (25) (exact)
+        state.phi, accepted = sample_phi_metropolis(
+            state.beta0 + label_topic, state.phi, state.r, data.pair_diagonal, rng
+        )
+        state.phi_acceptance = float(accepted.mean())
+    else:
+        # eq. (24) / (26): phi_k ~ Dir(beta0 + z_{l.k} (+ c_{l.k})); with C this drops the exposure
+        state.phi = dirichlet_columns(state.beta0 + label_topic, rng)
+    tic = _lap(timings, "labels", tic)
+    if endpoint is not None:
+        sample_cooccurrence_hyper(state, endpoint, rng, data.pair_diagonal)
+    return _lap(timings, "cooccurrence", tic)
+
+
 def gibbs_sweep(
     data: SweepData,
     state: SamplerState,
@@ -371,27 +410,7 @@ def gibbs_sweep(
     if data.mask_obs is not None:
         label_topic = label_topic + sample_unobserved_label_tokens(data, state, rng)
     tic = _lap(timings, "labels", tic)
-    endpoint = None
-    if data.uses_cooccurrence:
-        uniforms = rng.random(int(data.pair_counts.sum()))
-        endpoint = allocate_pair_tokens(data.pair_first, data.pair_second, data.pair_counts, state.phi, state.r, uniforms)
-        label_topic = label_topic + endpoint
-    tic = _lap(timings, "cooccurrence", tic)
-    if sample_beta0_flag:
-        state.beta0 = sample_beta0(label_topic, state.beta0, rng)
-    if endpoint is not None and phi_step == "metropolis":
-        # eq. (26) as a proposal, corrected for the exposure of eq. (25) (exact)
-        state.phi, accepted = sample_phi_metropolis(
-            state.beta0 + label_topic, state.phi, state.r, data.pair_diagonal, rng
-        )
-        state.phi_acceptance = float(accepted.mean())
-    else:
-        # eq. (24) / (26): phi_k ~ Dir(beta0 + z_{l.k} (+ c_{l.k})); with C this drops the exposure
-        state.phi = dirichlet_columns(state.beta0 + label_topic, rng)
-    tic = _lap(timings, "labels", tic)
-    if endpoint is not None:
-        sample_cooccurrence_hyper(state, endpoint, rng, data.pair_diagonal)
-    tic = _lap(timings, "cooccurrence", tic)
+    tic = sample_topic_parameters(data, state, label_topic, rng, sample_beta0_flag, phi_step, timings, tic)
 
     exposure = exposure_matrix(data, state.phi)
     add_feature_token_counts(data.x_csr_indptr, data.x_csr_indices, tokens_nk, state.shape_counts)

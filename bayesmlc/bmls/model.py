@@ -18,6 +18,7 @@ from ..preprocessing import resolve_standardize
 from ..presets import HasPresets
 from ..utils import iter_batches, logit, numpy_rng, resolve_device
 from .chain import GibbsChain
+from .distributed_gibbs import fit_sharded
 from .gibbs import SweepData, init_state
 from .state_checks import BMLS_FIELDS
 from .schedule import AUTO_MIN_PREDICTIVE_DRAWS, AUTO_WINDOW, Schedule, draw_capacity
@@ -362,10 +363,22 @@ class BMLS(HasPresets, MultiLabelEstimator):
         return _pairs_from_matrix(matrix, Y.shape[1], diagonal=bool(self.cooccurrence_diagonal))
 
     # ---- training -----------------------------------------------------------------------------
-    def _fit(self, X, Y, label_mask, **fit_params):
+    def _fit(self, X, Y, label_mask, parallel=None, **fit_params):
+        """``parallel``: a :mod:`bayesmlc.distributed` strategy; None (or one process) runs the chain
+        here. Under ``DataParallel`` every process passes the same settings and its shard of the rows
+        (or the whole data set, of which it keeps its shard) and runs data-parallel Gibbs
+        (:func:`bayesmlc.bmls.distributed_gibbs.fit_sharded`): every process ends with the same model."""
         if fit_params:
             raise ValidationError(f"BMLS.fit takes no extra arguments, got {sorted(fit_params)}")
         resolve_device(self.device)  # checks the setting before the work starts
+        if parallel is not None and parallel.world_size > 1:
+            try:
+                fit_sharded(self, X, Y, label_mask, parallel)
+            except Exception as exc:
+                parallel.sync_failure(exc)  # the other processes raise RankFailedError naming this one
+                raise
+            parallel.sync_failure(None)
+            return self
         auto = self.schedule == "auto"
         if auto and self.validation_fraction is not None and label_mask is not None:
             raise ValidationError("validation_fraction cannot be combined with label_mask")

@@ -58,14 +58,16 @@ def window_gain(series) -> float:
     return float((last - previous) / max(abs(last), np.finfo(float).tiny))
 
 
-def auto_sweeps(max_sweeps, X_bias: sp.csr_matrix, n_topics: int, n_labels: int = 0, n_positives: int = 0) -> int:
+def auto_sweeps(max_sweeps, X_bias: sp.csr_matrix, n_topics: int, n_labels: int = 0, n_positives: int = 0,
+                n_entries: int | None = None) -> int:
     """The ``"auto"`` schedule's most sweeps: ``max_sweeps``, or for ``"auto"`` the sweeps that
     AUTO_BUDGET_SECONDS buy by the cost model above on the training features ``X_bias`` (with the bias
     column), ``n_topics`` topics, ``n_labels`` labels and ``n_positives`` observed positive label entries,
-    within AUTO_SWEEP_RANGE."""
+    within AUTO_SWEEP_RANGE. ``n_entries``: nnz(X') when ``X_bias`` holds only some of the rows (one
+    process of a data-parallel fit; the budget is that of the whole data)."""
     if max_sweeps != "auto":
         return int(max_sweeps)
-    per_topic = (SECONDS_PER_ENTRY * X_bias.nnz + SECONDS_PER_FEATURE * X_bias.shape[1]
+    per_topic = (SECONDS_PER_ENTRY * (X_bias.nnz if n_entries is None else int(n_entries)) + SECONDS_PER_FEATURE * X_bias.shape[1]
                  + SECONDS_PER_LABEL * int(n_labels) + SECONDS_PER_POSITIVE * int(n_positives))
     low, high = AUTO_SWEEP_RANGE
     return int(np.clip(AUTO_BUDGET_SECONDS // max(n_topics * per_topic, 1e-12), low, high))
@@ -91,7 +93,9 @@ class Schedule:
     auto : bool; total : int, the most sweeps; burnin_end : int or None, the last burn-in sweep (None
     while an ``"auto"`` burn-in runs); trace : dict of lists, the ``"auto"`` rules at each window end
     (``"window_end"``, ``"burnin_gain"``, ``"heldout_gain"``, ``"predictive_change"``), as
-    ``BMLS.schedule_trace_``.
+    ``BMLS.schedule_trace_``; reduce : None, or in a data-parallel fit the strategy's sum over
+    processes, through which the collection rule's mean over the training positives runs (set after
+    construction).
     """
 
     def __init__(self, auto: bool, total: int, burnin_end: int | None, thin: int = 1, plateau_tol: float = 0.0,
@@ -100,15 +104,16 @@ class Schedule:
         self.plateau_tol, self.predictive_tol, self.validating = float(plateau_tol), float(predictive_tol), validating
         self.trace = {"window_end": [], "burnin_gain": [], "heldout_gain": [], "predictive_change": []}
         self._previous_rates = None
+        self.reduce = None
 
     @classmethod
     def of(cls, settings, X_bias: sp.csr_matrix, n_topics: int, validating: bool, n_labels: int = 0,
-           n_positives: int = 0) -> "Schedule":
+           n_positives: int = 0, n_entries: int | None = None) -> "Schedule":
         """The schedule of the BMLS ``settings`` for training features ``X_bias``, ``n_topics`` topics,
-        ``n_labels`` labels and ``n_positives`` observed positives; ``validating``: a held-out
-        log-likelihood is recorded and must plateau too."""
+        ``n_labels`` labels and ``n_positives`` observed positives (``n_entries``: nnz(X') of all rows,
+        see :func:`auto_sweeps`); ``validating``: a held-out log-likelihood is recorded and must plateau too."""
         if settings.schedule == "auto":
-            total = auto_sweeps(settings.max_sweeps, X_bias, n_topics, n_labels, n_positives)
+            total = auto_sweeps(settings.max_sweeps, X_bias, n_topics, n_labels, n_positives, n_entries)
             return cls(True, total, None, 1, settings.plateau_tol, settings.predictive_tol, validating)
         n_burnin = int(settings.n_burnin)
         return cls(False, n_burnin + int(settings.n_draws) * int(settings.thin), n_burnin, int(settings.thin))
@@ -145,6 +150,14 @@ class Schedule:
         trace["heldout_gain"].append(np.nan)
         rates = moments.rates_at(data)
         previous, self._previous_rates = self._previous_rates, rates
-        change = np.nan if previous is None else float(np.mean(np.abs(np.log(rates / previous))))
+        change = np.nan if previous is None else self._mean_absolute(np.log(rates / previous))
         trace["predictive_change"].append(change)
         return moments.count >= 3 * AUTO_WINDOW and change < self.predictive_tol
+
+    def _mean_absolute(self, values: np.ndarray) -> float:
+        """mean |values| over the training positives: of this process's in one process, of all
+        processes' through ``reduce`` (their sum and count)."""
+        if self.reduce is None:
+            return float(np.mean(np.abs(values)))
+        total, count = self.reduce(np.array([np.sum(np.abs(values)), values.size], dtype=np.float64))
+        return float(total / max(count, 1.0))
