@@ -25,7 +25,7 @@ from ..utils import iter_batches, sigmoid
 from .classifiers import Design, LowRankDesign, SGDClassifier, choose_low_rank, choose_solver, gibbs_classifier
 from .label_sets import choose_count_rule, choose_threshold
 from .labels import ObservedEntries
-from .lowrank_fit import label_blocks, sampled_rows, variational_logistic
+from .lowrank_fit import variational_logistic
 from .rank_calibration import (
     TOP_LABEL_IDENTITY, bernoulli_log_likelihood, fit_calibration, fit_top_label_map, top_positions,
 )
@@ -45,11 +45,6 @@ __all__ = [
 #: VALIDATION_ENTRIES / L rows.
 BLOCK_ENTRIES = 2**22
 VALIDATION_ENTRIES = 2**22
-#: The variational logistic classifiers of the ``lowrank`` solver fit each block of labels on the rows
-#: with a positive among its labels and this many of the other rows, sampled and weighted
-#: (:func:`~bayesmlc.bnmc.lowrank_fit.sampled_rows`), when the fitted rows exceed twice as many and
-#: the fit runs in one process; 0: every row.
-NEGATIVE_SAMPLE_ROWS = 0
 #: Online SGD keeps two (D+1) x L float64 weight matrices; above this many weights per matrix it
 #: works on the shared low-rank representation instead.
 SGD_DENSE_WEIGHTS = 2e7
@@ -377,9 +372,8 @@ class ClassifierFitter:
         low-rank design, label block by label block, so no dense (rows x L) array is formed: blocks of
         at most BLOCK_ENTRIES / n_rows labels (``rows``: this process's rows of the ``n_rows`` fitted).
         A label with no positive there is not fitted (:func:`absent_label_weights`). The variational
-        logistic classifiers (the default) are fitted by :func:`~bayesmlc.bnmc.lowrank_fit.variational_logistic`,
-        in one process on sampled negatives where the rows exceed twice ``NEGATIVE_SAMPLE_ROWS``
-        (:meth:`_sampled_blocks`). Returns what :func:`gibbs_classifier` returns, for all labels (the
+        logistic classifiers (the default) are fitted by
+        :func:`~bayesmlc.bnmc.lowrank_fit.variational_logistic`. Returns what :func:`gibbs_classifier` returns, for all labels (the
         trace: that of the labels fitted)."""
         model = self.model
         Y_rows = self.Y[rows].tocsc()
@@ -401,35 +395,15 @@ class ClassifierFitter:
                     variances[:, labels] = block_var
                 trace = trace + np.asarray(block_trace)
             return means, variances, list(trace)
-        sample = NEGATIVE_SAMPLE_ROWS if self.reduce is None and n_rows > 2 * NEGATIVE_SAMPLE_ROWS else 0
-        blocks = (self._sampled_blocks(design, Y_rows, rows, fitted, counts, sample, rng) if sample else
-                  ((fitted[start:start + width], design, np.arange(rows.size), None)
-                   for start in range(0, fitted.size, width)))
-        for labels, block_design, block_rows, row_weights in blocks:
-            observed_block = self.entries.block(rows[block_rows], labels)
-            if row_weights is not None:
-                observed_block *= row_weights[:, None]
-            Y_block = Y_rows[:, labels].tocsr()[block_rows].toarray()
+        for start in range(0, fitted.size, width):
+            labels = fitted[start:start + width]
             block_means, variances[:, labels], block_trace = variational_logistic(
-                block_design, torch.from_numpy(Y_block.astype(np.float32)),
-                torch.from_numpy(observed_block.astype(np.float32)), prior, n_iter, n_keep,
+                design, torch.from_numpy(Y_rows[:, labels].toarray().astype(np.float32)),
+                torch.from_numpy(self.entries.block(rows, labels).astype(np.float32)), prior, n_iter, n_keep,
                 None if init is None else init[:, labels], n_mode_steps)
             means[:, :, labels] = block_means
             trace = trace + np.asarray(block_trace)
         return means, variances, list(trace)
-
-    def _sampled_blocks(self, design, Y_rows, rows, fitted, counts, sample, rng):
-        """Label blocks of the ``fitted`` labels with sampled negatives: labels in order of decreasing
-        positive ``counts``, grouped so that a block's positives add up to about ``sample``
-        (:func:`~bayesmlc.bnmc.lowrank_fit.label_blocks`), each fitted on the rows with a positive among
-        its labels and ``sample`` other rows (:func:`~bayesmlc.bnmc.lowrank_fit.sampled_rows`). Yields
-        (labels, the block's design, its rows (positions in ``rows``), their likelihood weights)."""
-        for block in label_blocks(counts[fitted], sample, max(1, BLOCK_ENTRIES // (2 * sample))):
-            labels = np.sort(fitted[block])
-            positives = Y_rows[:, labels].indices
-            block_rows, row_weights = sampled_rows(positives, rows.size, sample, rng)
-            selected = torch.as_tensor(block_rows, device=design.X.device)
-            yield labels, LowRankDesign(design.X.index_select(0, selected), design.device), block_rows, row_weights
 
     def _set_basis(self, Z, n_rows: int, parallel=None) -> None:
         """``classifier_basis_`` (D, r) float32: the top-r right singular vectors of the classifier

@@ -13,12 +13,6 @@ written for the ``lowrank`` solver's design Z = [X V, 1]:
   margins are the same combination of the old and new margins, so no product recomputes them;
 * the CG starts from the previous weights with the residual Z^T (beta - omega Z W) - prior W, one
   product, and the variational sweeps' right-hand side Z^T beta is fixed and formed once.
-
-Sampled negatives (:func:`sampled_rows`): a block of labels may be fitted on the rows with a positive
-among its labels and a uniform sample of the other rows, each sampled row's likelihood weighted by the
-inverse of its sampling rate (Horvitz and Thompson 1952), so every label's log-likelihood and its
-gradient and curvature are unbiased estimates of the full-data ones, at a cost that grows with the
-positives and the labels instead of the rows times the labels.
 """
 
 from __future__ import annotations
@@ -28,40 +22,7 @@ import torch
 
 from .classifiers import LowRankDesign
 
-__all__ = ["sampled_rows", "label_blocks", "variational_logistic"]
-
-
-def label_blocks(counts: np.ndarray, sample_rows: int, max_width: int) -> list[np.ndarray]:
-    """Blocks of the labels with ``counts`` (positives per label, (C,)), in order of decreasing count:
-    each block takes labels while their positives add up to at most ``sample_rows`` (at least one
-    label) and it has at most ``max_width`` labels, so the rows with a positive in a block are about as
-    many as its sampled negatives. Returns arrays of label positions into ``counts``."""
-    order = np.argsort(-counts, kind="stable")
-    blocks, start = [], 0
-    while start < order.size:
-        total = np.cumsum(counts[order[start:start + max_width]])
-        width = max(1, int(np.searchsorted(total, sample_rows, side="right")))
-        blocks.append(order[start:start + width])
-        start += width
-    return blocks
-
-
-def sampled_rows(positive_rows: np.ndarray, n_rows: int, sample_rows: int, rng: np.random.Generator):
-    """The rows a label block is fitted on and their likelihood weights: every row of
-    ``positive_rows`` (weight 1) and ``sample_rows`` of the other rows of ``range(n_rows)`` drawn
-    uniformly without replacement (weight (n_rows - |positive_rows|) / sample_rows, the inverse of
-    their inclusion rate); every row with weight 1 when the others are at most ``sample_rows``.
-    Returns (sorted rows, weights (rows,) float32)."""
-    positive_rows = np.unique(positive_rows)
-    others = n_rows - positive_rows.size
-    if sample_rows <= 0 or others <= sample_rows:
-        return np.arange(n_rows), np.ones(n_rows, dtype=np.float32)
-    is_positive = np.zeros(n_rows, dtype=bool)
-    is_positive[positive_rows] = True
-    drawn = rng.choice(np.flatnonzero(~is_positive), size=sample_rows, replace=False)
-    rows = np.sort(np.concatenate([positive_rows, drawn]))
-    weights = np.where(is_positive[rows], 1.0, others / sample_rows).astype(np.float32)
-    return rows, weights
+__all__ = ["variational_logistic"]
 
 
 def _log_likelihood(margins, Y, weights, reduce):
@@ -125,6 +86,26 @@ def _damped_step(design, W, margins, W_newton, newton_margins, Y, weights, prior
     return out, out_margins, out_value
 
 
+def _mode_steps(design, Y, weights, prior, W, margins, n_steps: int, cg_tol: float, cg_max_iter: int):
+    """``n_steps`` damped Newton steps from ``W`` (``margins`` = Z W) towards the posterior mode:
+    (prior + Z^T Omega Z) W' = Z^T (Omega m + (y - p) w), Omega = p (1 - p) w. Returns the weights, their
+    margins and the per-step weighted log-likelihoods at the start of each step."""
+    log_lik = _log_likelihood(margins, Y, weights, design.reduce_tensor)
+    trace = []
+    for _ in range(n_steps):
+        trace.append(float(log_lik.sum()))
+        p = torch.sigmoid(margins)
+        omega = (p * (1.0 - p)).clamp_min_(1e-8).mul_(weights)
+        residual = design.rmatmul((Y - p).mul_(weights)) - prior[:, None] * W
+        stop = (residual + prior[:, None] * W + design.rmatmul(omega * margins)).norm(dim=0).clamp_min(1e-30)
+        W_new, new_margins = W.clone(), margins.clone()
+        _cg_mean(design, omega, prior, W_new, new_margins, residual, stop, cg_tol, cg_max_iter)
+        current = log_lik - 0.5 * (prior[:, None] * W * W).sum(dim=0).double()
+        W, margins, value = _damped_step(design, W, margins, W_new, new_margins, Y, weights, prior, current)
+        log_lik = value + 0.5 * (prior[:, None] * W * W).sum(dim=0).double()
+    return W, margins, trace
+
+
 def variational_logistic(design: LowRankDesign, Y: torch.Tensor, weights: torch.Tensor, prior_precision: np.ndarray,
                          n_iter: int, n_keep: int, init=None, n_mode_steps: int = 0, cg_tol: float = 1e-3,
                          cg_max_iter: int = 200):
@@ -132,44 +113,28 @@ def variational_logistic(design: LowRankDesign, Y: torch.Tensor, weights: torch.
     :func:`~bayesmlc.bnmc.classifiers.gibbs_classifier` returns for ``kind="logistic"``,
     ``inference="variational"`` and ``solver="cg"``, computed as the module docstring says.
 
-    ``Y`` (n, C) float32 0/1 labels; ``weights`` (n, C) float32 likelihood weight of each entry (0: not
-    observed, 1: observed, more for a sampled negative standing for others); ``prior_precision``
-    (r + 1,); ``init`` (r + 1, C) or None (zeros). Returns (means (n_keep, r + 1, C) float32, variances
-    (r + 1, C) float32, trace: per sweep, the weighted log-likelihood summed over labels)."""
+    ``Y`` (n, C) float32 0/1 labels; ``weights`` (n, C) float32 likelihood weight of each entry (1:
+    observed, 0: not); ``prior_precision`` (r + 1,); ``init`` (r + 1, C) or None (zeros). Returns (means
+    (n_keep, r + 1, C) float32, variances (r + 1, C) float32, trace: per sweep, the log-likelihood of the
+    observed entries summed over labels)."""
     device, reduce = design.device, design.reduce_tensor
     prior = torch.as_tensor(prior_precision, dtype=torch.float32, device=device)
     C = Y.shape[1]
     W = torch.zeros(design.D1, C, device=device) if init is None else torch.as_tensor(init, dtype=torch.float32, device=device).clone()
     margins = torch.zeros(design.n, C, device=device) if init is None else design.matmul(W)
-    target = None  # Z^T beta of the variational sweeps, beta = (y - 1/2) w
-    means, trace, variances = [], [], None
-    log_lik = _log_likelihood(margins, Y, weights, reduce)
-    for sweep in range(n_mode_steps + n_iter):
-        trace.append(float(log_lik.sum()))
-        if sweep < n_mode_steps:  # damped Newton step: (prior + Z^T Omega Z) W' = Z^T (Omega m + (y - p) w)
+    W, margins, trace = _mode_steps(design, Y, weights, prior, W, margins, n_mode_steps, cg_tol, cg_max_iter)
+    target = design.rmatmul((Y - 0.5) * weights)  # Z^T beta of the variational sweeps, beta = (y - 1/2) w
+    means, variances = [], None
+    for sweep in range(n_iter):  # mean-field updates of q(omega), then of q(w)'s mean and variances
+        trace.append(float(_log_likelihood(margins, Y, weights, reduce).sum()))
+        if variances is None:  # the first update from the mode: the curvature there
             p = torch.sigmoid(margins)
-            omega = (p * (1.0 - p)).clamp_min_(1e-8).mul_(weights)
-            residual = design.rmatmul((Y - p).mul_(weights)) - prior[:, None] * W
-            stop = (residual + prior[:, None] * W + design.rmatmul(omega * margins)).norm(dim=0).clamp_min(1e-30)
-            W_new, new_margins = W.clone(), margins.clone()
-            _cg_mean(design, omega, prior, W_new, new_margins, residual, stop, cg_tol, cg_max_iter)
-            current = log_lik - 0.5 * (prior[:, None] * W * W).sum(dim=0).double()
-            W, margins, value = _damped_step(design, W, margins, W_new, new_margins, Y, weights, prior, current)
-            log_lik = value + 0.5 * (prior[:, None] * W * W).sum(dim=0).double()
-        else:  # mean-field update of q(omega), then q(w)'s mean and variances
-            if variances is None:  # first update from the mode: the curvature there
-                p = torch.sigmoid(margins)
-                variances = 1.0 / design.precision_diagonal((p * (1.0 - p)).clamp_min_(1e-8).mul_(weights), prior)
-            spread = design.Z_sq @ variances
-            omega = _pg_mean_one(margins.square().add_(spread).sqrt_()).mul_(weights)
-            variances = 1.0 / design.precision_diagonal(omega, prior)
-            if target is None:
-                target = design.rmatmul((Y - 0.5) * weights)
-            residual = target - prior[:, None] * W - design.rmatmul(omega * margins)
-            _cg_mean(design, omega, prior, W, margins, residual, target.norm(dim=0).clamp_min(1e-30), cg_tol, cg_max_iter)
-            log_lik = _log_likelihood(margins, Y, weights, reduce)
-        if sweep >= n_mode_steps + n_iter - n_keep:
+            variances = 1.0 / design.precision_diagonal((p * (1.0 - p)).clamp_min_(1e-8).mul_(weights), prior)
+        spread = design.Z_sq @ variances
+        omega = _pg_mean_one(margins.square().add_(spread).sqrt_()).mul_(weights)
+        variances = 1.0 / design.precision_diagonal(omega, prior)
+        residual = target - prior[:, None] * W - design.rmatmul(omega * margins)
+        _cg_mean(design, omega, prior, W, margins, residual, target.norm(dim=0).clamp_min(1e-30), cg_tol, cg_max_iter)
+        if sweep >= n_iter - n_keep:
             means.append(W.cpu().numpy().copy())
-    if variances is not None:
-        variances = variances.cpu().numpy().astype(np.float32)
-    return np.stack(means).astype(np.float32), variances, trace
+    return np.stack(means).astype(np.float32), variances.cpu().numpy().astype(np.float32), trace
