@@ -395,11 +395,16 @@ class ClassifierFitter:
                     variances[:, labels] = block_var
                 trace = trace + np.asarray(block_trace)
             return means, variances, list(trace)
+
+        def observed(labels):  # the labelled rows' entries are all observed without a label_mask
+            if self.entries.label_mask is None:
+                return None
+            return torch.from_numpy(self.entries.block(rows, labels).astype(np.float32))
         for start in range(0, fitted.size, width):
             labels = fitted[start:start + width]
             block_means, variances[:, labels], block_trace = variational_logistic(
                 design, torch.from_numpy(Y_rows[:, labels].toarray().astype(np.float32)),
-                torch.from_numpy(self.entries.block(rows, labels).astype(np.float32)), prior, n_iter, n_keep,
+                observed(labels), prior, n_iter, n_keep,
                 None if init is None else init[:, labels], n_mode_steps)
             means[:, :, labels] = block_means
             trace = trace + np.asarray(block_trace)

@@ -30,3 +30,13 @@ def test_variational_logistic_gives_the_general_samplers_variational_fit():
     np.testing.assert_allclose(means, expected_means, rtol=0, atol=2e-4)
     np.testing.assert_allclose(variances, expected_var, rtol=1e-4)
     np.testing.assert_allclose(trace, expected_trace, rtol=1e-5)
+
+
+def test_no_weights_means_every_entry_observed():
+    projected, Y, _, prior = _problem(C=4, seed=5)
+    design = LowRankDesign(projected, torch.device("cpu"))
+    Y_t = torch.as_tensor(Y, dtype=torch.float32)
+    ones = variational_logistic(design, Y_t, torch.ones_like(Y_t), prior, 3, 2, n_mode_steps=3)
+    unweighted = variational_logistic(design, Y_t, None, prior, 3, 2, n_mode_steps=3)
+    for got, expected in zip(unweighted, ones):
+        np.testing.assert_allclose(got, expected, rtol=1e-6, atol=1e-7)
