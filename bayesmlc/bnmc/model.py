@@ -143,9 +143,9 @@ class BNMC(HasPresets, MultiLabelEstimator):
         pattern evidence and to tune the threshold (and the count rule). 0 disables calibration
         (the plain product of eq. 8; "threshold" then uses 0.5 and "auto" means "expected").
     refit : bool, default True
-        After calibration on the single validation split, refit the batch classifiers on all labelled
-        rows (warm-started from the first fit: one mode step and max(2, n_sweeps // 2) sweeps).
-        Online mode instead streams the held-out rows into the SGD classifiers.
+        After calibration on the single validation split, refit the batch classifiers on all labelled rows
+        (warm-started: one mode step, max(2, n_sweeps // 2) sweeps) unless the split holds under 5% of them
+        (it is capped at 2^22 / L rows). Online mode instead streams the held-out rows into SGD.
     calibration_folds : int >= 1 or "auto", default "auto"
         Where the calibration's evidence comes from (batch mode with calibration on,
         ``validation_fraction > 0``). 1: the single held-out split of ``validation_fraction``. K >= 2:

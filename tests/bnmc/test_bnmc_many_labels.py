@@ -167,3 +167,19 @@ def test_scores_and_probability_logits_equal_the_two_computed_apart():
     lead = np.argmax(z, axis=1)  # ties to the lower index; the offset r lands on that label only
     np.testing.assert_allclose(scores[np.arange(60), lead] - z[np.arange(60), lead], terms.offset, atol=1e-12)
     assert np.count_nonzero(scores != z) == 60
+
+
+def test_the_refit_is_skipped_when_the_capped_split_holds_under_5_percent_of_the_rows(monkeypatch):
+    import bayesmlc.bnmc.classifier_fitting as classifier_fitting
+    from bayesmlc.bnmc import BNMC
+    from test_bnmc_scale import FAST, _low_rank_problem
+
+    X, Y = _low_rank_problem(n=300, L=12)
+    params = dict(solver="lowrank", low_rank=8, random_state=0, calibration_folds=1, **FAST)
+    first_fit = FAST["n_mode_steps"] + FAST["n_sweeps"]
+    refitted = BNMC(**params).fit(X, Y)  # 20% held out: the refit's mode step and sweeps follow
+    assert refitted.classifier_trace_.size == first_fit + 1 + max(2, FAST["n_sweeps"] // 2)
+    monkeypatch.setattr(classifier_fitting, "VALIDATION_ENTRIES", 12 * 10)  # 10 rows held out, under 5%
+    capped = BNMC(**params).fit(X, Y)
+    assert capped.classifier_trace_.size == first_fit
+    assert classifier_fitting.classifier_steps(capped, 290, 12) == first_fit  # the progress bar's count
