@@ -25,7 +25,9 @@ from ..safe_io import check_output_target
 from ..utils import numpy_rng, resolve_device, torch_threads
 from ..validation import check_fit_inputs
 from .inducing import INDUCING_NAMES
-from .initialisation import module_from_parameters, resolve_linear_term, resolved_latent, resolved_structure
+from .initialisation import (
+    module_from_parameters, resolve_epochs, resolve_linear_term, resolved_latent, resolved_structure,
+)
 from .kernels import KERNEL_NAMES
 from .linear_term import OPTIMISER_STATE as LINEAR_OPTIMISER_STATE
 from .linear_term import check_linear_term
@@ -75,7 +77,10 @@ class MLGPF(HasPresets, MultiLabelEstimator):
         (:func:`bayesmlc.gp.training.resolve_batch_size`); the sizes used are in ``history_["batch_size"]``.
     batch_size_growth, batch_size_every, max_batch_size : the batch grows by ``batch_size_growth``
         rows every ``batch_size_every`` epochs, up to ``max_batch_size`` (0 = fixed size).
-    epochs : int
+    epochs : int or "auto", default "auto"
+        Passes over the training rows. "auto": 40 with the per-label linear term (``linear_term_``), 100
+        without; with the term 40 ranked as well as 100 on validation rows of three sets in 40-47% of
+        the time (docs/experiments.md, "MLGPF: epochs with the linear term").
     learning_rate : float, Adam step size for kernel, inducing inputs, Phi and b.
     variational_learning_rate : float or None, Adam step size for q(u) (None = ``learning_rate``).
     lr_decay : float in [0, 1], fraction of training (counted in steps, over ``epochs``) at the end
@@ -183,7 +188,7 @@ class MLGPF(HasPresets, MultiLabelEstimator):
         self,
         n_latent="auto", n_inducing=200, kernel="auto", ard=False, inducing="subspace", subspace_rank="auto",
         variational="shared",
-        batch_size="auto", batch_size_growth=0, batch_size_every=10, max_batch_size=None, epochs=100,
+        batch_size="auto", batch_size_growth=0, batch_size_every=10, max_batch_size=None, epochs="auto",
         learning_rate=0.03, variational_learning_rate=None, lr_decay=0.5,
         negative_samples="auto", negative_sampling="batch", quadrature_points=10, kl_weight=0.5,
         init_factors="svd", init_mean="ridge", idf_weighting="auto", standardize="auto", normalize_features=True,
@@ -260,7 +265,8 @@ class MLGPF(HasPresets, MultiLabelEstimator):
         "n_latent": ["auto", Integer(1)],
         **{name: [Integer(1)] for name in ("n_inducing", "batch_size_every", "quadrature_points",
                                            "validation_every")},
-        **{name: [Integer(0)] for name in ("batch_size_growth", "epochs")},
+        "epochs": [Integer(0), "auto"],
+        **{name: [Integer(0)] for name in ("batch_size_growth",)},
         **{name: [None, Integer(1)] for name in ("max_batch_size", "early_stopping_patience", "checkpoint_every",
                                                  "svd_max_rows", "n_threads")},
         "subspace_rank": [Integer(1), "auto"],
@@ -424,11 +430,13 @@ class MLGPF(HasPresets, MultiLabelEstimator):
                        _DTYPES[self.dtype], module=module, jitter=None if module is None else self.jitter_)
 
     def _settings(self) -> dict:
-        """The parameters with the fitted kernel, number of latent GPs and linear term in place of "auto"
-        (files written before ``kernel_``, ``n_latent_`` and ``linear_term_`` existed named them themselves)."""
+        """The parameters with the fitted kernel, number of latent GPs, linear term and epochs in place of
+        "auto" (files written before ``kernel_``, ``n_latent_`` and ``linear_term_`` existed named them
+        themselves)."""
+        linear_term = getattr(self, "linear_term_", self.linear_term)
         return {**self.get_params(), "kernel": getattr(self, "kernel_", self.kernel),
-                "n_latent": getattr(self, "n_latent_", self.n_latent),
-                "linear_term": getattr(self, "linear_term_", self.linear_term)}
+                "n_latent": getattr(self, "n_latent_", self.n_latent), "linear_term": linear_term,
+                "epochs": resolve_epochs(self.epochs, linear_term)}
 
     def _keep_parameters(self, module, jitter):
         self._module = module

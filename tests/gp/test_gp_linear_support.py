@@ -191,3 +191,17 @@ def test_support_size_counts_against_the_entry_limit():
     with pytest.raises(ValidationError, match="linear_max_entries"):
         MLGPF(**dict(TINY, linear_term=True, linear_features=20, linear_max_entries=100)).fit(X, Y)
     MLGPF(**dict(TINY, linear_term=True, linear_features=8, linear_max_entries=100, epochs=1)).fit(X, Y)
+
+
+@pytest.mark.parametrize("n_latent, linear_on, epochs_run", [(2, True, 40), (12, False, 100)])
+def test_auto_epochs_follow_the_linear_term(n_latent, linear_on, epochs_run):
+    """epochs="auto": 40 with the linear term (L = 12 > P = 2), 100 without (L = P); an int is kept."""
+    X, Y = planted_linear_problem(n=60)
+    model = MLGPF(n_latent=n_latent, n_inducing=5, subspace_rank=5, batch_size=60, random_state=0, n_threads=1,
+                  device="cpu").fit(X, Y)
+    assert model.linear_term_ is linear_on
+    assert model.history_["epoch"] == list(range(1, epochs_run + 1))
+    assert len(model.step_history_["step"]) == epochs_run
+    assert model.epochs == "auto"
+    fixed = MLGPF(n_latent=n_latent, n_inducing=5, subspace_rank=5, epochs=3, random_state=0, n_threads=1).fit(X, Y)
+    assert len(fixed.history_["epoch"]) == 3
