@@ -151,11 +151,12 @@ def _shared_streams(model, parallel):
     return np.random.default_rng(seed), np.random.default_rng([seed, parallel.rank + 1])
 
 
-def fit_sharded(model, X, Y, label_mask, parallel) -> None:
+def fit_sharded(model, X, Y, label_mask, parallel, auto_topics) -> None:
     """BMLS's fit on this process's rows under the data-parallel ``parallel`` (every process calls it
     with the same settings and its shard, or the whole data set of which it keeps its shard; see
     :meth:`bayesmlc.distributed.DataParallel.local_data`). Sets the fitted attributes of ``model``,
-    the same on every process."""
+    the same on every process. ``auto_topics``: ``n_topics="auto"``'s rule
+    (:func:`bayesmlc.bmls.model.auto_topics`), from the positives of all rows."""
     _check_settings(model)
     X, Y, label_mask, shard = parallel.local_data(X, Y, label_mask)
     model._set_label_statistics(LabelStatistics.of_labels(Y, label_mask).summed(parallel.reduce_sum))
@@ -175,7 +176,8 @@ def fit_sharded(model, X, Y, label_mask, parallel) -> None:
     X_bias = model._with_bias(X_binary[:, seen])
     pairs = model._cooccurrence_pairs(Y)
     data = SweepData.build(X_bias, Y, label_mask, pairs, pair_diagonal=bool(model.cooccurrence_diagonal))
-    model.n_topics_ = _n_topics(model, int(n_positives), Y.shape[1], X.shape[1] + 1)
+    model.n_topics_ = int(model.n_topics) if model.n_topics != "auto" else \
+        auto_topics(int(n_positives), Y.shape[1], X.shape[1] + 1)
     shared, local = _shared_streams(model, parallel)
     state = init_state(data, model.n_topics_, X_bias.shape[1], float(model.beta0), shared)
     settings = model._schedule_settings()
@@ -188,9 +190,3 @@ def fit_sharded(model, X, Y, label_mask, parallel) -> None:
     chain = GibbsChain(model, data, state, shared, schedule, capacity, None, sweep=sweep,
                        show_progress=parallel.is_main).run(model.history_)
     model._keep_posterior(chain, seen, X.shape[1])
-
-
-def _n_topics(model, n_positives: int, n_labels: int, n_features_bias: int) -> int:
-    from .model import auto_topics
-
-    return auto_topics(n_positives, n_labels, n_features_bias) if model.n_topics == "auto" else int(model.n_topics)

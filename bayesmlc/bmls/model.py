@@ -373,7 +373,7 @@ class BMLS(HasPresets, MultiLabelEstimator):
         resolve_device(self.device)  # checks the setting before the work starts
         if parallel is not None and parallel.world_size > 1:
             try:
-                fit_sharded(self, X, Y, label_mask, parallel)
+                fit_sharded(self, X, Y, label_mask, parallel, auto_topics)
             except Exception as exc:
                 parallel.sync_failure(exc)  # the other processes raise RankFailedError naming this one
                 raise
