@@ -187,8 +187,9 @@ def resolve_linear_term(params: dict, n_labels: int, n_latent: int, world_size: 
 
 #: ``epochs="auto"``: the epochs of a fit with the per-label linear term, and of one without it. With
 #: the term, 40 epochs ranked as well as 100 on validation rows of the EURLex-4K shape x0.25,
-#: bibtex_xc and delicious (mean P@1 62.27 against 61.85, PSP@1 34.53 against 34.53) in 40-47% of the
-#: CPU time; 20 lost 2.5 P@1 (docs/experiments.md, "MLGPF: epochs with the linear term").
+#: bibtex_xc and delicious (mean P@1 62.27 against 61.85, PSP@1 34.53 against 34.53) in 40-48% of the
+#: CPU time; 20 lost 1.9 P@1 on the mean, 5.8 on EURLex (docs/experiments.md, "MLGPF: epochs with the
+#: linear term").
 AUTO_EPOCHS_LINEAR, AUTO_EPOCHS = 40, 100
 
 

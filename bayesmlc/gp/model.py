@@ -79,8 +79,8 @@ class MLGPF(HasPresets, MultiLabelEstimator):
         rows every ``batch_size_every`` epochs, up to ``max_batch_size`` (0 = fixed size).
     epochs : int or "auto", default "auto"
         Passes over the training rows. "auto": 40 with the per-label linear term (``linear_term_``), 100
-        without; with the term 40 ranked as well as 100 on validation rows of three sets in 40-47% of
-        the time (docs/experiments.md, "MLGPF: epochs with the linear term").
+        without; with the term 40 ranked as well as 100 on validation rows of three sets in 40-48% of
+        the CPU time (docs/experiments.md, "MLGPF: epochs with the linear term").
     learning_rate : float, Adam step size for kernel, inducing inputs, Phi and b.
     variational_learning_rate : float or None, Adam step size for q(u) (None = ``learning_rate``).
     lr_decay : float in [0, 1], fraction of training (counted in steps, over ``epochs``) at the end
