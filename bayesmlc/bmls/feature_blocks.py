@@ -28,7 +28,7 @@ import numpy as np
 
 from .samplers import standard_gamma_draw
 
-__all__ = ["block_rate_sums", "draw_block_ratios", "scale_theta_by_block", "sweep_feature_blocks", "contiguous_blocks"]
+__all__ = ["block_rate_sums", "draw_block_ratios", "mass_blocks", "scale_theta_by_block", "sweep_feature_blocks"]
 
 
 @numba.njit(cache=True, nogil=True)
@@ -119,11 +119,3 @@ def mass_blocks(feature_counts: np.ndarray, n_rows: int, max_share: float) -> li
         blocks.append(np.arange(start, counts.size, dtype=np.int64))
     return blocks + [np.array([counts.size], dtype=np.int64)]
 
-
-def contiguous_blocks(n_features_bias: int, n_blocks: int) -> list:
-    """``n_blocks`` blocks of consecutive features 0 .. D'-2 of near-equal size, then the bias feature
-    D'-1 (on in every row, so it shares rows with every feature) alone; int64 arrays."""
-    n_blocks = max(1, min(int(n_blocks), n_features_bias - 1)) if n_features_bias > 1 else 0
-    blocks = [np.asarray(part, dtype=np.int64) for part in np.array_split(np.arange(n_features_bias - 1), n_blocks)] \
-        if n_blocks else []
-    return [block for block in blocks if block.size] + [np.array([n_features_bias - 1], dtype=np.int64)]

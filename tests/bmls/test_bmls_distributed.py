@@ -20,6 +20,7 @@ import sys
 import textwrap
 import threading
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -28,6 +29,7 @@ import torch
 import torch.multiprocessing as mp
 from sklearn.metrics import roc_auc_score
 
+import bayesmlc
 from bayesmlc.bmls import BMLS, remove_labels
 from bayesmlc.bmls.distributed_gibbs import ShardedSweep
 from bayesmlc.bmls.feature_blocks import mass_blocks, sweep_feature_blocks
@@ -41,6 +43,7 @@ from bayesmlc.data.synthetic import make_multilabel
 from bayesmlc.exceptions import ValidationError
 
 JOIN_TIMEOUT_S = 300.0
+REPO_ROOT = str(Path(bayesmlc.__file__).resolve().parents[1])  # bayesmlc importable in torchrun's processes
 SHARD_CUTS = (0, 37, 90)  # two uneven shards of the 90 rows of _state()
 
 
@@ -283,7 +286,8 @@ def test_bibtex_two_processes_reach_the_one_process_auc(tmp_path):
     launched = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
          "--master-port", str(_free_port()), str(script), str(folder / "train.txt"), str(tmp_path / "two.npz")],
-        timeout=1800, env=dict(os.environ, OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME="lo"), capture_output=True, text=True)
+        timeout=1800, env=dict(os.environ, OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME="lo", PYTHONPATH=REPO_ROOT),
+        capture_output=True, text=True)
     assert launched.returncode == 0, f"torchrun exited {launched.returncode}:\n{launched.stderr[-4000:]}"
     two = MultiLabelEstimator.load(tmp_path / "two.npz")
     one = BMLS(random_state=0, n_threads=1).fit(train.X, train.Y)
