@@ -161,7 +161,7 @@ PAPER_SETTINGS = (
                      **{name: {"n_inducing": 200} for name in SMALL_SET_NAMES}},
         timeout_s=7200,
     ),
-    # the estimator's defaults (variational="shared", 100 epochs, negative_samples="auto")
+    # the estimator's defaults (variational="shared", epochs="auto", negative_samples="auto")
     ModelConfig("mlgpf", "default", {}, timeout_s=1800),
 )
 
