@@ -3,7 +3,7 @@
 Training. :func:`fit_data_parallel` is the body every worker of a data-parallel fit runs, whichever
 launcher started it: ``torchrun``, Spark's ``TorchDistributor`` (which calls ``torch.distributed.run``)
 or Ray Train's ``TorchTrainer`` (which sets up the process group itself). Each worker reads only its
-rows of the training file (:func:`~bayesmlc.data.shard.read_shard`) and fits an MLGPF or BNMC
+rows of the training file (:func:`~bayesmlc.data.shard.read_shard`) and fits an MLGPF, BNMC or BMLS
 estimator under :class:`~bayesmlc.distributed.DataParallel`; every rank returns the fitted model
 (the same on every rank), which the launchers hand back to the caller (``TorchDistributor.run``'s
 value, Ray's ``Result.return_value``).
@@ -62,7 +62,7 @@ def fit_data_parallel(estimator, train, format: str | None = None):
 
     Parameters
     ----------
-    estimator : an unfitted MLGPF or BNMC (the models whose ``fit`` takes ``parallel=``).
+    estimator : an unfitted MLGPF, BNMC or BMLS (the models whose ``fit`` takes ``parallel=``).
     train : str or path, the training file.
     format : str or None, its format (None: from the extension).
 
@@ -73,7 +73,7 @@ def fit_data_parallel(estimator, train, format: str | None = None):
     ``TorchDistributor.run`` returns.
     """
     if "parallel" not in inspect.signature(estimator._fit).parameters:
-        raise ValidationError(f"fit_data_parallel trains MLGPF or BNMC (their fit takes parallel=), not "
+        raise ValidationError(f"fit_data_parallel trains MLGPF, BNMC or BMLS (their fit takes parallel=), not "
                               f"{type(estimator).__name__}")
     parallel = _process_group()
     on_any_device = estimator.get_params().get("device") == "auto"

@@ -84,7 +84,7 @@ def test_from_torchruns_variables_it_joins_the_group_and_keeps_it_for_the_next_f
 
 def test_it_refuses_a_model_without_a_data_parallel_fit_and_a_bad_config(train_file):
     _, path = train_file
-    with pytest.raises(ValidationError, match="trains MLGPF or BNMC.*not LogisticRegression"):
+    with pytest.raises(ValidationError, match="trains MLGPF, BNMC or BMLS.*not LogisticRegression"):
         fit_data_parallel(LogisticRegression(), path)
     with pytest.raises(ValidationError, match="must hold 'estimator' and 'train'.*got the keys \\['estimator'\\]"):
         ray_train_loop({"estimator": MLGPF()})
