@@ -15,6 +15,7 @@ from typing import NamedTuple
 import numpy as np
 from scipy.optimize import minimize
 
+from ..metrics import topk
 from ..utils import sigmoid, softplus
 
 __all__ = [
@@ -53,17 +54,12 @@ class RankTerms(NamedTuple):
 
 
 def top_positions(z: np.ndarray, m: int) -> np.ndarray:
-    """Column indices (n, m) of each row's ``m`` largest entries of ``z`` (n, L), largest first (ties:
-    the lower index first, as ``argmax`` and the ranking metrics break them)."""
-    n, L = z.shape
+    """Column indices (n, m) of each row's ``m`` largest entries of the finite ``z`` (n, L), largest
+    first, ties to the lower index (``argsort(-z, kind="stable")[:, :m]``, as ``argmax`` and the
+    ranking metrics break them): one heap pass of :func:`bayesmlc.metrics.topk`."""
     if m == 1:
         return np.argmax(z, axis=1)[:, None]
-    if m >= L:
-        candidates = np.broadcast_to(np.arange(L), (n, L))
-    else:
-        candidates = np.sort(np.argpartition(-z, m - 1, axis=1)[:, :m], axis=1)
-    order = np.argsort(-np.take_along_axis(z, candidates, axis=1), axis=1, kind="stable")
-    return np.take_along_axis(candidates, order, axis=1)
+    return topk(z, m)[0]
 
 
 def rank_adjusted_logits(z: np.ndarray, terms: RankTerms, probability: bool = False, ranking=None,

@@ -183,3 +183,13 @@ def test_the_refit_is_skipped_when_the_capped_split_holds_under_5_percent_of_the
     capped = BNMC(**params).fit(X, Y)
     assert capped.classifier_trace_.size == first_fit
     assert classifier_fitting.classifier_steps(capped, 290, 12) == first_fit  # the progress bar's count
+
+
+def test_top_positions_equal_a_stable_sort_with_ties_at_the_boundary():
+    """Each row's m best columns, best first, ties to the lower index even where a tie straddles the
+    m-th place (one value repeated across many columns)."""
+    rng = np.random.default_rng(8)
+    z = np.round(rng.normal(size=(200, 50)), 0)
+    for m in (1, 2, 6, 50):
+        np.testing.assert_array_equal(rank_calibration.top_positions(z, m),
+                                      np.argsort(-z, axis=1, kind="stable")[:, :m])
