@@ -47,7 +47,7 @@ from .metrics import precision_at_k, topk
 from .parameters import check_parameters
 from .state_checks import COMMON_FIELDS
 from .threads import compute_threads
-from .utils import iter_batches, resolve_device, sigmoid
+from .utils import csr_from_mask, iter_batches, resolve_device, sigmoid
 from .validation import (check_feature_names, check_features, check_fit_inputs, feature_names,
                          string_column_names)
 
@@ -112,13 +112,7 @@ def at_least_one_label(proba: np.ndarray) -> np.ndarray:
 def _labels_at_threshold(proba: np.ndarray, threshold) -> sp.csr_matrix:
     """Sparse 0/1 float32: the entries of ``proba`` at or above ``threshold`` (a number, or one per
     label column: an (L,) array broadcast over the rows)."""
-    selected = np.asarray(proba >= threshold)
-    indptr = np.zeros(selected.shape[0] + 1, dtype=np.int64)
-    np.cumsum(np.count_nonzero(selected, axis=1), out=indptr[1:])
-    index_type = np.int32 if max(indptr[-1], selected.shape[1]) < np.iinfo(np.int32).max else np.int64
-    indices = np.nonzero(selected)[1].astype(index_type)  # row by row, columns ascending: canonical CSR
-    return sp.csr_matrix((np.ones(indices.size, dtype=np.float32), indices, indptr.astype(index_type)),
-                         shape=selected.shape)
+    return csr_from_mask(np.asarray(proba >= threshold))
 
 
 def check_threshold(threshold, n_labels: int):

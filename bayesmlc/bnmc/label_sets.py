@@ -7,7 +7,8 @@ from __future__ import annotations
 import numpy as np
 import scipy.sparse as sp
 
-from ..metrics import exact_match, f1_example
+from ..metrics import exact_match, f1_example, topk
+from ..utils import csr_from_mask
 
 __all__ = ["COUNT_RULES", "choose_count_rule", "choose_threshold", "rule_predictions", "threshold_rows", "top_counts"]
 
@@ -19,19 +20,16 @@ THRESHOLD_GRID = np.linspace(0.05, 0.95, 37)
 
 def top_counts(scores: np.ndarray, counts: np.ndarray) -> sp.csr_matrix:
     """0/1 float32 CSR with the ``counts[i]`` (in [1, L]) highest ``scores`` of row i set, ties to the
-    lower index (a stable sort of -scores). Only the entries at or above each row's max(counts)-th
-    largest score are sorted, so the cost is one partition of ``scores`` rather than a full sort."""
+    lower index (a stable sort of -scores): the first ``counts[i]`` of row i's :func:`~bayesmlc.metrics.topk`
+    of max(counts) (one heap pass rather than a full sort)."""
     n, L = scores.shape
     m = int(counts.max()) if n else 0
     if m == 0:
         return sp.csr_matrix((n, L), dtype=np.float32)
-    kth = np.partition(scores, L - m, axis=1)[:, L - m]  # each row's m-th largest score
-    rows, cols = np.nonzero(scores >= kth[:, None])
-    order = np.lexsort((cols, -scores[rows, cols], rows))
-    rows, cols = rows[order], cols[order]
-    rank = np.arange(rows.size) - np.searchsorted(rows, rows)  # position within its row, best first
-    keep = rank < np.asarray(counts)[rows]
-    return sp.csr_matrix((np.ones(int(keep.sum()), dtype=np.float32), (rows[keep], cols[keep])), shape=(n, L))
+    best = topk(scores, m)[0]
+    kept = np.arange(m)[None, :] < np.asarray(counts)[:, None]
+    rows = np.nonzero(kept)[0]
+    return sp.csr_matrix((np.ones(rows.size, dtype=np.float32), (rows, best[kept])), shape=(n, L))
 
 
 def threshold_rows(proba: np.ndarray, threshold: float) -> sp.csr_matrix:
@@ -47,10 +45,7 @@ def threshold_rows(proba: np.ndarray, threshold: float) -> sp.csr_matrix:
     empty = np.flatnonzero(~chosen.any(axis=1))
     if empty.size:
         chosen[empty, np.argmax(proba[empty], axis=1)] = True
-    rows, cols = np.nonzero(chosen)
-    indptr = np.zeros(proba.shape[0] + 1, dtype=np.int64)
-    np.cumsum(np.bincount(rows, minlength=proba.shape[0]), out=indptr[1:])
-    return sp.csr_matrix((np.ones(cols.size, dtype=np.float32), cols, indptr), shape=proba.shape)
+    return csr_from_mask(chosen)
 
 
 def rule_predictions(proba: np.ndarray, rule: str, threshold: float, count_mean: float, count_std: float,
