@@ -93,12 +93,9 @@ def _rank_sums(Y: sp.csr_matrix, scores: np.ndarray, mask: sp.csr_matrix | None,
         observed_ptr, observed_columns = mask.indptr.astype(np.int64), mask.indices.astype(np.int64)
         label_observed, row_observed = np.bincount(mask.indices, minlength=n_labels), np.diff(mask.indptr)
     with _helper_threads(scores.size) as pool:
-        macro_sums = pool.submit(_macro_sums, scores, observed_ptr, observed_columns, mask, positives, values,
-                                 label_observed) if macro and pool else None
+        macro_inputs = (scores, observed_ptr, observed_columns, mask, positives, values, label_observed)
+        macro_sums = pool.submit(_macro_sums, *macro_inputs) if macro and pool else None
         sums = RankSums(None, None, None)
-        if macro and not pool:
-            sums = sums._replace(macro=_macro_sums(scores, observed_ptr, observed_columns, mask, positives, values,
-                                                   label_observed))
         if micro or instance:  # one pass over the rows: the instance sums, and the copy the micro AUC sorts
             row_sums = np.zeros(n, dtype=np.int64)
             observed = np.empty(int(row_observed.sum() if micro else row_observed.max()), dtype=scores.dtype)
@@ -109,8 +106,8 @@ def _rank_sums(Y: sp.csr_matrix, scores: np.ndarray, mask: sp.csr_matrix | None,
                 sums = sums._replace(instance=(row_sums.astype(np.float64), np.diff(positives.indptr), row_observed))
             if micro:
                 sums = sums._replace(micro=(_micro_rank_sum(observed, values, pool), positives.nnz, observed.size))
-        if macro_sums is not None:
-            sums = sums._replace(macro=macro_sums.result())
+        if macro:  # on the helper thread when there is one, else here
+            sums = sums._replace(macro=macro_sums.result() if macro_sums else _macro_sums(*macro_inputs))
     return sums
 
 
