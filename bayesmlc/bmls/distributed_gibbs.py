@@ -44,7 +44,7 @@ from ..exceptions import ValidationError
 from ..label_statistics import LabelStatistics
 from ..utils import numpy_rng
 from .chain import GibbsChain
-from .feature_blocks import mass_blocks, sweep_feature_blocks
+from .feature_blocks import block_rows, mass_blocks, sweep_feature_blocks
 from .gibbs import (
     SweepData,
     add_feature_token_counts,
@@ -77,11 +77,18 @@ class ShardedSweep:
     blocks : list of int64 arrays, the feature blocks of the h step (the same on every process).
     shared_rng, local_rng : numpy Generators, the stream every process shares and this process's own.
     reduce : the strategy's ``reduce_sum`` (sum over processes, with its failure check).
+
+    Attributes
+    ----------
+    h_acceptance : list of float, per sweep the share of the h proposals (blocks of several features
+        x topics) accepted (nan in a sweep with none).
     """
 
     def __init__(self, settings, data: SweepData, blocks, shared_rng, local_rng, reduce):
         self.settings, self.data, self.blocks = settings, data, blocks
         self.shared_rng, self.local_rng, self.reduce = shared_rng, local_rng, reduce
+        self.rows = block_rows(data.x_csc_indptr, data.x_csc_indices, blocks)
+        self.h_acceptance: list = []
 
     def sufficient_statistics(self, state):
         """Step 1: this process's label tokens, then the all-reduced totals: (B (L, K) int64, c (D', K)
@@ -113,8 +120,10 @@ class ShardedSweep:
         tic = sample_topic_parameters(data, state, label_topic, shared, bool(settings.sample_beta0),
                                       settings.phi_step, timings, tic)
         exposure = exposure_matrix(data, state.phi)
-        sweep_feature_blocks(data, state, exposure, self.blocks, float(settings.mu0), float(settings.nu0), shared,
-                             reduce=lambda sums: self.reduce(sums, checked=False))
+        accepted, proposed = sweep_feature_blocks(data, state, exposure, self.blocks, float(settings.mu0),
+                                                  float(settings.nu0), shared, rows=self.rows,
+                                                  reduce=lambda sums: self.reduce(sums, checked=False))
+        self.h_acceptance.append(accepted / proposed if proposed else float("nan"))
         if recompute_theta:
             state.theta = theta_from_log_h(data.x_csr, state.h)
         tic = _lap(timings, "features", tic)
@@ -189,4 +198,5 @@ def fit_sharded(model, X, Y, label_mask, parallel, auto_topics) -> None:
     capacity = draw_capacity(settings, data.n_labels, X_bias.shape[1], model.n_topics_)
     chain = GibbsChain(model, data, state, shared, schedule, capacity, None, sweep=sweep,
                        show_progress=parallel.is_main).run(model.history_)
+    model.history_["h_acceptance"] = sweep.h_acceptance
     model._keep_posterior(chain, seen, X.shape[1])

@@ -80,21 +80,104 @@ def scale_theta_by_block(csc_indptr, csc_indices, block, ratios, theta):
                 theta[n, k] *= ratios[i, k]
 
 
-def sweep_feature_blocks(data, state, exposure, blocks, mu0: float, nu0: float, rng, reduce=None) -> None:
+@numba.njit(cache=True, nogil=True)
+def topic_mass_change(rows, theta, theta_before, exposure, use_exposure):
+    """(K,): sum over ``rows`` of e_nk (theta_nk - theta_before_nk), ``theta_before`` (|rows|, K) holding
+    those rows' earlier values (e = 1 without ``use_exposure``): the change of the Poisson exposure
+    sum_n e_nk theta_nk that a block's proposal makes (only rows carrying a block feature change)."""
+    n_topics = theta.shape[1]
+    change = np.zeros(n_topics)
+    for i in range(rows.shape[0]):
+        n = rows[i]
+        for k in range(n_topics):
+            delta = theta[n, k] - theta_before[i, k]
+            change[k] += delta * exposure[n, k] if use_exposure else delta
+    return change
+
+
+def block_rows(csc_indptr, csc_indices, blocks) -> list:
+    """For each block of several features, the sorted rows that carry at least one of them (int64
+    arrays; empty for a block of one feature, whose step needs none)."""
+    return [np.unique(np.concatenate([csc_indices[csc_indptr[d]: csc_indptr[d + 1]] for d in block]))
+            if block.size > 1 else np.empty(0, dtype=np.int64) for block in blocks]
+
+
+def block_log_acceptance(shapes, rate_sums, proposed_sums, ratios, h_proposed, mass_change, nu0: float) -> np.ndarray:
+    """log of the Metropolis-Hastings acceptance ratio of a block's proposal, per topic, (K,).
+
+    Target, topic k (eqs. (21)-(22), the tokens and the other features fixed): p(h_B) oc prod_{d in B}
+    h_d^{a_d - 1} exp(-nu0 h_d) exp(-T(h_B)), a_d = mu0 + c_dk, T = sum_n e_nk theta_nk. Proposal: the
+    features drawn independently, h'_d ~ Gamma(a_d, rate b_d(h)), b_d(h) = nu0 + S_d(h) / h_d, S_d(h)
+    = sum_{n: x_nd = 1} e_nk theta_nk(h) (``rate_sums``; ``proposed_sums`` = S_d(h') after the move).
+    In p(h') q(h | h') / (p(h) q(h' | h)) the powers of h cancel, leaving, with r_d = h'_d / h_d
+    (``ratios``) and the change T(h') - T(h) (``mass_change``):
+
+        log alpha = sum_d [a_d log(b_d(h') / b_d(h)) + S_d(h) r_d - S_d(h') / r_d] - (T(h') - T(h)).
+
+    For a block whose features share no row, S_d(h') = r_d S_d(h) and T(h') - T(h) = sum_d S_d(h)
+    (r_d - 1), so log alpha = 0: the Gibbs step. ``shapes`` (|B|, K) = a; ``h_proposed`` (|B|, K)."""
+    rates_before = nu0 + rate_sums * ratios / h_proposed  # S_d(h) / h_d, with h_d = h'_d / r_d
+    rates_after = nu0 + proposed_sums / h_proposed
+    terms = shapes * np.log(rates_after / rates_before) + rate_sums * ratios - proposed_sums / ratios
+    return terms.sum(axis=0) - mass_change
+
+
+def sweep_feature_blocks(data, state, exposure, blocks, mu0: float, nu0: float, rng, reduce=None,
+                         rows=None) -> tuple:
     """The h step over ``blocks`` (module docstring), in place on ``state.h``, ``state.theta`` and
-    ``state.shape_counts`` (c, which must already hold the counts of all rows).
+    ``state.shape_counts`` (c, which must already hold the counts of all rows). Returns (accepted,
+    proposed): the topics' proposals of blocks of several features accepted and made.
 
     ``reduce``: None in one process, else the element-wise sum over processes of an array (each
-    process holds its rows' theta and computes their part of S); ``rng`` must then be the stream that
-    every process shares, so that all draw the same h. ``exposure`` (N, K) or None (e = 1)."""
+    process holds its rows' theta and computes their part of every sum); ``rng`` must then be the
+    stream that every process shares, so that all draw the same h and make the same decisions.
+    ``exposure`` (N, K) or None (e = 1). ``rows``: :func:`block_rows` of this process's rows (computed
+    here when None). One ``reduce`` per block: a block's message carries the next block's rate sums."""
     use_exposure = exposure is not None
     exposure_array = exposure if use_exposure else state.theta  # unused when e = 1
-    for block in blocks:
-        sums = block_rate_sums(data.x_csc_indptr, data.x_csc_indices, block, state.theta, exposure_array, use_exposure)
-        if reduce is not None:
-            sums = reduce(sums)
+    reduce = reduce if reduce is not None else _unchanged
+    rows = rows if rows is not None else block_rows(data.x_csc_indptr, data.x_csc_indices, blocks)
+
+    def rate_sums(block):
+        if block is None:
+            return np.empty((0, state.h.shape[1]))
+        return block_rate_sums(data.x_csc_indptr, data.x_csc_indices, block, state.theta, exposure_array,
+                               use_exposure)
+
+    sums = reduce(rate_sums(blocks[0])) if blocks else None
+    accepted = proposed = 0
+    for i, block in enumerate(blocks):
+        following = blocks[i + 1] if i + 1 < len(blocks) else None
+        if block.size == 1:  # the exact Gibbs step of one feature: the sequential scan's operations
+            ratios = draw_block_ratios(block, state.shape_counts, state.h, sums, mu0, nu0, rng)
+            scale_theta_by_block(data.x_csc_indptr, data.x_csc_indices, block, ratios, state.theta)
+            if following is not None:
+                sums = reduce(rate_sums(following))
+            continue
+        shapes = mu0 + state.shape_counts[block].astype(np.float64)
+        h_before, theta_before = state.h[block], state.theta[rows[i]]
+        next_if_rejected = rate_sums(following)
         ratios = draw_block_ratios(block, state.shape_counts, state.h, sums, mu0, nu0, rng)
         scale_theta_by_block(data.x_csc_indptr, data.x_csc_indices, block, ratios, state.theta)
+        parts = [rate_sums(block), topic_mass_change(rows[i], state.theta, theta_before, exposure_array,
+                                                     use_exposure), rate_sums(following), next_if_rejected]
+        total = np.split(reduce(np.concatenate([part.ravel() for part in parts])),
+                         np.cumsum([part.size for part in parts])[:-1])
+        log_alpha = block_log_acceptance(shapes, sums, total[0].reshape(sums.shape), ratios, state.h[block],
+                                         total[1], nu0)
+        accept = np.log(rng.random(log_alpha.size)) < log_alpha
+        rejected = np.flatnonzero(~accept)
+        if rejected.size:  # the rejected topics keep their h, and theta its values
+            state.h[np.ix_(block, rejected)] = h_before[:, rejected]
+            state.theta[np.ix_(rows[i], rejected)] = theta_before[:, rejected]
+        accepted, proposed = accepted + int(accept.sum()), proposed + accept.size
+        if following is not None:
+            sums = np.where(accept, total[2].reshape(-1, accept.size), total[3].reshape(-1, accept.size))
+    return accepted, proposed
+
+
+def _unchanged(array):
+    return array
 
 
 def mass_blocks(feature_counts: np.ndarray, n_rows: int, max_share: float) -> list:
