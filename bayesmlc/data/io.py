@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import warnings
 from dataclasses import replace
 from pathlib import Path
 from typing import Mapping, Optional, Tuple, Union
@@ -32,6 +31,7 @@ from typing import Mapping, Optional, Tuple, Union
 import scipy.sparse as sp
 
 from ..exceptions import DataFormatError, ValidationError
+from . import read_warnings
 from .dataset import Dataset
 from .formats.sparse_text import DEFAULT_CHUNK_BYTES
 
@@ -106,7 +106,7 @@ def _attach_names(dataset: Dataset, companions: dict) -> Dataset:
         except DataFormatError as exc:
             if explicit:
                 raise
-            warnings.warn(f"ignoring {names_path}: {exc.reason}", stacklevel=4)
+            read_warnings.warn(f"ignoring {names_path}: {exc.reason}", stacklevel=4)
             continue
         setattr(dataset, what + "_names", names)  # length checked by read_names
     return dataset

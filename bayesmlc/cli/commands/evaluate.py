@@ -10,13 +10,12 @@ from ... import evaluation
 from ..errors import EXIT_OK, CLIError
 from ..output import device_name, emit, peak_rss_mb
 from ..run_directory import META_FILE
-from .data_files import announce_auc_rows, dataset_name, read_for_model
-from .saved_run import load_model_dir
+from .data_files import announce_auc_rows, dataset_name, load_model_and_data
 
 
 def cmd_evaluate(args) -> int:
-    model, meta = load_model_dir(args.model_dir, getattr(args, "allow_native_baselines", False))
-    test = read_for_model(args.test, args.format, model, labels=True)
+    model, meta, test = load_model_and_data(args.model_dir, getattr(args, "allow_native_baselines", False), args.test,
+                                            args.format, labels=True)
     inv_prop = None
     if "inv_propensity" in meta:
         inv_prop = np.asarray(meta["inv_propensity"])

@@ -10,17 +10,17 @@ import numpy as np
 
 from ..errors import EXIT_OK, CLIError
 from ..run_directory import META_FILE
-from .data_files import read_for_model
+from .data_files import load_model_and_data
 from .risk import is_risk_controller, write_label_sets
-from .saved_run import load_model_dir, names_from_meta
+from .saved_run import names_from_meta
 
 
 def cmd_predict(args) -> int:
-    model, meta = load_model_dir(args.model_dir, getattr(args, "allow_native_baselines", False))
+    model, meta, data = load_model_and_data(args.model_dir, getattr(args, "allow_native_baselines", False), args.input,
+                                            args.format, labels=False)
     names = names_from_meta(meta, "label_names", model.n_labels_, args.model_dir) if args.names else None
     if args.names and names is None:
         raise CLIError(f"--names: {Path(args.model_dir) / META_FILE} holds no label names")
-    data = read_for_model(args.input, args.format, model, labels=False)
     stream = _open_output(args.output, "--output") if args.output else sys.stdout  # before the work
     try:
         as_sets = is_risk_controller(model) and not args.scores  # its label sets, not the top-k

@@ -17,7 +17,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import warnings
 from pathlib import Path
 from typing import Callable, List, Optional, Sequence, Tuple
 
@@ -27,6 +26,7 @@ import scipy.sparse as sp
 from ...exceptions import DataFormatError
 from ...safe_io import (LazyNpz, check_file_width, check_width, checked_csr, error_factory, make_temporary_file,
                         remove_stale_temporaries)
+from .. import read_warnings
 from ..dataset import Dataset
 
 __all__ = ["save_npz", "load_npz", "cached_read", "cache_files_for", "NPZ_FORMAT_VERSION"]
@@ -201,7 +201,7 @@ def cached_read(source, dependencies: Sequence[Path], options: dict, parse: Call
         try:  # the widths were bounded by the source when it was parsed
             dataset, meta = load_npz(target, width_bytes=max(os.stat(target).st_size, stamp[0][1]))
         except DataFormatError as exc:
-            warnings.warn(f"ignoring unreadable cache {target}: {exc}", stacklevel=3)
+            read_warnings.warn(f"ignoring unreadable cache {target}: {exc}", stacklevel=3)
             continue
         record = meta.get("cache", {})
         if record.get("files") == stamp and record.get("options") == options:
@@ -217,5 +217,5 @@ def cached_read(source, dependencies: Sequence[Path], options: dict, parse: Call
             continue
         dataset.source = {**dataset.source, "cache": str(target), "from_cache": False}
         return dataset
-    warnings.warn("could not write the cache: " + "; ".join(failures), stacklevel=3)
+    read_warnings.warn("could not write the cache: " + "; ".join(failures), stacklevel=3)
     return dataset
