@@ -436,7 +436,10 @@ class ClassifierFitter:
         model = self.model
         rank = model.low_rank
         if rank == "auto":
-            rank = choose_low_rank(n_rows, Z.shape[1], model.n_labels_)
+            stored = Z.nnz if sp.issparse(Z) else np.count_nonzero(Z)
+            if parallel is not None:
+                stored = parallel.reduce_sum(np.array([stored], dtype=np.float64))[0]
+            rank = choose_low_rank(n_rows, Z.shape[1], model.n_labels_, nnz_per_row=float(stored) / max(n_rows, 1))
         rank = int(min(rank, Z.shape[1]))
         seed = int(self.rng.integers(0, 2**31 - 1))
         Vt, _ = top_singular_vectors(Z, rank, seed, parallel, dtype=np.float32)

@@ -196,17 +196,33 @@ def choose_solver(n: int, n_features: int, n_labels: int, nnz: int, budget: floa
 
 
 #: The ranks ``BNMC(low_rank="auto")`` chooses among for the shared basis of the ``lowrank`` solver.
-LOW_RANKS = (1024, 512, 256)
+LOW_RANKS = (1024, 768, 512, 256)
+
+#: How many passes over the stored entries of X one (n x (r + 1)) by ((r + 1) x L) product of the
+#: low-rank classifiers may cost, (r + 1) L <= this x the mean stored entries per row, for
+#: ``low_rank="auto"`` to take rank r (docs/experiments.md, "BNMC: the rank of the shared basis").
+LOW_RANK_PASSES = 2.0**14
 
 
-def choose_low_rank(n: int, n_features: int, n_labels: int, budget: float = EXACT_BUDGET_FLOPS) -> int:
+def choose_low_rank(n: int, n_features: int, n_labels: int, budget: float = EXACT_BUDGET_FLOPS,
+                    nnz_per_row: float | None = None) -> int:
     """The rank r of the ``lowrank`` solver's shared basis: the largest of :data:`LOW_RANKS` whose sweep,
     about 15 n (r + 1) L floating-point operations for the batched CG products (as :func:`solver_costs`
-    counts ``cg``'s), is within ``budget``; the smallest when none is; never above D. A rank-256 basis
-    underfits text with a flat spectrum (goemotions: test P@1 52.4 against 57.4 at r = 1024, where the
-    exact ``cg`` solver also gives 57.4; docs/experiments.md, "BNMC: the rank of the shared basis")."""
+    counts ``cg``'s), is within ``budget``, or whose products cost at most :data:`LOW_RANK_PASSES`
+    passes over the sparse features, (r + 1) L <= LOW_RANK_PASSES x ``nnz_per_row`` (the mean stored
+    entries of a row of X); the smallest when none is; never above D.
+
+    A rank-256 basis underfits text with a flat spectrum (goemotions: test P@1 52.4 against 57.4 at
+    r = 1024, where the exact ``cg`` solver also gives 57.4). The second condition ties the classifiers'
+    cost, n (r + 1) L a product, to the cost of a linear model or label tree over the sparse rows, which
+    grows with nnz(X): the EURLex-4K shape (236 entries a row, 3,993 labels) takes r = 768, where its
+    fit stayed within about 2.5x omikuji Parabel's time, while sets with many labels for few entries a
+    row (8,000 labels over 100 word counts) keep 256 (docs/experiments.md, "BNMC: the rank of the
+    shared basis")."""
     for rank in LOW_RANKS:
-        if 15.0 * n * (rank + 1) * n_labels <= budget:
+        within_budget = 15.0 * n * (rank + 1) * n_labels <= budget
+        within_passes = nnz_per_row is not None and (rank + 1) * n_labels <= LOW_RANK_PASSES * nnz_per_row
+        if within_budget or within_passes:
             return int(min(rank, n_features))
     return int(min(LOW_RANKS[-1], n_features))
 

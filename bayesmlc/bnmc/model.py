@@ -117,8 +117,10 @@ class BNMC(HasPresets, MultiLabelEstimator):
     low_rank : int or "auto", default "auto"
         r, the dimension of the shared representation of ``solver="lowrank"`` (capped at D), and of
         online SGD when a dense (D + 1) x L weight matrix would exceed 2e7 entries. "auto": the
-        largest of 1024, 512 and 256 whose sweep (about 15 n (r + 1) L operations) stays within the
-        exact solvers' budget, else 256 (:func:`~bayesmlc.bnmc.classifiers.choose_low_rank`).
+        largest of 1024, 768, 512 and 256 whose sweep (about 15 n (r + 1) L operations) stays within
+        the exact solvers' budget or whose products cost at most 2^14 passes over the sparse features
+        ((r + 1) L <= 2^14 x the mean stored entries of a row), else 256
+        (:func:`~bayesmlc.bnmc.classifiers.choose_low_rank`).
     standardize : {"auto", True, False}, default "auto"
         Standardise features for the classifiers (and the Gaussian emission). "auto": when the
         features are dense (over half the entries non-zero); sparse features are left as they are.

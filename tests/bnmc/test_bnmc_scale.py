@@ -194,17 +194,59 @@ def test_the_automatic_basis_rank_is_the_largest_whose_sweep_fits_the_budget():
     from bayesmlc.bnmc.classifiers import EXACT_BUDGET_FLOPS, choose_low_rank
 
     # 15 n (r + 1) L <= budget, worked out by hand at L = 28: n <= budget / (15 * 1025 * 28) = 69,686
-    # for r = 1024, <= 139,236 for r = 512, and 256 below that whatever the cost
+    # for r = 1024, <= 92,885 for r = 768, <= 139,236 for r = 512, and 256 below that whatever the cost
     assert choose_low_rank(69_686, 50_000, 28) == 1024
-    assert choose_low_rank(69_687, 50_000, 28) == 512
+    assert choose_low_rank(69_687, 50_000, 28) == 768
+    assert choose_low_rank(92_885, 50_000, 28) == 768
+    assert choose_low_rank(92_886, 50_000, 28) == 512
     assert choose_low_rank(139_236, 50_000, 28) == 512
     assert choose_low_rank(139_237, 50_000, 28) == 256
     assert choose_low_rank(10**7, 50_000, 28) == 256
     assert choose_low_rank(1_000, 300, 28) == 300  # never above D
     assert choose_low_rank(1_000, 50_000, 28, budget=EXACT_BUDGET_FLOPS / 1e6) == 256
-    # the EURLex-4K and goemotions shapes (training rows, features, labels)
+    # the EURLex-4K and goemotions shapes (training rows, features, labels), the budget alone
     assert choose_low_rank(15_539, 5_000, 3_993) == 256
     assert choose_low_rank(43_410, 13_077, 28) == 1024
+
+
+def test_the_automatic_basis_rank_allows_products_of_a_fixed_number_of_passes_over_the_features():
+    from bayesmlc.bnmc.classifiers import LOW_RANK_PASSES, choose_low_rank
+
+    assert LOW_RANK_PASSES == 16_384
+    # (r + 1) L <= 16,384 x entries a row, worked out by hand at L = 3,993 (far over the flop budget):
+    # r = 1024 from 1025 x 3993 / 16384 = 249.80 entries a row, 768 from 769 x 3993 / 16384 = 187.41,
+    # 512 from 513 x 3993 / 16384 = 125.03; below that 256 whatever the cost
+    n, D, L = 12_431, 5_000, 3_993
+    assert choose_low_rank(n, D, L, nnz_per_row=249.81) == 1024
+    assert choose_low_rank(n, D, L, nnz_per_row=249.79) == 768
+    assert choose_low_rank(n, D, L, nnz_per_row=236.2) == 768  # the EURLex-4K shape
+    assert choose_low_rank(n, D, L, nnz_per_row=187.42) == 768
+    assert choose_low_rank(n, D, L, nnz_per_row=187.40) == 512
+    assert choose_low_rank(n, D, L, nnz_per_row=125.04) == 512
+    assert choose_low_rank(n, D, L, nnz_per_row=125.02) == 256
+    assert choose_low_rank(n, D, L, nnz_per_row=None) == 256
+    # 8,000 labels over 100 word counts a row: 257 x 8000 = 2,056,000 > 16,384 x 100, so 256
+    assert choose_low_rank(16_000, 20_000, 8_000, nnz_per_row=100.0) == 256
+    # either condition is enough: goemotions' shape keeps 1024 by the budget (11 entries a row)
+    assert choose_low_rank(43_410, 13_077, 28, nnz_per_row=11.1) == 1024
+    assert choose_low_rank(n, 600, L, nnz_per_row=300.0) == 600  # never above D
+
+
+def test_the_fit_gives_the_rank_rule_the_mean_stored_entries_of_the_fitted_rows(monkeypatch):
+    X, Y = _low_rank_problem(n=300, L=12)
+    seen = []
+
+    def spy(n, n_features, n_labels, budget=None, nnz_per_row=None):
+        seen.append((n, n_features, n_labels, nnz_per_row))
+        return 8
+    monkeypatch.setattr(classifier_fitting, "choose_low_rank", spy)
+    model = BNMC(solver="lowrank", low_rank="auto", random_state=0, validation_fraction=0.0, **FAST).fit(X, Y)
+    assert model.classifier_basis_.shape == (60, 8)
+    # every labelled row is fitted (no validation split; rows without a label are missing label
+    # vectors); the features' weighting keeps the sparsity pattern
+    labelled = np.flatnonzero(np.diff(Y.indptr) > 0)
+    assert seen[0][:3] == (labelled.size, 60, 12)
+    assert seen[0][3] == pytest.approx(X[labelled].nnz / labelled.size, rel=1e-12)
 
 
 def test_low_rank_shared_precision_matches_a_float64_computation():
