@@ -13,8 +13,9 @@ on; without it, trained on the training rows and scored on the test rows. Each `
 key=value ...`` is an MLGPF fit with those settings over the defaults (``--config default`` alone:
 the defaults); with no ``--config``: the defaults and ``linear_term=True``. Every model runs at its
 default thread count. Prints P@1, P@5, PSP@1, PSP@5 (%, propensities from the training labels,
-A = 0.55, B = 1.5), the training wall and process CPU seconds (omikuji's Rust threads count in
-the CPU seconds), and the load average before each fit.
+A = 0.55, B = 1.5), ECE@1 and AURC of the raw probabilities (top-1 label by the scores), the training
+wall and process CPU seconds (omikuji's Rust threads count in the CPU seconds), and the load average
+before each fit.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from bayesmlc.baselines import OmikujiParabel, missing_dependency
 from bayesmlc.data.io import read_dataset
 from bayesmlc.data.synthetic import make_shape, split
 from bayesmlc.gp import MLGPF
-from bayesmlc.metrics import precision_at_k, psprecision_at_k
+from bayesmlc.metrics import aurc, ece_at_k, precision_at_k, psprecision_at_k
 
 DATA_ROOT = Path(__file__).resolve().parents[1].parent / "shared" / "datasets"
 
@@ -77,13 +78,17 @@ def parse_configs(argv: list[str]) -> dict:
     return configs or {"default": {}, "linear": {"linear_term": True}}
 
 
-def scores_line(name, seconds, Y_true, scores, Y_train, load: float) -> str:
-    """A table row: P@1, P@5, PSP@1, PSP@5 (%), then ``seconds`` (wall, CPU) and ``load`` (the load
-    average before the fit)."""
+def scores_line(name, seconds, Y_true, model, X_test, Y_train, load: float) -> str:
+    """A table row of the fitted ``model`` on ``X_test``: P@1, P@5, PSP@1, PSP@5 (%), ECE@1 and AURC
+    of its raw probabilities (top-1 label by its scores), then ``seconds`` (wall, CPU) and ``load``
+    (the load average before the fit)."""
+    scores = model.decision_function(X_test)
     figures = [100 * precision_at_k(Y_true, scores, k) for k in (1, 5)]
     figures += [100 * psprecision_at_k(Y_true, scores, k, Y_train=Y_train) for k in (1, 5)]
-    return (f"| {name} | " + " | ".join(f"{v:.2f}" for v in figures)
-            + f" | {seconds[0]:.1f} | {seconds[1]:.1f} | {load:.1f} |")
+    proba = model.predict_proba(X_test)
+    calibration = [ece_at_k(Y_true, proba, 1, scores=scores), aurc(Y_true, proba, scores=scores)]
+    return (f"| {name} | " + " | ".join(f"{v:.2f}" for v in figures) + " | "
+            + " | ".join(f"{v:.4f}" for v in calibration) + f" | {seconds[0]:.1f} | {seconds[1]:.1f} | {load:.1f} |")
 
 
 def timed_fit(model, X, Y):
@@ -109,13 +114,14 @@ def main(argv=None) -> None:
         X, Y, X_test, Y_test = validation_split(X, Y, args.seed)
     print(f"{args.set}: {X.shape[0]} training rows, {X_test.shape[0]} scored rows ({'validation' if args.validation else 'test'}), "
           f"D = {X.shape[1]}, L = {Y.shape[1]}")
-    print("| model | P@1 | P@5 | PSP@1 | PSP@5 | train s | train CPU s | load |\n|---|---|---|---|---|---|---|---|")
+    print("| model | P@1 | P@5 | PSP@1 | PSP@5 | ECE@1 | AURC | train s | train CPU s | load |\n"
+          "|---|---|---|---|---|---|---|---|---|---|")
     if not args.no_omikuji and missing_dependency("omikuji_parabel") is None:
         model, seconds, load = timed_fit(OmikujiParabel(), X, Y)
-        print(scores_line("omikuji Parabel", seconds, Y_test, model.decision_function(X_test), Y, load), flush=True)
+        print(scores_line("omikuji Parabel", seconds, Y_test, model, X_test, Y, load), flush=True)
     for name, settings in configs.items():
         model, seconds, load = timed_fit(MLGPF(random_state=args.seed, **settings), X, Y)
-        print(scores_line(f"MLGPF {name}", seconds, Y_test, model.decision_function(X_test), Y, load), flush=True)
+        print(scores_line(f"MLGPF {name}", seconds, Y_test, model, X_test, Y, load), flush=True)
 
 
 if __name__ == "__main__":
