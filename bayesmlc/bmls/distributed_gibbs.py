@@ -18,12 +18,14 @@ One sweep (:class:`ShardedSweep`), in the order of :func:`~bayesmlc.bmls.gibbs.g
    (:func:`~bayesmlc.bmls.gibbs.sample_topic_parameters`) on the shared stream from the totals:
    exact, the one-process conditionals.
 3. h over blocks of features (:func:`~bayesmlc.bmls.feature_blocks.sweep_feature_blocks`): per
-   block one all-reduce of the rate sums S_dk, the draws on the shared stream, theta scaled locally.
-   Exact for a block whose features share no row; otherwise approximate, the statistics stale within
-   the block (approximate distributed LDA's staleness; Newman, Asuncion, Smyth and Welling, JMLR
-   2009). The blocks (:func:`~bayesmlc.bmls.feature_blocks.mass_blocks`) hold at most
+   block one all-reduce, the draws and decisions on the shared stream, theta scaled locally. A
+   block's draws are stale within the block (approximate distributed LDA's staleness; Newman,
+   Asuncion, Smyth and Welling, JMLR 2009) and serve as a joint proposal that each topic accepts or
+   rejects with the Metropolis-Hastings ratio of the block's exact conditional: an exact
+   MH-within-Gibbs step, whose stationary law is the posterior (a block of one feature is the Gibbs
+   step itself). The blocks (:func:`~bayesmlc.bmls.feature_blocks.mass_blocks`) hold at most
    ``BLOCK_ROW_SHARE`` N row-feature entries each (the bias alone), so that a row carries on
-   average at most that many of a block's other features.
+   average at most that many of a block's other features and most proposals are accepted.
 4. theta from log h every ``recompute_theta_every`` sweeps, the rates at the positives, and the
    log-likelihood, summed over processes (one all-reduce).
 

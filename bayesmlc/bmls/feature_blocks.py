@@ -6,19 +6,24 @@ each from the rate sum S_dk = sum_{n: x_nd = 1} e_nk theta_nk of the theta its p
 :func:`sweep_feature_blocks` visits the features in ``blocks`` (a partition of 0 .. D'-1, each block in
 increasing order): for one block it computes every S_dk of the block from the current theta
 (:func:`block_rate_sums`; over row shards these are the sums that one all-reduce adds), draws all of
-the block's h_dk from them (:func:`draw_block_ratios`) and then applies the block's ratios to theta
+the block's h_dk from them (:func:`draw_block_ratios`) and applies the block's ratios to theta
 (:func:`scale_theta_by_block`).
 
-Exact and approximate. Given the label tokens, the conditional of h factorises over topics, and in
-topic k h_dk and h_d'k interact only through the rows that carry both d and d'. So a block whose
-features never share a row is drawn from its exact joint conditional (a valid block Gibbs step), and
-with one feature per block the scan is the sequential scan itself (the same gamma draws, in the same
-order, and the same floating-point operations). For two features of one block that share rows, each
-is drawn given the other's value from the start of the block: the statistics are stale within the
-block, as the word-topic counts are within a sweep in approximate distributed LDA (Newman, Asuncion,
-Smyth and Welling, "Distributed Algorithms for Topic Models", JMLR 2009). The chain is then not the
-Gibbs sampler of the posterior; how far its predictions move is measured in docs/scaling.md
-("BMLS on several processes").
+Exact, by a Metropolis-Hastings correction. Given the label tokens, the conditional of h factorises
+over topics, and in topic k h_dk and h_d'k interact only through the rows that carry both d and d'.
+A block of one feature is the Gibbs step, and one feature per block is the sequential scan itself
+(the same gamma draws, in the same order, and the same floating-point operations). For a block of
+several features the draws are stale within the block (each given the others' values from the start
+of the block, as the word-topic counts are within a sweep in approximate distributed LDA: Newman,
+Asuncion, Smyth and Welling, "Distributed Algorithms for Topic Models", JMLR 2009), and such a Jacobi
+step alone does not leave the conditional invariant (it overshoots together the features that share
+rows). So the block's draws are a joint proposal, accepted or rejected per topic with the
+Metropolis-Hastings ratio of the block's exact conditional (:func:`block_log_acceptance`; Tierney,
+"Markov chains for exploring posterior distributions", Ann. Statist. 1994, for MH steps within Gibbs):
+a rejected topic keeps its h and its theta. The ratio needs sums over rows only (the proposal's rate
+sums and the change of sum_n e_nk theta_nk), and topic k's next rate sums depend only on topic k's
+decision, so over row shards a block's one all-reduce carries them together with the next block's
+rate sums under both outcomes: one all-reduce per block, as the uncorrected step needs.
 """
 
 from __future__ import annotations
@@ -28,7 +33,8 @@ import numpy as np
 
 from .samplers import standard_gamma_draw
 
-__all__ = ["block_rate_sums", "draw_block_ratios", "mass_blocks", "scale_theta_by_block", "sweep_feature_blocks"]
+__all__ = ["block_log_acceptance", "block_rate_sums", "block_rows", "draw_block_ratios", "mass_blocks",
+           "scale_theta_by_block", "sweep_feature_blocks", "topic_mass_change"]
 
 
 @numba.njit(cache=True, nogil=True)
@@ -185,10 +191,10 @@ def mass_blocks(feature_counts: np.ndarray, n_rows: int, max_share: float) -> li
     where each feature is on, over all processes) add up to at most ``max_share`` x ``n_rows``, then
     the bias feature D'-1 alone; a feature on in more rows than that is a block of its own. int64 arrays.
 
-    Why the row mass: within a block, feature d's draw is stale in the other block features that its
-    rows carry; were features independent, a row carrying d would carry sum_{d' in block} N_d' / N of
-    them, so the mass bound keeps that expected number at most ``max_share`` (a Jacobi step over
-    the block overshoots by about this factor). A sweep then makes about nnz(X) / (``max_share`` N)
+    Why the row mass: within a block, feature d's proposal is stale in the other block features that
+    its rows carry; were features independent, a row carrying d would carry sum_{d' in block} N_d' / N
+    of them, so the mass bound keeps that expected number at most ``max_share`` (the Jacobi proposal
+    overshoots by about this factor, and the more it does the more proposals are rejected). A sweep then makes about nnz(X) / (``max_share`` N)
     + 1 blocks: the mean features per row over ``max_share``, whatever D is."""
     budget = float(max_share) * max(int(n_rows), 1)
     counts = np.asarray(feature_counts, dtype=np.float64)[:-1]
