@@ -42,11 +42,12 @@ def load_model_and_data(model_dir, allow_native: bool, path, data_format, labels
 
 
 def _read_holding_warnings(path, data_format):
-    """``(read_dataset(path, format=data_format), the reader's held warnings)``."""
+    """``(read_dataset(path, format=data_format), the reader's held warnings)``, without the file's
+    sha256 (no record of ``evaluate`` or ``predict`` names it)."""
     from ...data.io import read_dataset
 
     with read_warnings.deferred() as held:
-        return read_dataset(path, format=data_format), held
+        return read_dataset(path, format=data_format, sha256=False), held
 
 
 def announce_auc_rows(test, source, seed: int = 0):
