@@ -43,11 +43,11 @@ from . import persistence
 from .exceptions import ModelFormatError, NotFittedError, ValidationError
 from .fitted_state import check_fitted_state, probe_predictions
 from .label_statistics import LabelStatistics
-from .metrics import precision_at_k, topk
+from .metrics import labels_at_or_above, precision_at_k, topk
 from .parameters import check_parameters
 from .state_checks import COMMON_FIELDS
 from .threads import compute_threads
-from .utils import csr_from_mask, iter_batches, resolve_device, sigmoid
+from .utils import iter_batches, resolve_device, sigmoid
 from .validation import (check_feature_names, check_features, check_fit_inputs, feature_names,
                          string_column_names)
 
@@ -111,8 +111,12 @@ def at_least_one_label(proba: np.ndarray) -> np.ndarray:
 
 def _labels_at_threshold(proba: np.ndarray, threshold) -> sp.csr_matrix:
     """Sparse 0/1 float32: the entries of ``proba`` at or above ``threshold`` (a number, or one per
-    label column: an (L,) array broadcast over the rows)."""
-    return csr_from_mask(np.asarray(proba >= threshold))
+    label column: an (L,) array broadcast over the rows), as ``proba >= threshold`` selects them (a
+    Python number is compared in ``proba``'s precision): :func:`bayesmlc.metrics.labels_at_or_above`."""
+    proba = np.asarray(proba)
+    if np.ndim(threshold) == 0:
+        threshold = np.full(proba.shape[1], threshold, dtype=proba.dtype if proba.dtype.kind == "f" else np.float64)
+    return labels_at_or_above(proba, threshold)
 
 
 def check_threshold(threshold, n_labels: int):

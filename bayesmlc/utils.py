@@ -10,8 +10,7 @@ import torch
 
 from .exceptions import ValidationError
 
-__all__ = ["resolve_device", "numpy_rng", "torch_generator", "torch_threads", "csr_to_torch", "iter_batches",
-           "csr_from_mask"]
+__all__ = ["resolve_device", "numpy_rng", "torch_generator", "torch_threads", "csr_to_torch", "iter_batches"]
 
 
 #: the torch device types bayesmlc computes on
@@ -106,12 +105,3 @@ def iter_batches(n: int, batch_size: int):
         yield slice(start, min(start + batch_size, n))
 
 
-def csr_from_mask(selected: np.ndarray) -> sp.csr_matrix:
-    """Sparse 0/1 float32 (n, L) with a one where the boolean ``selected`` (n, L) is True: canonical CSR
-    (each row's columns ascending), int32 indices where they fit."""
-    indptr = np.zeros(selected.shape[0] + 1, dtype=np.int64)
-    np.cumsum(np.count_nonzero(selected, axis=1), out=indptr[1:])
-    index_type = np.int32 if max(indptr[-1], selected.shape[1]) < np.iinfo(np.int32).max else np.int64
-    indices = np.nonzero(selected)[1].astype(index_type)  # row by row, columns ascending
-    return sp.csr_matrix((np.ones(indices.size, dtype=np.float32), indices, indptr.astype(index_type)),
-                         shape=selected.shape)

@@ -7,8 +7,7 @@ from __future__ import annotations
 import numpy as np
 import scipy.sparse as sp
 
-from ..metrics import exact_match, f1_example, topk
-from ..utils import csr_from_mask
+from ..metrics import exact_match, f1_example, labels_at_or_above, topk
 
 __all__ = ["COUNT_RULES", "choose_count_rule", "choose_threshold", "rule_predictions", "threshold_rows", "top_counts"]
 
@@ -41,11 +40,7 @@ def threshold_rows(proba: np.ndarray, threshold: float) -> sp.csr_matrix:
         bound = np.float32(threshold)
         if float(bound) < threshold:  # (a Python float beside a float32 compares in float32)
             bound = np.nextafter(bound, np.float32(np.inf))
-    chosen = proba >= bound
-    empty = np.flatnonzero(~chosen.any(axis=1))
-    if empty.size:
-        chosen[empty, np.argmax(proba[empty], axis=1)] = True
-    return csr_from_mask(chosen)
+    return labels_at_or_above(proba, np.full(proba.shape[1], bound, dtype=np.asarray(bound).dtype), fill_empty=True)
 
 
 def rule_predictions(proba: np.ndarray, rule: str, threshold: float, count_mean: float, count_std: float,

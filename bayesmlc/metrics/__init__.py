@@ -32,8 +32,8 @@ from .calibration import (ReliabilityCurve, RiskCoverage, aurc, brier_at_k, cali
                           ece_at_k_if_calibrated, expected_calibration_error, reliability_curve, risk_coverage_curve,
                           topk_reliability_curve)
 from .evaluation import StreamingEvaluation, evaluate
-from .ranking import (inverse_propensity, inverse_propensity_from_counts, ndcg_at_k, precision_at_k, psndcg_at_k,
-                      psprecision_at_k, topk)
+from .ranking import (inverse_propensity, inverse_propensity_from_counts, labels_at_or_above, ndcg_at_k, precision_at_k,
+                      psndcg_at_k, psprecision_at_k, topk)
 from .scorers import TopKScorer, get_topk_scorer, make_topk_scorer, training_inverse_propensity
 from .set_based import exact_match, f1_example, f1_macro, f1_micro, hamming_loss
 

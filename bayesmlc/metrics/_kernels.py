@@ -246,3 +246,47 @@ def label_rank_sums(scores, observed_ptr, observed_columns, masked, label_ptr, l
             for column in range(first_column, end_column):
                 label_sums[column] += _group_rank_sum(tile[column - first_column], height, label_values,
                                                       label_ptr[column], label_ptr[column + 1])
+
+
+@numba.njit(cache=True, nogil=True)
+def _first_argmax(row):
+    """``np.argmax(row)``: the first maximum, or the first NaN when there is one."""
+    best, position = row[0], 0
+    if best != best:
+        return 0
+    for j in range(1, row.shape[0]):
+        value = row[j]
+        if value != value:
+            return j
+        if value > best:
+            best, position = value, j
+    return position
+
+
+@numba.njit(cache=True, nogil=True)
+def entries_at_or_above(values, bounds, fill_empty):
+    """The CSR ``(indptr, indices)`` (int64) of the entries with ``values[i, j] >= bounds[j]`` (a NaN
+    is never selected), each row's columns ascending; with ``fill_empty``, a row with none gets its
+    :func:`_first_argmax` instead. Two passes over the values: the counts, then the columns."""
+    n, n_labels = values.shape
+    indptr = np.zeros(n + 1, dtype=np.int64)
+    fallback = np.full(n, -1, dtype=np.int64)
+    for i in range(n):
+        count = 0
+        for j in range(n_labels):
+            count += values[i, j] >= bounds[j]
+        if count == 0 and fill_empty and n_labels > 0:
+            fallback[i] = _first_argmax(values[i])
+            count = 1
+        indptr[i + 1] = indptr[i] + count
+    indices = np.empty(indptr[n], dtype=np.int64)
+    for i in range(n):
+        position = indptr[i]
+        if fallback[i] >= 0:
+            indices[position] = fallback[i]
+            continue
+        for j in range(n_labels):
+            if values[i, j] >= bounds[j]:
+                indices[position] = j
+                position += 1
+    return indptr, indices

@@ -9,10 +9,11 @@ import scipy.sparse as sp
 from ..exceptions import ValidationError
 from ..validation import check_labels
 from ._checks import _check_dense, _check_k, _check_y_true, _entry_rows, _kernel_array, _raise_if_non_finite
-from ._kernels import top_k_rows
+from ._kernels import entries_at_or_above, top_k_rows
 
 __all__ = [
     "topk",
+    "labels_at_or_above",
     "inverse_propensity",
     "inverse_propensity_from_counts",
     "precision_at_k",
@@ -63,6 +64,28 @@ def _topk(scores: np.ndarray, k: int):
     if found is not values:  # a converted copy was ranked: the values of the original
         values[:] = np.take_along_axis(scores, indices, axis=1)
     return indices, values
+
+
+def labels_at_or_above(values: np.ndarray, bounds, fill_empty: bool = False) -> sp.csr_matrix:
+    """Sparse 0/1 float32 (n, L) with a one where ``values[i, j] >= bounds[j]``, as NumPy compares
+    them (a NaN is never selected); canonical CSR (each row's columns ascending), int32 indices where
+    they fit. One compiled pass to count and one to fill, with no (n, L) temporary.
+
+    Parameters
+    ----------
+    values : ndarray, shape (n, L), float32 or float64
+    bounds : ndarray, shape (L,), one per label column (compared in the wider of the two dtypes)
+    fill_empty : bool, give a row with no entry selected its ``np.argmax`` label instead
+    """
+    values = _kernel_array(np.asarray(values))
+    bounds = _kernel_array(np.asarray(bounds))
+    if values.ndim != 2 or bounds.shape != (values.shape[1],):
+        raise ValidationError(f"labels_at_or_above takes values (n, L) and bounds (L,), got shapes {values.shape} "
+                              f"and {bounds.shape}")
+    indptr, indices = entries_at_or_above(values, bounds, bool(fill_empty))
+    index_type = np.int32 if max(indptr[-1], values.shape[1]) < np.iinfo(np.int32).max else np.int64
+    return sp.csr_matrix((np.ones(indices.size, dtype=np.float32), indices.astype(index_type, copy=False),
+                          indptr.astype(index_type, copy=False)), shape=values.shape)
 
 
 def _ranked_indices(scores, k: int, shape) -> np.ndarray:

@@ -826,7 +826,7 @@ def test_every_public_metric_is_importable_from_the_package_and_lives_in_its_fam
     import importlib
 
     families = {
-        "ranking": ["topk", "inverse_propensity", "inverse_propensity_from_counts", "precision_at_k", "ndcg_at_k",
+        "ranking": ["topk", "labels_at_or_above", "inverse_propensity", "inverse_propensity_from_counts", "precision_at_k", "ndcg_at_k",
                     "psprecision_at_k", "psndcg_at_k"],
         "auc": ["auc_micro", "auc_macro", "auc_instance"],
         "set_based": ["f1_example", "f1_micro", "f1_macro", "exact_match", "hamming_loss"],

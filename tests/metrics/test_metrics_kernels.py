@@ -214,3 +214,36 @@ def test_rank_sums_on_helper_threads_equal_the_serial_ones_and_scikit_learn(mask
     with use_threads(2):
         assert M.auc_micro(Y, scores, mask) == pytest.approx(
             skm.roc_auc_score(dense_y[observed], scores[observed]), abs=1e-12)
+
+
+# ---- labels_at_or_above: the compiled threshold against NumPy's comparison ---------------------------
+def _numpy_labels(values, bounds, fill_empty):
+    chosen = values >= bounds
+    if fill_empty:
+        empty = np.flatnonzero(~chosen.any(axis=1))
+        chosen[empty, np.argmax(values[empty], axis=1)] = True
+    return chosen
+
+
+@pytest.mark.parametrize("dtype, bound_dtype", [(np.float32, np.float32), (np.float64, np.float64),
+                                                (np.float64, np.float32), (np.float32, np.float64)])
+@pytest.mark.parametrize("fill_empty", [False, True])
+def test_labels_at_or_above_selects_what_numpy_s_comparison_selects(dtype, bound_dtype, fill_empty):
+    rng = np.random.default_rng(4)
+    values = rng.random((300, 37)).astype(dtype)
+    values[::7] *= 0.2  # rows below every bound: empty unless filled
+    values[5, [3, 9]] = values[5].max()  # a tied maximum: the first wins the fill
+    values[11, 4] = np.nan  # never selected; np.argmax's first NaN when filling
+    values[12, :] = np.nan
+    bounds = rng.uniform(0.3, 0.9, size=37).astype(bound_dtype)
+    values[20, 6] = bounds[6]  # exactly at its bound: selected
+    got = M.labels_at_or_above(values, bounds, fill_empty=fill_empty)
+    assert got.has_canonical_format and got.dtype == np.float32 and got.indices.dtype == np.int32
+    np.testing.assert_array_equal(got.toarray() == 1, _numpy_labels(values, bounds, fill_empty))
+    assert got.nnz == _numpy_labels(values, bounds, fill_empty).sum()
+
+
+def test_labels_at_or_above_of_no_rows_and_a_wrong_bound_shape():
+    assert M.labels_at_or_above(np.zeros((0, 4), np.float32), np.zeros(4, np.float32)).shape == (0, 4)
+    with pytest.raises(ValidationError, match="bounds"):
+        M.labels_at_or_above(np.zeros((2, 4), np.float32), np.zeros(3, np.float32))
