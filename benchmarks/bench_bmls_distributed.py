@@ -2,11 +2,11 @@
 
     BAYESMLC_DATA=/path/to/datasets python benchmarks/bench_bmls_distributed.py OUT_DIR [SEED]
 
-Both fits use the defaults with ``random_state=SEED`` (0 when not given) and one thread per process; the two processes each
-read their shard of ``bibtex/train.txt`` (``read_shard``) and fit with ``parallel=`` (docs/scaling.md,
-"BMLS on several processes"). Prints each fit's test micro-AUC (all (instance, label) pairs), its
-seconds, sweeps and step seconds, and for two processes the share of the h step's block proposals
-accepted; the two-process "launch" includes spawning and importing.
+Both fits use the defaults with ``random_state=SEED`` (0 when not given) and one thread per process;
+the two processes each read their shard of ``bibtex/train.txt`` (``read_shard``) and fit with
+``parallel=`` (docs/scaling.md, "BMLS on several processes"). Prints each fit's test micro-AUC (all
+(instance, label) pairs), its seconds, sweeps and step seconds, and for two processes the share of
+the h step's block proposals accepted; the two-process "launch" includes spawning and importing.
 """
 
 import json

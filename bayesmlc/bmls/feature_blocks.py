@@ -194,8 +194,9 @@ def mass_blocks(feature_counts: np.ndarray, n_rows: int, max_share: float) -> li
     Why the row mass: within a block, feature d's proposal is stale in the other block features that
     its rows carry; were features independent, a row carrying d would carry sum_{d' in block} N_d' / N
     of them, so the mass bound keeps that expected number at most ``max_share`` (the Jacobi proposal
-    overshoots by about this factor, and the more it does the more proposals are rejected). A sweep then makes about nnz(X) / (``max_share`` N)
-    + 1 blocks: the mean features per row over ``max_share``, whatever D is."""
+    overshoots by about this factor, and the more it does the more proposals are rejected). A sweep
+    then makes about nnz(X) / (``max_share`` N) + 1 blocks: the mean features per row over
+    ``max_share``, whatever D is."""
     budget = float(max_share) * max(int(n_rows), 1)
     counts = np.asarray(feature_counts, dtype=np.float64)[:-1]
     blocks, start, mass = [], 0, 0.0
