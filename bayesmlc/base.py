@@ -113,9 +113,6 @@ def _labels_at_threshold(proba: np.ndarray, threshold) -> sp.csr_matrix:
     """Sparse 0/1 float32: the entries of ``proba`` at or above ``threshold`` (a number, or one per
     label column: an (L,) array broadcast over the rows), as ``proba >= threshold`` selects them (a
     Python number is compared in ``proba``'s precision): :func:`bayesmlc.metrics.labels_at_or_above`."""
-    proba = np.asarray(proba)
-    if np.ndim(threshold) == 0:
-        threshold = np.full(proba.shape[1], threshold, dtype=proba.dtype if proba.dtype.kind == "f" else np.float64)
     return labels_at_or_above(proba, threshold)
 
 

@@ -103,5 +103,3 @@ def iter_batches(n: int, batch_size: int):
     """Yield ``slice`` objects covering ``range(n)`` in consecutive batches."""
     for start in range(0, n, batch_size):
         yield slice(start, min(start + batch_size, n))
-
-

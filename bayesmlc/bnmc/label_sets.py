@@ -40,7 +40,7 @@ def threshold_rows(proba: np.ndarray, threshold: float) -> sp.csr_matrix:
         bound = np.float32(threshold)
         if float(bound) < threshold:  # (a Python float beside a float32 compares in float32)
             bound = np.nextafter(bound, np.float32(np.inf))
-    return labels_at_or_above(proba, np.full(proba.shape[1], bound, dtype=np.asarray(bound).dtype), fill_empty=True)
+    return labels_at_or_above(proba, bound, fill_empty=True)
 
 
 def rule_predictions(proba: np.ndarray, rule: str, threshold: float, count_mean: float, count_std: float,

@@ -74,11 +74,14 @@ def labels_at_or_above(values: np.ndarray, bounds, fill_empty: bool = False) -> 
     Parameters
     ----------
     values : ndarray, shape (n, L), float32 or float64
-    bounds : ndarray, shape (L,), one per label column (compared in the wider of the two dtypes)
+    bounds : a number, compared in ``values``' precision as NumPy compares a Python number; or an
+        ndarray of shape (L,), one per label column, compared in the wider of the two dtypes
     fill_empty : bool, give a row with no entry selected its ``np.argmax`` label instead
     """
-    values = _kernel_array(np.asarray(values))
-    bounds = _kernel_array(np.asarray(bounds))
+    values = np.asarray(values)
+    if np.ndim(bounds) == 0 and values.ndim == 2:
+        bounds = np.full(values.shape[1], bounds, dtype=values.dtype if values.dtype.kind == "f" else np.float64)
+    values, bounds = _kernel_array(values), _kernel_array(np.asarray(bounds))
     if values.ndim != 2 or bounds.shape != (values.shape[1],):
         raise ValidationError(f"labels_at_or_above takes values (n, L) and bounds (L,), got shapes {values.shape} "
                               f"and {bounds.shape}")

@@ -247,3 +247,12 @@ def test_labels_at_or_above_of_no_rows_and_a_wrong_bound_shape():
     assert M.labels_at_or_above(np.zeros((0, 4), np.float32), np.zeros(4, np.float32)).shape == (0, 4)
     with pytest.raises(ValidationError, match="bounds"):
         M.labels_at_or_above(np.zeros((2, 4), np.float32), np.zeros(3, np.float32))
+
+
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
+def test_labels_at_or_above_compares_a_number_in_the_values_precision_as_numpy_does(dtype):
+    values = np.random.default_rng(5).random((50, 9)).astype(dtype)
+    bound = 0.3  # not a float32 or float16 number: NumPy compares float32(0.3) with a float32 array
+    values[0, 2] = dtype(bound)
+    got = M.labels_at_or_above(values, bound)
+    np.testing.assert_array_equal(got.toarray() == 1, values >= bound)
