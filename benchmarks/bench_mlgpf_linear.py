@@ -82,10 +82,9 @@ def scores_line(name, seconds, Y_true, model, X_test, Y_train, load: float) -> s
     """A table row of the fitted ``model`` on ``X_test``: P@1, P@5, PSP@1, PSP@5 (%), ECE@1 and AURC
     of its raw probabilities (top-1 label by its scores), then ``seconds`` (wall, CPU) and ``load``
     (the load average before the fit)."""
-    scores = model.decision_function(X_test)
+    scores, proba = model.score_and_proba(X_test)  # one pass of the model for both
     figures = [100 * precision_at_k(Y_true, scores, k) for k in (1, 5)]
     figures += [100 * psprecision_at_k(Y_true, scores, k, Y_train=Y_train) for k in (1, 5)]
-    proba = model.predict_proba(X_test)
     calibration = [ece_at_k(Y_true, proba, 1, scores=scores), aurc(Y_true, proba, scores=scores)]
     return (f"| {name} | " + " | ".join(f"{v:.2f}" for v in figures) + " | "
             + " | ".join(f"{v:.4f}" for v in calibration) + f" | {seconds[0]:.1f} | {seconds[1]:.1f} | {load:.1f} |")
