@@ -30,7 +30,7 @@ import numpy as np
 import torch
 from torch.nn.functional import logsigmoid
 
-__all__ = ["BernoulliLogit", "TAIL_RELATIVE_ERROR", "tail_entries"]
+__all__ = ["BernoulliLogit", "GRID_BLOCK_ENTRIES", "TAIL_RELATIVE_ERROR", "tail_entries"]
 
 VAR_FLOOR = 1e-10
 #: The series is used where its first omitted term, E[z^5] / 5, is at most this fraction of E[z].
@@ -38,6 +38,12 @@ TAIL_RELATIVE_ERROR = 1e-6
 #: ... and where mean + TAIL_SIGMAS standard deviations of g = -y f is at most 0 (z < 1 there).
 TAIL_SIGMAS = 5.0
 _TAIL_BOUND = math.log(5.0 * TAIL_RELATIVE_ERROR) / 4.0  # m + 3 v <= this (about -3.05)
+#: The quadrature grids (entries, Q) are formed in blocks of at most this many values. Temporaries
+#: above glibc's largest mmap threshold (32 MB) are mapped afresh by every allocation and returned by
+#: every free, and the kernel then zero-fills each page on first touch: on large label sets that
+#: page-fault cost was over half of MLGPF's prediction time (docs/experiments.md). 2 MB blocks are
+#: reused from the allocator's heap instead.
+GRID_BLOCK_ENTRIES = 1 << 19
 
 
 def tail_entries(g_mean: torch.Tensor, var: torch.Tensor) -> torch.Tensor:
@@ -134,6 +140,16 @@ class BernoulliLogit:
         return value + (mean - mean.detach()) * d_mean + (var - var.detach()) * d_var
 
     def predictive_mean(self, mean: torch.Tensor, var: torch.Tensor) -> torch.Tensor:
-        """E_{N(f; mean, var)}[sigmoid(f)], element-wise."""
+        """E_{N(f; mean, var)}[sigmoid(f)], element-wise; ``mean`` and ``var`` broadcast.
+
+        The grid is formed in blocks of at most ``GRID_BLOCK_ENTRIES`` values, one block at a time.
+        """
+        mean, var = torch.broadcast_tensors(mean, var)
         weights = self.weights.to(mean.device, mean.dtype)
-        return torch.sigmoid(self._grid(mean, var)) @ weights
+        flat_mean, flat_var = mean.reshape(-1), var.reshape(-1)
+        out = torch.empty_like(flat_mean)
+        step = max(1, GRID_BLOCK_ENTRIES // weights.numel())
+        for start in range(0, flat_mean.numel(), step):
+            block = slice(start, start + step)
+            out[block] = self._grid(flat_mean[block], flat_var[block]).sigmoid_() @ weights
+        return out.reshape(mean.shape)

@@ -59,6 +59,30 @@ def test_quadrature_matches_monte_carlo():
     assert torch.allclose(BernoulliLogit(10).expected_log_lik(mean, var, sign), quad, atol=2e-3)
 
 
+def test_predictive_mean_in_blocks_matches_scipy_integration(monkeypatch):
+    """The blocked grid (blocks of one to a few entries, ragged last block, a broadcast 2-D input)
+    gives the per-entry E[sigmoid(f)] that scipy's adaptive quadrature gives."""
+    from scipy.integrate import quad
+    from scipy.special import expit
+
+    import bayesmlc.gp.likelihoods as likelihoods
+
+    rng = np.random.default_rng(3)
+    mean = torch.as_tensor(rng.normal(0.0, 2.0, (7, 3)), dtype=DT)
+    var = torch.as_tensor(rng.uniform(0.01, 3.0, (1, 3)), dtype=DT)
+    def integral(m, v):
+        sd = math.sqrt(v)
+        return quad(lambda f: expit(f) * math.exp(-0.5 * ((f - m) / sd) ** 2) / (sd * math.sqrt(2 * math.pi)),
+                    m - 12 * sd, m + 12 * sd, epsabs=1e-12)[0]
+    expected = np.array([[integral(mean[i, j].item(), var[0, j].item()) for j in range(3)] for i in range(7)])
+    lik = BernoulliLogit(30)
+    for block in (1, 2 * 30, 4 * 30, 1 << 19):  # one entry, two, four (ragged: 21 = 5 x 4 + 1), one block
+        monkeypatch.setattr(likelihoods, "GRID_BLOCK_ENTRIES", block)
+        got = lik.predictive_mean(mean, var)
+        assert got.shape == (7, 3)
+        np.testing.assert_allclose(got.numpy(), expected, atol=1e-7)
+
+
 
 def _expected_log_sigmoid_by_integration(mean, var, sign):
     """E[log sigmoid(sign f)], f ~ N(mean, var), by the trapezoid rule on a fine grid of +-12 sd."""
