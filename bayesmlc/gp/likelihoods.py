@@ -52,7 +52,9 @@ def tail_entries(g_mean: torch.Tensor, var: torch.Tensor) -> torch.Tensor:
     E[z^5] / 5 / E[z] = exp(4 m + 12 v) / 5 <= TAIL_RELATIVE_ERROR  <=>  m + 3 v <= log(5 eps) / 4,
     and m + TAIL_SIGMAS sqrt(v) <= 0.
     """
-    return (g_mean + 3.0 * var <= _TAIL_BOUND) & (g_mean + TAIL_SIGMAS * var.clamp_min(0.0).sqrt() <= 0.0)
+    near = torch.add(g_mean, var, alpha=3.0).le(_TAIL_BOUND)
+    # a negative variance (rounding) gives a NaN root, and the entry is left to the quadrature
+    return near.logical_and_(torch.add(g_mean, var.sqrt(), alpha=TAIL_SIGMAS).le(0.0))
 
 
 def _expected_log_sigmoid(mean, var, sign, nodes, weights, use_tail: bool):
@@ -77,16 +79,23 @@ def _expected_log_sigmoid(mean, var, sign, nodes, weights, use_tail: bool):
         value, d_mean, d_var = _quadrature_and_derivatives(mean, var, sign, nodes, weights)
         return value.reshape(shape), d_mean.reshape(shape), d_var.reshape(shape)
     # the series on every entry (cheaper than gathering the tail), its arguments clamped so that the
-    # entries outside the tail stay finite; those are overwritten by the quadrature below
-    g_mean = -sign * mean
+    # entries outside the tail stay finite; those are overwritten by the quadrature below. Written
+    # with in-place and fused operations: on large label sets this is a fifth of a training step.
+    g_mean = sign.neg().mul_(mean)
     rest = torch.nonzero(~tail_entries(g_mean, var)).squeeze(-1)
-    m = g_mean.clamp(max=_TAIL_BOUND)
-    v = torch.minimum(var, (_TAIL_BOUND - m) / 3.0)  # unchanged in the tail, where m + 3 v <= bound
-    e1, e2 = torch.exp(m + 0.5 * v), torch.exp(2.0 * m + 2.0 * v)
-    e3, e4 = torch.exp(3.0 * m + 4.5 * v), torch.exp(4.0 * m + 8.0 * v)
-    value = (e2 / 2 + e4 / 4) - (e1 + e3 / 3)
-    d_mean = sign * (e1 - e2 + e3 - e4)  # d value / d m times d m / d mean = -sign
-    d_var = (e2 + 2.0 * e4) - (e1 / 2 + 1.5 * e3)
+    m = g_mean.clamp_(max=_TAIL_BOUND)
+    v = torch.minimum(var, m.neg().add_(_TAIL_BOUND).div_(3.0))  # unchanged in the tail (m + 3 v <= bound)
+    # E_k = exp(k m + k^2 v / 2) from two exponentials: E_1 = exp(m + v / 2), b = exp(v),
+    # E_2 = E_1^2 b, E_3 = E_2 E_1 b^2, E_4 = E_3 E_1 b^3 (every factor below 1 in the tail)
+    e1 = torch.add(m, v, alpha=0.5).exp_()
+    b = v.exp_()
+    e2 = e1.square().mul_(b)
+    b_squared = b.square()
+    e3 = e2.mul(e1).mul_(b_squared)
+    e4 = e3.mul(e1).mul_(b_squared.mul_(b))
+    value = e4.mul(0.25).add_(e2, alpha=0.5).sub_(e1).sub_(e3, alpha=1.0 / 3.0)
+    d_mean = (e1 - e2).add_(e3).sub_(e4).mul_(sign)  # d value / d m times d m / d mean = -sign
+    d_var = e4.mul_(2.0).add_(e2).sub_(e1, alpha=0.5).sub_(e3, alpha=1.5)
     if rest.numel():
         picked = (t.index_select(0, rest) for t in (mean, var, sign))
         for target, part in zip((value, d_mean, d_var), _quadrature_and_derivatives(*picked, nodes, weights)):

@@ -113,6 +113,15 @@ def test_tail_series_matches_numerical_integration():
     assert torch.allclose(quadrature_only, exact, rtol=1e-4, atol=1e-6)
 
 
+def test_a_variance_rounded_below_zero_takes_the_quadrature_at_the_floor():
+    """A deep-tail mean with a variance a rounding step below zero is left to the quadrature, which
+    floors the variance: the value is log sigmoid(sign mean), the closed form at zero variance."""
+    mean, var, sign = (torch.tensor([v], dtype=DT) for v in (-8.0, -1e-12, -1.0))
+    assert not tail_entries(-sign * mean, var).any()
+    value = BernoulliLogit(10).expected_log_lik(mean, var, sign)
+    assert torch.allclose(value, torch.nn.functional.logsigmoid(sign * mean), rtol=1e-9, atol=0)
+
+
 @pytest.mark.parametrize("tail_series", [True, False])
 def test_expected_log_lik_gradients_match_finite_differences(tail_series):
     gen = torch.Generator().manual_seed(3)
