@@ -15,7 +15,9 @@ the defaults); with no ``--config``: the defaults and ``linear_term=True``. Ever
 default thread count. Prints P@1, P@5, PSP@1, PSP@5 (%, propensities from the training labels,
 A = 0.55, B = 1.5), ECE@1 and AURC of the raw probabilities (top-1 label by the scores), the training
 wall and process CPU seconds (omikuji's Rust threads count in the CPU seconds), and the load average
-before each fit.
+before each fit. ``--bands`` adds a table of each model's test P@5 and PSP@5 by decile of the labels'
+training frequency, head first (:func:`bayesmlc.metrics.metrics_by_band`: the bands add up to the
+whole), with each band's most frequent label's training rows and share of the test positives.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from bayesmlc.baselines import OmikujiParabel, missing_dependency
 from bayesmlc.data.io import read_dataset
 from bayesmlc.data.synthetic import make_shape, split
 from bayesmlc.gp import MLGPF
-from bayesmlc.metrics import aurc, ece_at_k, precision_at_k, psprecision_at_k
+from bayesmlc.metrics import aurc, ece_at_k, inverse_propensity, metrics_by_band, precision_at_k, psprecision_at_k
 
 DATA_ROOT = Path(__file__).resolve().parents[1].parent / "shared" / "datasets"
 
@@ -78,16 +80,32 @@ def parse_configs(argv: list[str]) -> dict:
     return configs or {"default": {}, "linear": {"linear_term": True}}
 
 
-def scores_line(name, seconds, Y_true, model, X_test, Y_train, load: float) -> str:
-    """A table row of the fitted ``model`` on ``X_test``: P@1, P@5, PSP@1, PSP@5 (%), ECE@1 and AURC
-    of its raw probabilities (top-1 label by its scores), then ``seconds`` (wall, CPU) and ``load``
-    (the load average before the fit)."""
-    scores, proba = model.score_and_proba(X_test)  # one pass of the model for both
+def scores_line(name, seconds, Y_true, scores, proba, Y_train, load: float) -> str:
+    """A table row of a fitted model's test ``scores`` and ``proba``: P@1, P@5, PSP@1, PSP@5 (%),
+    ECE@1 and AURC of its raw probabilities (top-1 label by its scores), then ``seconds`` (wall, CPU)
+    and ``load`` (the load average before the fit)."""
     figures = [100 * precision_at_k(Y_true, scores, k) for k in (1, 5)]
     figures += [100 * psprecision_at_k(Y_true, scores, k, Y_train=Y_train) for k in (1, 5)]
     calibration = [ece_at_k(Y_true, proba, 1, scores=scores), aurc(Y_true, proba, scores=scores)]
     return (f"| {name} | " + " | ".join(f"{v:.2f}" for v in figures) + " | "
             + " | ".join(f"{v:.4f}" for v in calibration) + f" | {seconds[0]:.1f} | {seconds[1]:.1f} | {load:.1f} |")
+
+
+def band_table(rankings: dict, Y_true, Y_train) -> str:
+    """Test P@5 and PSP@5 (%) by training-frequency decile for each model's ``rankings`` (name: scores),
+    with the band's most frequent label's training rows and its share of the test positives (%)."""
+    propensities = inverse_propensity(Y_train)
+    by_model = {name: metrics_by_band(Y_true, scores, Y_train, ks=(5,), propensities=propensities)
+                for name, scores in rankings.items()}
+    names, first = list(by_model), next(iter(by_model.values()))
+    lines = ["| band | train rows | test positives % | " + " | ".join(f"P@5 {n}" for n in names) + " | "
+             + " | ".join(f"PSP@5 {n}" for n in names) + " |", "|---" * (3 + 2 * len(names)) + "|"]
+    for b in range(len(first.positive_share)):
+        cells = [f"{100 * by_model[n].values[m][b]:.2f}" for m in ("P@5", "PSP@5") for n in names]
+        lines.append(f"| {b + 1} | {int(first.bands.max_count[b])} | {100 * first.positive_share[b]:.1f} | "
+                     + " | ".join(cells) + " |")
+    cells = [f"{100 * by_model[n].overall(m):.2f}" for m in ("P@5", "PSP@5") for n in names]
+    return "\n".join(lines + ["| all | | 100 | " + " | ".join(cells) + " |"])
 
 
 def timed_fit(model, X, Y):
@@ -106,6 +124,7 @@ def main(argv=None) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--no-omikuji", action="store_true")
     parser.add_argument("--data-root", default=str(DATA_ROOT))
+    parser.add_argument("--bands", action="store_true")
     args = parser.parse_args(argv[:cut])
     configs = parse_configs(argv[cut:])
     X, Y, X_test, Y_test = load_set(args.set, args.data_root)
@@ -115,12 +134,18 @@ def main(argv=None) -> None:
           f"D = {X.shape[1]}, L = {Y.shape[1]}")
     print("| model | P@1 | P@5 | PSP@1 | PSP@5 | ECE@1 | AURC | train s | train CPU s | load |\n"
           "|---|---|---|---|---|---|---|---|---|---|")
+    models = {f"MLGPF {name}": (lambda s=s: MLGPF(random_state=args.seed, **s)) for name, s in configs.items()}
     if not args.no_omikuji and missing_dependency("omikuji_parabel") is None:
-        model, seconds, load = timed_fit(OmikujiParabel(), X, Y)
-        print(scores_line("omikuji Parabel", seconds, Y_test, model, X_test, Y, load), flush=True)
-    for name, settings in configs.items():
-        model, seconds, load = timed_fit(MLGPF(random_state=args.seed, **settings), X, Y)
-        print(scores_line(f"MLGPF {name}", seconds, Y_test, model, X_test, Y, load), flush=True)
+        models = {"omikuji Parabel": OmikujiParabel, **models}
+    rankings = {}
+    for name, make in models.items():
+        model, seconds, load = timed_fit(make(), X, Y)
+        scores, proba = model.score_and_proba(X_test)  # one pass of the model for both
+        print(scores_line(name, seconds, Y_test, scores, proba, Y, load), flush=True)
+        if args.bands:
+            rankings[name] = scores
+    if rankings:
+        print(band_table(rankings, Y_test, Y))
 
 
 if __name__ == "__main__":
