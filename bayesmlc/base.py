@@ -53,7 +53,14 @@ from .validation import (check_feature_names, check_features, check_fit_inputs, 
 
 __all__ = ["MultiLabelEstimator"]
 
+#: rows a prediction hook (``_decision_function``, ``_predict_proba``, ``_scores_and_proba``) gets at a
+#: time, at most; fewer for a model that sets ``_prediction_block_entries``
 PREDICT_BATCH_ROWS = 2048
+#: a block size (rows x labels) for models whose prediction makes several dense (rows, L) float64
+#: temporaries: 8 MB each. Larger ones are mapped afresh by every allocation (above glibc's largest mmap
+#: threshold, 32 MB) and zero-filled by the kernel on first touch: at 4,000 labels that was over half of
+#: BNMC's prediction time (docs/experiments.md, "MLGPF: element-wise passes and large temporaries").
+PREDICTION_BLOCK_ENTRIES = 1 << 20
 
 #: the public methods that fit or predict; each runs inside :func:`bayesmlc.threads.compute_threads`:
 #: the base class's own in a ``with`` block (no extra frame, so a warning's ``stacklevel`` still reaches
@@ -461,10 +468,20 @@ class MultiLabelEstimator(BaseEstimator):
             check_feature_names(getattr(self, "feature_names_in_", None), X, type(self).__name__)
         return check_features(X, self.n_features_in_, estimator_name=type(self).__name__)
 
+    #: (rows x labels) entries a prediction hook gets at a time, at most (None: ``PREDICT_BATCH_ROWS`` rows)
+    _prediction_block_entries: int | None = None
+
+    def _prediction_rows(self) -> int:
+        """How many rows the prediction hooks get at a time: ``PREDICT_BATCH_ROWS``, or fewer for
+        ``_prediction_block_entries``."""
+        if self._prediction_block_entries is None:
+            return PREDICT_BATCH_ROWS
+        return max(1, min(PREDICT_BATCH_ROWS, self._prediction_block_entries // self.n_labels_))
+
     def _batched(self, X, hook, fill) -> np.ndarray:
         X = self._validated(X)
         out = np.empty((X.shape[0], self.n_labels_), dtype=np.float32)
-        for rows in iter_batches(X.shape[0], PREDICT_BATCH_ROWS):
+        for rows in iter_batches(X.shape[0], self._prediction_rows()):
             block = X[rows]
             out[rows] = self._checked_block(hook(block), block.shape[0])
         if self.empty_labels_.size:
@@ -558,7 +575,7 @@ class MultiLabelEstimator(BaseEstimator):
             X = self._validated(X)
             scores = np.empty((X.shape[0], self.n_labels_), dtype=np.float32)
             proba = np.empty_like(scores)
-            for rows in iter_batches(X.shape[0], PREDICT_BATCH_ROWS):
+            for rows in iter_batches(X.shape[0], self._prediction_rows()):
                 block = X[rows]
                 for out, values in zip((scores, proba), self._scores_and_proba(block)):
                     out[rows] = self._checked_block(values, block.shape[0])

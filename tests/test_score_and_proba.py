@@ -142,3 +142,24 @@ def test_the_costly_work_is_done_once_per_row(name, problem, monkeypatch):
     monkeypatch.setattr(cls, method, lambda self, rows, *rest, **kw: seen.append(rows.shape[0]) or real(self, rows, *rest, **kw))
     model.score_and_proba(X_test, return_labels=True)
     assert sum(seen) == X_test.shape[0]
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")  # the label without a positive
+@pytest.mark.parametrize("entries, rows", [(21, 3), (13, 1), (1, 1)])
+def test_bnmc_predicts_the_same_in_blocks_of_few_entries(problem, monkeypatch, entries, rows):
+    """BNMC's prediction blocks hold at most ``_prediction_block_entries`` (rows x labels), at least one
+    row; the outputs are those of one block of every row, bit for bit."""
+    X, Y, X_test = problem
+    model = BNMC(truncation=4, n_passes=1, random_state=0).fit(X, Y)
+    monkeypatch.setattr(model, "_prediction_block_entries", None)
+    whole = model.score_and_proba(X_test, return_labels=True)
+    seen = []
+    hook = model._scores_and_proba
+    monkeypatch.setattr(model, "_scores_and_proba", lambda block: seen.append(block.shape[0]) or hook(block))
+    monkeypatch.setattr(model, "_prediction_block_entries", entries)  # 7 labels
+    blocked = model.score_and_proba(X_test, return_labels=True)
+    assert max(seen) == rows and sum(seen) == X_test.shape[0]
+    np.testing.assert_array_equal(blocked[0], whole[0])
+    np.testing.assert_array_equal(blocked[1], whole[1])
+    assert (blocked[2] != whole[2]).nnz == 0
+    np.testing.assert_array_equal(model.predict_proba(X_test), whole[1])

@@ -11,7 +11,7 @@ import numpy as np
 import scipy.sparse as sp
 from tqdm.auto import tqdm
 
-from ..base import LABEL_CARDINALITY, MultiLabelEstimator
+from ..base import LABEL_CARDINALITY, PREDICTION_BLOCK_ENTRIES, MultiLabelEstimator
 from ..data.shard import RowShard
 from ..distributed import ONE_PROCESS
 from ..exceptions import ValidationError
@@ -263,6 +263,7 @@ class BNMC(HasPresets, MultiLabelEstimator):
 
     #: fitted attributes of model files written under earlier names (old -> current), renamed at load
     _renamed_attributes = {"calibration_": "evidence_weights_", "probability_calibration_": "probability_evidence_weights_"}
+    _prediction_block_entries = PREDICTION_BLOCK_ENTRIES  # its dense float64 temporaries (base.py)
 
     _parameter_constraints = {
         "label_cardinality": [Options(*LABEL_CARDINALITY)],
@@ -581,16 +582,13 @@ class BNMC(HasPresets, MultiLabelEstimator):
     def _get_state(self) -> dict:
         state = super()._get_state()
         state["mixture_state"] = {**self._mixture.state(), **{"emission." + k: v for k, v in self._mixture.emission.state().items()}}
-        sgd = getattr(self, "_sgd", None)
-        state["sgd_state"] = None if sgd is None else sgd.state()
+        state["sgd_state"] = None if getattr(self, "_sgd", None) is None else self._sgd.state()
         return state
 
     def _set_state(self, state: dict) -> None:
         # files written before FeaturePreprocessor held standardized_, feature_mean_, feature_scale_ (the std)
-        state = legacy_preprocessor_state(state, self._preprocessor().get_params(), reciprocal_scale=False)
-        state = dict(state)
-        mixture_state = state.pop("mixture_state")
-        sgd_state = state.pop("sgd_state")
+        state = dict(legacy_preprocessor_state(state, self._preprocessor().get_params(), reciprocal_scale=False))
+        mixture_state, sgd_state = state.pop("mixture_state"), state.pop("sgd_state")
         super()._set_state(state)
         self._mixture = self._new_mixture()
         self._mixture.set_state(mixture_state)
