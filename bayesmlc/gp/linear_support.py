@@ -26,6 +26,7 @@ of ``torch.optim.SparseAdam``).
 from __future__ import annotations
 
 import math
+import warnings
 from concurrent.futures import ThreadPoolExecutor
 
 import numba
@@ -39,6 +40,13 @@ __all__ = ["SupportLinearTerm", "SupportBlock", "gradient_support", "support_pro
 
 #: :func:`gradient_support` forms X^T y_l for at most this many (label, feature) stored entries at a time
 SUPPORT_BLOCK_ENTRIES = 1 << 24
+#: A block's utilities are one sparse-times-dense product X_B W_full^T, with W (T, K) scattered into a
+#: dense (T, D) W_full, where that holds at most DENSE_PRODUCT_MAX_ENTRIES values and costs at most
+#: DENSE_PRODUCT_COST_RATIO times the multiply-adds of the passes over the support columns' entries
+#: (each of those is a scattered scalar update; the dense product's run vectorised, about 10x faster
+#: apiece: docs/experiments.md, "MLGPF: element-wise passes and large temporaries").
+DENSE_PRODUCT_MAX_ENTRIES = 1 << 22
+DENSE_PRODUCT_COST_RATIO = 4.0
 
 
 def support_problem(value, n_features: int) -> str | None:
@@ -219,10 +227,32 @@ class SupportBlock:
     def sampled_utilities(self) -> torch.Tensor:
         """w_l^T x_i for the batch's rows and the sampled labels: (B, S)."""
         if self.all_sampled:
-            return _SupportTimes.apply(self.weight, self.X_csc, self.support)
+            return self._times(self.weight, self.support)
         positions = self.sampled_positions
-        weight = self.weight[torch.as_tensor(positions, device=self.weight.device)]
-        return _SupportTimes.apply(weight, self.X_csc, self.support[positions])
+        return self._times(self.weight[torch.as_tensor(positions, device=self.weight.device)], self.support[positions])
+
+    def _times(self, weight: torch.Tensor, support: np.ndarray) -> torch.Tensor:
+        """(B, T) utilities of the batch for ``weight`` (T, K) on ``support`` (T, K): by the compiled passes
+        over the support columns' entries, or as one dense product where that is cheaper (the rule of
+        ``DENSE_PRODUCT_MAX_ENTRIES`` and ``DENSE_PRODUCT_COST_RATIO``); the two are equal to rounding."""
+        n_labels, n_features = support.shape[0], self.X.shape[1]
+        support_cost = float(np.diff(self.X_csc.indptr)[support[support >= 0]].sum())
+        if n_labels * n_features > DENSE_PRODUCT_MAX_ENTRIES \
+                or self.X.nnz * n_labels > DENSE_PRODUCT_COST_RATIO * support_cost:
+            return _SupportTimes.apply(weight, self.X_csc, support)
+        device = weight.device
+        valid = torch.as_tensor(support >= 0, device=device)
+        columns = torch.as_tensor(np.maximum(support, 0), device=device)
+        # padding (-1) adds an exact 0 at column 0, so a label's own column 0 keeps its weight
+        full = weight.new_zeros((n_labels, n_features)).scatter_add(1, columns, weight * valid)
+        X = self.X
+        with warnings.catch_warnings():  # torch calls its sparse CSR layout beta
+            warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta", category=UserWarning)
+            rows = torch.sparse_csr_tensor(torch.as_tensor(X.indptr, dtype=torch.int64),
+                                           torch.as_tensor(X.indices, dtype=torch.int64),
+                                           torch.as_tensor(X.data, dtype=weight.dtype), size=X.shape, device=device,
+                                           check_invariants=False)  # a checked scipy CSR
+        return rows @ full.T
 
     def positive_utilities(self) -> torch.Tensor:
         """w_l^T x_i for the positive entries: (E,)."""

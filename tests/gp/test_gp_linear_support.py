@@ -65,9 +65,23 @@ def test_support_blocks_of_labels_give_the_same_support(monkeypatch):
     assert np.array_equal(gradient_support(X, Y, 4), whole)
 
 
-def test_products_equal_the_dense_algebra_and_pass_gradcheck():
+@pytest.mark.parametrize("path", ["compiled passes", "dense product"])
+def test_products_equal_the_dense_algebra_and_pass_gradcheck(path, monkeypatch):
+    """Both ways of forming a block's utilities (the compiled passes over the support columns and the
+    product with W scattered into a dense (T, D) matrix), including padded supports and column 0."""
+    import bayesmlc.gp.linear_support as linear_support
+
+    if path == "compiled passes":
+        monkeypatch.setattr(linear_support, "DENSE_PRODUCT_MAX_ENTRIES", 0)
+    else:
+        monkeypatch.setattr(linear_support, "DENSE_PRODUCT_COST_RATIO", float("inf"))
+    compiled_calls = []
+    apply = linear_support._SupportTimes.apply
+    monkeypatch.setattr(linear_support._SupportTimes, "apply", lambda *a: compiled_calls.append(1) or apply(*a))
     X, Y = _problem(seed=1)
-    term = _term(X, Y, seed=2)
+    term = _term(X, Y, K=30, seed=2)
+    support = term.support.numpy()
+    assert (support == -1).any() and (support == 0).any()  # padding, and a label that uses column 0
     W = _dense_weights(term, X.shape[1])
     assert np.allclose(term.utilities(X).numpy(), X.toarray() @ W.T, atol=1e-12)
     rows, sampled = np.arange(8), np.array([0, 3, 5, 7])
@@ -86,6 +100,7 @@ def test_products_equal_the_dense_algebra_and_pass_gradcheck():
 
     start = block.weight.detach().clone().requires_grad_()
     assert torch.autograd.gradcheck(utilities, (start,), eps=1e-6, atol=1e-7)
+    assert bool(compiled_calls) == (path == "compiled passes")
 
 
 def test_pair_values_read_each_pair_from_its_row_in_any_row_order():
