@@ -236,9 +236,10 @@ class SupportBlock:
         over the support columns' entries, or as one dense product where that is cheaper (the rule of
         ``DENSE_PRODUCT_MAX_ENTRIES`` and ``DENSE_PRODUCT_COST_RATIO``); the two are equal to rounding."""
         n_labels, n_features = support.shape[0], self.X.shape[1]
-        support_cost = float(np.diff(self.X_csc.indptr)[support[support >= 0]].sum())
-        if n_labels * n_features > DENSE_PRODUCT_MAX_ENTRIES \
-                or self.X.nnz * n_labels > DENSE_PRODUCT_COST_RATIO * support_cost:
+        if n_labels * n_features > DENSE_PRODUCT_MAX_ENTRIES:
+            return _SupportTimes.apply(weight, self.X_csc, support)
+        passes_cost = float(np.diff(self.X_csc.indptr)[support[support >= 0]].sum())  # their multiply-adds
+        if self.X.nnz * n_labels > DENSE_PRODUCT_COST_RATIO * passes_cost:
             return _SupportTimes.apply(weight, self.X_csc, support)
         device = weight.device
         valid = torch.as_tensor(support >= 0, device=device)
