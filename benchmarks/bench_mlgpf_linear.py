@@ -15,9 +15,9 @@ the defaults); with no ``--config``: the defaults and ``linear_term=True``. Ever
 default thread count. Prints P@1, P@5, PSP@1, PSP@5 (%, propensities from the training labels,
 A = 0.55, B = 1.5), ECE@1 and AURC of the raw probabilities (top-1 label by the scores), the training
 wall and process CPU seconds (omikuji's Rust threads count in the CPU seconds), and the load average
-before each fit. ``--bands`` adds a table of each model's test P@5 and PSP@5 by decile of the labels'
-training frequency, head first (:func:`bayesmlc.metrics.metrics_by_band`: the bands add up to the
-whole), with each band's most frequent label's training rows and share of the test positives.
+before each fit. ``--bands`` adds each model's test metrics by decile of the labels' training frequency,
+head first, as ``bayesmlc bench --bands`` reports them (:func:`bayesmlc.metrics.metrics_by_band`: the
+bands add up to the whole).
 """
 
 from __future__ import annotations
@@ -31,6 +31,8 @@ from pathlib import Path
 import numpy as np
 
 from bayesmlc.baselines import OmikujiParabel, missing_dependency
+from bayesmlc.bench import report
+from bayesmlc.bench.bands import BAND_KS
 from bayesmlc.data.io import read_dataset
 from bayesmlc.data.synthetic import make_shape, split
 from bayesmlc.gp import MLGPF
@@ -92,20 +94,15 @@ def scores_line(name, seconds, Y_true, scores, proba, Y_train, load: float) -> s
 
 
 def band_table(rankings: dict, Y_true, Y_train) -> str:
-    """Test P@5 and PSP@5 (%) by training-frequency decile for each model's ``rankings`` (name: scores),
-    with the band's most frequent label's training rows and its share of the test positives (%)."""
+    """The harness's label-frequency band table (:func:`bayesmlc.bench.report.band_table`) of each
+    model's test ``rankings`` (name: scores), with propensities from ``Y_train``."""
     propensities = inverse_propensity(Y_train)
-    by_model = {name: metrics_by_band(Y_true, scores, Y_train, ks=(5,), propensities=propensities)
-                for name, scores in rankings.items()}
-    names, first = list(by_model), next(iter(by_model.values()))
-    lines = ["| band | train rows | test positives % | " + " | ".join(f"P@5 {n}" for n in names) + " | "
-             + " | ".join(f"PSP@5 {n}" for n in names) + " |", "|---" * (3 + 2 * len(names)) + "|"]
-    for b in range(len(first.positive_share)):
-        cells = [f"{100 * by_model[n].values[m][b]:.2f}" for m in ("P@5", "PSP@5") for n in names]
-        lines.append(f"| {b + 1} | {int(first.bands.max_count[b])} | {100 * first.positive_share[b]:.1f} | "
-                     + " | ".join(cells) + " |")
-    cells = [f"{100 * by_model[n].overall(m):.2f}" for m in ("P@5", "PSP@5") for n in names]
-    return "\n".join(lines + ["| all | | 100 | " + " | ".join(cells) + " |"])
+    records = []
+    for name, scores in rankings.items():
+        model, config = name.split(" ", 1)  # "MLGPF default" is labelled "MLGPF (default)"
+        bands = metrics_by_band(Y_true, scores, Y_train, ks=BAND_KS, propensities=propensities)
+        records.append({"dataset": "test", "model": model, "config": config, "status": "ok", "bands": bands.to_json()})
+    return report.band_table(report.summarise(records))
 
 
 def timed_fit(model, X, Y):
