@@ -4,8 +4,6 @@ classifier basis)."""
 
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
-
 import numba
 import numpy as np
 import scipy.sparse as sp
@@ -14,6 +12,7 @@ from scipy.linalg import blas
 from threadpoolctl import threadpool_limits
 
 from .distributed import ParallelContext
+from .utils import run_blocks
 
 __all__ = ["SUBSPACE_ITERATIONS", "basis_gram", "sparse_dense_product", "top_singular_vectors"]
 
@@ -81,17 +80,8 @@ class _ThreadedProducts:
             out = np.empty((matrix.shape[0], dense.shape[1]), dtype=self.dtype)
         cuts = np.searchsorted(matrix.indptr, np.linspace(0, matrix.nnz, self.workers + 1)[1:-1])
         bounds = [0, *cuts.tolist(), matrix.shape[0]]
-        tasks = [(start, stop) for start, stop in zip(bounds[:-1], bounds[1:]) if stop > start]
-
-        def run(task):
-            _csr_rows_times_dense(matrix.indptr, matrix.indices, matrix.data, dense, out, *task)
-
-        if len(tasks) > 1:
-            with ThreadPoolExecutor(len(tasks)) as pool:
-                list(pool.map(run, tasks))
-        else:  # one block of rows, or none
-            for task in tasks:
-                run(task)
+        run_blocks(bounds, lambda start, stop: _csr_rows_times_dense(matrix.indptr, matrix.indices, matrix.data, dense,
+                                                                      out, start, stop))
         return out
 
     def times(self, W, out=None):

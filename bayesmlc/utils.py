@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import warnings
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import scipy.sparse as sp
@@ -103,3 +104,22 @@ def iter_batches(n: int, batch_size: int):
     """Yield ``slice`` objects covering ``range(n)`` in consecutive batches."""
     for start in range(0, n, batch_size):
         yield slice(start, min(start + batch_size, n))
+
+
+def thread_bounds(n: int, min_per_thread: int) -> list[int]:
+    """Bounds [0, ..., n] of equal blocks of ``range(n)``, one per thread of ``torch.get_num_threads()``,
+    fewer so that each block holds at least ``min_per_thread`` items (one block at least)."""
+    threads = max(1, min(torch.get_num_threads(), n // max(1, min_per_thread)))
+    return np.linspace(0, n, threads + 1).astype(np.int64).tolist()
+
+
+def run_blocks(bounds, work) -> None:
+    """``work(begin, end)`` for each non-empty block between consecutive ``bounds``, each block on its
+    own thread when there are several (``work`` is expected to release the GIL: a numba ``nogil``
+    kernel, a BLAS call) and inline when there is one."""
+    tasks = [(int(begin), int(end)) for begin, end in zip(bounds[:-1], bounds[1:]) if end > begin]
+    if len(tasks) == 1:
+        work(*tasks[0])
+    elif tasks:
+        with ThreadPoolExecutor(len(tasks)) as pool:
+            list(pool.map(lambda task: work(*task), tasks))

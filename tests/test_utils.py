@@ -25,3 +25,28 @@ def test_sigmoid_logit_and_softplus_match_scipy_and_stay_finite():
                                rtol=1e-12)
     with np.errstate(divide="ignore"):
         assert np.isneginf(logit(np.array([0.0]), floor=0.0))[0]
+
+
+def test_run_blocks_covers_every_index_once_on_each_thread_count():
+    """thread_bounds splits range(n) into at most one block per thread, each at least the minimum
+    (one block below it); run_blocks runs each non-empty block once, inline when it is the only one."""
+    import threading
+
+    from bayesmlc.threads import use_threads
+    from bayesmlc.utils import run_blocks, thread_bounds
+
+    for threads, n, minimum, blocks in ((1, 1000, 10, 1), (2, 1000, 10, 2), (2, 1000, 600, 1), (2, 0, 10, 1)):
+        with use_threads(threads):
+            bounds = thread_bounds(n, minimum)
+        assert bounds[0] == 0 and bounds[-1] == n and len(bounds) == blocks + 1 and bounds == sorted(bounds)
+        seen = np.zeros(n, dtype=int)
+        names = set()
+
+        def work(begin, end):
+            seen[begin:end] += 1
+            names.add(threading.current_thread().name)
+
+        run_blocks(bounds, work)
+        np.testing.assert_array_equal(seen, 1)
+        if n:  # one block inline, several on the pool's threads
+            assert (names == {threading.main_thread().name}) == (blocks == 1)

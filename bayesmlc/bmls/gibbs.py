@@ -45,6 +45,7 @@ from .samplers import (
     allocate_pair_tokens,
     crt,
     dirichlet_columns,
+    positive_rates,
     standard_gamma_draw,
     zero_truncated_poisson,
 )
@@ -154,21 +155,6 @@ class SamplerState:
 
 
 @numba.njit(cache=True, nogil=True)
-def positive_rates(rows, cols, phi, theta):
-    """rho_e = sum_k phi[cols[e], k] * theta[rows[e], k] for every positive entry e (eq. (6))."""
-    out = np.empty(rows.shape[0])
-    n_topics = phi.shape[1]
-    for e in range(rows.shape[0]):
-        n = rows[e]
-        l = cols[e]
-        acc = 0.0
-        for k in range(n_topics):
-            acc += phi[l, k] * theta[n, k]
-        out[e] = acc
-    return out
-
-
-@numba.njit(cache=True, nogil=True)
 def add_feature_token_counts(x_indptr, x_indices, tokens, counts):
     """counts[d, k] += c_dk = sum_n x_nd A_nk (the shape increment of eq. (22)), from the CSR pattern of X'.
 
@@ -270,7 +256,8 @@ def sample_label_tokens(data: SweepData, state: SamplerState, rng):
     Returns (A (N, K), B (L, K)) token counts."""
     counts = zero_truncated_poisson(state.rates, rng)
     uniforms = rng.random(int(counts.sum()))
-    return allocate_label_tokens(data.pos_rows, data.pos_cols, counts, state.phi, state.theta, uniforms, data.n_instances)
+    return allocate_label_tokens(data.pos_rows, data.pos_cols, counts, state.phi, state.theta, uniforms, data.n_instances,
+                                 state.rates)
 
 
 def sample_unobserved_label_tokens(data: SweepData, state: SamplerState, rng) -> np.ndarray:

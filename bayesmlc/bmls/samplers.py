@@ -16,6 +16,8 @@ import numba
 import numpy as np
 from scipy.special import logsumexp
 
+from ..utils import run_blocks, thread_bounds
+
 __all__ = [
     "zero_truncated_poisson",
     "crt",
@@ -23,8 +25,14 @@ __all__ = [
     "log_gamma_variates",
     "dirichlet_columns",
     "allocate_label_tokens",
+    "positive_rates",
     "allocate_pair_tokens",
 ]
+
+#: entries of Y below which the positives' passes stay on one thread (a thread's start costs more)
+MIN_ENTRIES_PER_THREAD = 16_384
+#: up to this many tokens an entry's topics are found in one pass over its cumulative weights
+_FEW_TOKENS = 8
 
 
 def zero_truncated_poisson(rate: np.ndarray, rng: np.random.Generator) -> np.ndarray:
@@ -145,7 +153,89 @@ def _first_above(cumulative, target):
 
 
 @numba.njit(cache=True, nogil=True)
-def allocate_label_tokens(rows, cols, counts, phi, theta, uniforms, n_rows):
+def _positive_rates_block(rows, cols, phi, theta, out, begin, end):
+    """``out[e]`` = sum_k phi[cols[e], k] theta[rows[e], k] for e in [begin, end)."""
+    n_topics = phi.shape[1]
+    for e in range(begin, end):
+        n = rows[e]
+        l = cols[e]
+        acc = 0.0
+        for k in range(n_topics):
+            acc += phi[l, k] * theta[n, k]
+        out[e] = acc
+
+
+def positive_rates(rows, cols, phi, theta):
+    """rho_e = sum_k phi[cols[e], k] * theta[rows[e], k] for every positive entry e (eq. (6)), on
+    ``torch.get_num_threads()`` threads over blocks of entries (each entry's sum in topic order, so
+    the result does not depend on the thread count)."""
+    out = np.empty(rows.shape[0])
+    run_blocks(thread_bounds(rows.shape[0], MIN_ENTRIES_PER_THREAD),
+               lambda begin, end: _positive_rates_block(rows, cols, phi, theta, out, begin, end))
+    return out
+
+
+@numba.njit(cache=True, nogil=True)
+def _allocate_block(rows, cols, counts, first_uniform, rates, phi, theta, uniforms, begin, end, a_counts, b_counts):
+    """:func:`allocate_label_tokens` for the entries [begin, end), added into ``a_counts`` and ``b_counts``.
+
+    Entry e's tokens take the uniforms from ``first_uniform[e]`` on; token j goes to the first topic
+    whose cumulative weight sum_{k' <= k} phi[l, k'] theta[n, k'] exceeds uniforms[j] * rates[e]
+    (rates[e] is that sum over every topic, summed in the same order). A few tokens are sorted and
+    found in one pass over the topics that stops at the largest; many, by binary search on the
+    cumulative weights. A target no cumulative weight exceeds (rounding) takes the last topic.
+    """
+    n_topics = phi.shape[1]
+    cumulative = np.empty(n_topics)
+    targets = np.empty(_FEW_TOKENS)
+    for e in range(begin, end):
+        n = rows[e]
+        l = cols[e]
+        c = counts[e]
+        u0 = first_uniform[e]
+        if c == 1:
+            target = uniforms[u0] * rates[e]
+            acc = 0.0
+            k = 0
+            while k < n_topics - 1:
+                acc += phi[l, k] * theta[n, k]
+                if acc > target:
+                    break
+                k += 1
+            a_counts[n, k] += 1
+            b_counts[l, k] += 1
+        elif c <= _FEW_TOKENS:
+            for j in range(c):  # insertion sort of the targets
+                t = uniforms[u0 + j] * rates[e]
+                i = j
+                while i > 0 and targets[i - 1] > t:
+                    targets[i] = targets[i - 1]
+                    i -= 1
+                targets[i] = t
+            j = 0
+            acc = 0.0
+            k = 0
+            while j < c and k < n_topics:
+                acc += phi[l, k] * theta[n, k]
+                while j < c and acc > targets[j]:
+                    a_counts[n, k] += 1
+                    b_counts[l, k] += 1
+                    j += 1
+                k += 1
+            a_counts[n, n_topics - 1] += c - j
+            b_counts[l, n_topics - 1] += c - j
+        else:
+            acc = 0.0
+            for k in range(n_topics):
+                acc += phi[l, k] * theta[n, k]
+                cumulative[k] = acc
+            for j in range(c):
+                k = _first_above(cumulative, uniforms[u0 + j] * rates[e])
+                a_counts[n, k] += 1
+                b_counts[l, k] += 1
+
+
+def allocate_label_tokens(rows, cols, counts, phi, theta, uniforms, n_rows, rates=None):
     """Multinomial allocation of latent label counts to topics (paper eq. (16)).
 
     Entry e = (rows[e], cols[e]) of Y (instance n, label l) carries ``counts[e]`` tokens; each token
@@ -153,28 +243,33 @@ def allocate_label_tokens(rows, cols, counts, phi, theta, uniforms, n_rows):
     cumulative weights, one uniform per token, consumed in order from ``uniforms``).
 
     Parameters: rows, cols (E,) int; counts (E,) int64; phi (L, K); theta (N, K) = Theta^T;
-    uniforms (sum(counts),) in [0, 1); n_rows = N.
+    uniforms (sum(counts),) in [0, 1); n_rows = N; rates (E,) the entries' total weights
+    (:func:`positive_rates` of the same phi and theta, which the sweep keeps; computed when None).
     Returns (A, B): A (N, K) int64 tokens per instance and topic, B (L, K) int64 per label and topic.
+
+    With ``rows`` non-decreasing (Y's CSR order) the entries are split at row boundaries over
+    ``torch.get_num_threads()`` threads, each adding into its own B; every token's topic depends on
+    its own uniform only, so the counts do not depend on the thread count.
     """
-    n_topics = phi.shape[1]
-    a_counts = np.zeros((n_rows, n_topics), dtype=np.int64)
-    b_counts = np.zeros((phi.shape[0], n_topics), dtype=np.int64)
-    cumulative = np.empty(n_topics)
-    pos = 0
-    for e in range(rows.shape[0]):
-        n = rows[e]
-        l = cols[e]
-        acc = 0.0
-        for k in range(n_topics):
-            acc += phi[l, k] * theta[n, k]
-            cumulative[k] = acc
-        for _ in range(counts[e]):
-            target = uniforms[pos] * acc
-            pos += 1
-            lo = _first_above(cumulative, target)
-            a_counts[n, lo] += 1
-            b_counts[l, lo] += 1
-    return a_counts, b_counts
+    rows, cols, counts = (np.asarray(a, dtype=np.int64) for a in (rows, cols, counts))
+    if rates is None:
+        rates = positive_rates(rows, cols, phi, theta)
+    first_uniform = np.cumsum(counts) - counts
+    a_counts = np.zeros((n_rows, phi.shape[1]), dtype=np.int64)
+    bounds = thread_bounds(rows.shape[0], MIN_ENTRIES_PER_THREAD)
+    if len(bounds) > 2:
+        if np.any(rows[1:] < rows[:-1]):
+            bounds = [0, rows.shape[0]]  # blocks could share a row of A
+        else:  # move each cut to the start of its row
+            bounds = sorted(set([0, *np.searchsorted(rows, rows[bounds[1:-1]]).tolist(), rows.shape[0]]))
+    b_parts = [np.zeros((phi.shape[0], phi.shape[1]), dtype=np.int64) for _ in range(len(bounds) - 1)]
+
+    def work(begin, end):
+        _allocate_block(rows, cols, counts, first_uniform, rates, phi, theta, uniforms, begin, end, a_counts,
+                        b_parts[bounds.index(begin)])
+
+    run_blocks(bounds, work)
+    return a_counts, sum(b_parts[1:], b_parts[0])
 
 
 @numba.njit(cache=True, nogil=True)

@@ -27,13 +27,13 @@ from __future__ import annotations
 
 import math
 import warnings
-from concurrent.futures import ThreadPoolExecutor
 
 import numba
 import numpy as np
 import scipy.sparse as sp
 import torch
 
+from ..utils import run_blocks, thread_bounds
 from .linear_term import ADAM_BETAS, ADAM_EPS, PenalisedLinearWeights
 
 __all__ = ["SupportLinearTerm", "SupportBlock", "gradient_support", "support_problem"]
@@ -166,13 +166,7 @@ def _pair_values(indptr, indices, data, n_columns, pair_rows, pair_labels, suppo
 def _label_blocks(n_labels: int, work) -> None:
     """Run ``work(start, stop)`` over label blocks on ``torch.get_num_threads()`` threads (the
     kernels release the GIL; each block writes its own rows)."""
-    threads = max(1, min(torch.get_num_threads(), n_labels // 64))
-    if threads == 1:
-        work(0, n_labels)
-        return
-    edges = np.linspace(0, n_labels, threads + 1).astype(np.int64)
-    with ThreadPoolExecutor(threads) as pool:
-        list(pool.map(lambda a: work(int(edges[a]), int(edges[a + 1])), range(threads)))
+    run_blocks(thread_bounds(n_labels, 64), work)
 
 
 def support_products(X_csc: sp.csc_matrix, support: np.ndarray, weight: np.ndarray) -> np.ndarray:

@@ -169,6 +169,46 @@ def test_allocate_label_tokens_is_multinomial():
     np.testing.assert_array_equal(B.sum(axis=1), [counts[0], counts[1] + counts[2]])
 
 
+def _allocation_by_search(rows, cols, counts, phi, theta, uniforms, n_rows):
+    """Eq. (16) token by token: each token's topic is the first whose cumulative weight (summed in
+    topic order) exceeds its uniform times the entry's total, found by NumPy's binary search."""
+    A, B = np.zeros((n_rows, phi.shape[1]), np.int64), np.zeros(phi.shape, np.int64)
+    used = 0
+    for n, l, c in zip(rows, cols, counts):
+        cumulative = np.cumsum(phi[l] * theta[n])  # sequential sums, as the kernel's
+        for u in uniforms[used : used + c]:
+            k = min(int(np.searchsorted(cumulative, u * cumulative[-1], side="right")), phi.shape[1] - 1)
+            A[n, k] += 1
+            B[l, k] += 1
+        used += c
+    return A, B
+
+
+@pytest.mark.parametrize("sorted_rows", [True, False])
+def test_allocate_label_tokens_equals_token_by_token_search(sorted_rows):
+    """One token, a few (sorted and found in one pass) and many (binary search) per entry, zero-weight
+    topics, rows in CSR order (split over threads) or not (one block): the same topics as searching
+    each token on its own, on one thread and on two."""
+    from bayesmlc.threads import use_threads
+
+    rng = np.random.default_rng(5)
+    n_rows, n_labels, n_topics, n_entries = 200, 30, 13, 40_000
+    phi = rng.random((n_labels, n_topics)) * (rng.random((n_labels, n_topics)) > 0.3)
+    theta = rng.gamma(0.3, 1.0, (n_rows, n_topics))
+    rows = rng.integers(0, n_rows, n_entries)
+    rows = np.sort(rows) if sorted_rows else rows
+    cols = rng.integers(0, n_labels, n_entries)
+    counts = rng.choice([1, 1, 1, 2, 3, 8, 9, 40], n_entries)
+    uniforms = rng.random(counts.sum())
+    expected = _allocation_by_search(rows, cols, counts, phi, theta, uniforms, n_rows)
+    rates = positive_rates(rows, cols, phi, theta)
+    for threads in (1, 2):
+        with use_threads(threads):
+            A, B = allocate_label_tokens(rows, cols, counts, phi, theta, uniforms, n_rows, rates)
+        np.testing.assert_array_equal(A, expected[0])
+        np.testing.assert_array_equal(B, expected[1])
+
+
 def test_allocate_pair_tokens_counts_both_endpoints():
     rng = np.random.default_rng(2)
     phi = np.array([[0.5, 0.1], [0.3, 0.6], [0.2, 0.3]])
