@@ -114,6 +114,24 @@ def _quadrature_and_derivatives(mean, var, sign, nodes, weights):
     return value, sign * slope.sum(-1), torch.where(var > VAR_FLOOR, d_sd / (2.0 * sd), torch.zeros_like(sd))
 
 
+class _ExpectedLogSigmoid(torch.autograd.Function):
+    """:func:`_expected_log_sigmoid`'s value, whose backward pass multiplies the incoming gradient by
+    the derivatives formed with it (two products; the forward keeps only those two tensors)."""
+
+    @staticmethod
+    def forward(ctx, mean, var, sign, nodes, weights, use_tail):
+        value, d_mean, d_var = _expected_log_sigmoid(mean, var, sign, nodes, weights, use_tail)
+        ctx.save_for_backward(d_mean, d_var)
+        return value
+
+    @staticmethod
+    def backward(ctx, grad):
+        d_mean, d_var = ctx.saved_tensors
+        needs_mean, needs_var = ctx.needs_input_grad[:2]
+        return (grad * d_mean if needs_mean else None, grad * d_var if needs_var else None,
+                None, None, None, None)
+
+
 class BernoulliLogit:
     """p(y | f) = sigmoid(y f).
 
@@ -140,13 +158,10 @@ class BernoulliLogit:
         mean, var, sign = torch.broadcast_tensors(mean, var, sign.to(mean.dtype))
         nodes = self.nodes.to(mean.device, mean.dtype)
         weights = self.weights.to(mean.device, mean.dtype)
-        with torch.no_grad():
-            value, d_mean, d_var = _expected_log_sigmoid(mean, var, sign, nodes, weights, self.tail_series)
         if not (mean.requires_grad or var.requires_grad):
-            return value
-        # value, with the gradients d_mean and d_var attached by built-in operations: the added terms
-        # are exactly zero, and the backward pass multiplies the incoming gradient by d_mean and d_var
-        return value + (mean - mean.detach()) * d_mean + (var - var.detach()) * d_var
+            with torch.no_grad():
+                return _expected_log_sigmoid(mean, var, sign, nodes, weights, self.tail_series)[0]
+        return _ExpectedLogSigmoid.apply(mean, var, sign.detach(), nodes, weights, self.tail_series)
 
     def predictive_mean(self, mean: torch.Tensor, var: torch.Tensor) -> torch.Tensor:
         """E_{N(f; mean, var)}[sigmoid(f)], element-wise; ``mean`` and ``var`` broadcast.

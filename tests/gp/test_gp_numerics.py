@@ -137,6 +137,10 @@ def test_expected_log_lik_gradients_match_finite_differences(tail_series):
     m2, v2 = mean.detach().reshape(6, 10).requires_grad_(), var.detach().reshape(6, 10).requires_grad_()
     minus = -torch.ones((), dtype=DT)
     assert torch.autograd.gradcheck(lambda m, v: lik.expected_log_lik(m, v, minus), (m2, v2))
+    # a (1, S) variance broadcast over the rows, and a gradient for one argument only
+    v_row = var.detach()[:10].reshape(1, 10).requires_grad_()
+    assert torch.autograd.gradcheck(lambda m, v: lik.expected_log_lik(m, v, minus), (m2, v_row))
+    assert torch.autograd.gradcheck(lambda m: lik.expected_log_lik(m, var.detach()[:10], minus), (m2,))
 
 
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
