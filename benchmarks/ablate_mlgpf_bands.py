@@ -51,6 +51,9 @@ CONFIGS = {
     "bm25": ({"idf_weighting": False}, "bm25"),
     "log1p": ({}, "log1p"),
     "M400": ({"n_inducing": 400}, None),
+    "linear+term": ({"kernel": "linear", "linear_term": True}, None),
+    "se-no-term": ({"kernel": "se", "linear_term": False}, None),
+    "se+term": ({"kernel": "se", "linear_term": True}, None),
 }
 BAND_METRICS = ("P@1", "P@5", "PSP@1", "PSP@5", "R@5")
 

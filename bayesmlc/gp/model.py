@@ -59,9 +59,12 @@ class MLGPF(HasPresets, MultiLabelEstimator):
     n_inducing : int, M, number of inducing inputs.
     kernel : {"auto", "linear", "se", "linear+se"}, default "auto"
         "auto" (``kernel_`` holds the choice): the squared exponential for dense features (more than
-        half the entries non-zero: audio, image or expression descriptors), the linear kernel for
-        sparse ones (text), where it is the papers' choice; on dense descriptors the linear kernel
-        ranks below the baselines (docs/experiments.md, "MLGPF: the kernel of dense features").
+        half the entries non-zero: audio, image or expression descriptors) and for sparse ones with at
+        least 10 training rows a feature column (:data:`bayesmlc.gp.kernels.SE_ROWS_PER_FEATURE`), the
+        linear kernel otherwise (text), where it is the papers' choice; on dense descriptors the linear
+        kernel ranks below the baselines (docs/experiments.md, "MLGPF: the kernel of dense features"),
+        and so it does on delicious's 500 binary features ("MLGPF: the kernel of many rows and few
+        features").
     ard : bool, per-dimension weights (per feature for fixed/free inducing inputs; per subspace
         coordinate plus one for the complement for subspace ones).
     inducing : {"subspace", "subspace-fixed", "free", "fixed"}
@@ -78,9 +81,10 @@ class MLGPF(HasPresets, MultiLabelEstimator):
     batch_size_growth, batch_size_every, max_batch_size : the batch grows by ``batch_size_growth``
         rows every ``batch_size_every`` epochs, up to ``max_batch_size`` (0 = fixed size).
     epochs : int or "auto", default "auto"
-        Passes over the training rows. "auto": 40 with the per-label linear term (``linear_term_``), 100
-        without; with the term 40 ranked as well as 100 on validation rows of three sets in 40-48% of
-        the CPU time (docs/experiments.md, "MLGPF: epochs with the linear term").
+        Passes over the training rows. "auto": 40 with the per-label linear term (``linear_term_``) or
+        with at least 10,000 training rows, 100 otherwise; with the term 40 ranked as well as 100 on
+        validation rows of three sets in 40-48% of the CPU time, and so did it without the term on
+        goemotions and delicious (docs/experiments.md, "MLGPF: epochs with the linear term").
     learning_rate : float, Adam step size for kernel, inducing inputs, Phi and b.
     variational_learning_rate : float or None, Adam step size for q(u) (None = ``learning_rate``).
     lr_decay : float in [0, 1], fraction of training (counted in steps, over ``epochs``) at the end
@@ -145,8 +149,9 @@ class MLGPF(HasPresets, MultiLabelEstimator):
         (:mod:`bayesmlc.gp.linear_term`). Needs labels x ``linear_features`` (x features for a dense
         W) <= ``linear_max_entries``, one process and ``negative_sampling="batch"``. "auto"
         (``linear_term_`` holds the choice): on when the labels outnumber the latent GPs (L > P, where
-        the rank-P loadings cannot give each label a direction of its own) and the fit can take it
-        (one process, batch-shared negatives), off otherwise (docs/experiments.md, "MLGPF: the linear
+        the rank-P loadings cannot give each label a direction of its own), the latent GPs have the
+        linear kernel (``kernel_``; beside SE ones it ranked lower) and the fit can take it (one
+        process, batch-shared negatives), off otherwise (docs/experiments.md, "MLGPF: the linear
         term on a per-label support").
     linear_prior_variance : float > 0 or "evidence", default "evidence", s2 of the linear term's prior
         (its penalty |W|^2 / (2 s2)). "evidence" starts at 16 and sets s2 to MacKay's evidence update
@@ -318,10 +323,10 @@ class MLGPF(HasPresets, MultiLabelEstimator):
                 self._check_against_data(shard.n_total)
                 if parallel.world_size > 1:  # the label statistics of all processes' rows (fit counted this one's)
                     self._set_label_statistics(LabelStatistics.of_labels(Y, label_mask).summed(parallel.reduce_sum))
-                self._resolve_linear_term(Y.shape[1], X.shape[1], parallel.world_size)
-                self.preprocessor_ = self._preprocessor().fit(X, n_rows=shard.n_total, reduce=parallel.reduce_sum)
                 self.kernel_, self.n_latent_ = resolved_structure(self.get_params(), X, Y.shape[1], shard.n_total,
                                                                   parallel.reduce_sum)
+                self._resolve_linear_term(Y.shape[1], X.shape[1], shard.n_total, parallel.world_size)
+                self.preprocessor_ = self._preprocessor().fit(X, n_rows=shard.n_total, reduce=parallel.reduce_sum)
                 trainer = self._trainer()
                 try:
                     trainer.fit(self.preprocessor_.transform(X), Y, label_mask, ParallelContext(shard, parallel), resume)
@@ -397,9 +402,9 @@ class MLGPF(HasPresets, MultiLabelEstimator):
         start = time.perf_counter()
         with torch_threads(self.n_threads):
             if first:
-                self._resolve_linear_term(Y.shape[1], X.shape[1])
-                self.preprocessor_ = self._preprocessor().fit(X)
                 self.kernel_, self.n_latent_ = resolved_structure(self.get_params(), X, Y.shape[1])
+                self._resolve_linear_term(Y.shape[1], X.shape[1], X.shape[0])
+                self.preprocessor_ = self._preprocessor().fit(X)
             if first or getattr(self, "_stream", None) is None:  # kept between calls, with its optimizer
                 self._stream = self._trainer(None if first else self._ensure_module())
             stream = self._stream
@@ -417,10 +422,12 @@ class MLGPF(HasPresets, MultiLabelEstimator):
         previous.append((previous[-1] if previous else 0.0) + time.perf_counter() - start)
         return self
 
-    def _resolve_linear_term(self, n_labels: int, n_features: int, world_size: int = 1) -> None:
-        """Set ``linear_term_`` ("auto" resolved) and refuse a term that cannot run."""
+    def _resolve_linear_term(self, n_labels: int, n_features: int, n_rows: int, world_size: int = 1) -> None:
+        """Set ``linear_term_`` ("auto" resolved by the labels and the resolved ``kernel_``), note the
+        ``n_rows`` training rows (all processes') for ``epochs="auto"``, and refuse a term that cannot run."""
         n_latent = resolved_latent(self.n_latent, n_labels)
-        self.linear_term_ = resolve_linear_term(self.get_params(), n_labels, n_latent, world_size)
+        self.linear_term_ = resolve_linear_term(self.get_params(), n_labels, n_latent, self.kernel_, world_size)
+        self._n_training_rows = int(n_rows)
         check_linear_term(SimpleNamespace(**self._settings()), n_labels, n_features, world_size)
 
     def _trainer(self, module=None) -> Trainer:
@@ -436,7 +443,8 @@ class MLGPF(HasPresets, MultiLabelEstimator):
         linear_term = getattr(self, "linear_term_", self.linear_term)
         return {**self.get_params(), "kernel": getattr(self, "kernel_", self.kernel),
                 "n_latent": getattr(self, "n_latent_", self.n_latent), "linear_term": linear_term,
-                "epochs": resolve_epochs(self.epochs, linear_term)}
+                "epochs": resolve_epochs(self.epochs, linear_term,
+                                         getattr(self, "_n_training_rows", getattr(self, "n_rows_seen_", None)))}
 
     def _keep_parameters(self, module, jitter):
         self._module = module

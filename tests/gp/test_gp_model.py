@@ -439,6 +439,52 @@ def test_kernel_auto_is_the_squared_exponential_for_dense_features_and_linear_fo
         np.testing.assert_allclose(loaded.predict_proba(features), auto.predict_proba(features), rtol=1e-6)
 
 
+def test_kernel_auto_takes_the_squared_exponential_from_ten_rows_a_feature():
+    """Sparse features: "linear" below SE_ROWS_PER_FEATURE (10) rows a column, "se" from it on (the
+    rows of every process when ``n_rows`` is given); dense features always "se"; a name is kept."""
+    from bayesmlc.gp.kernels import SE_ROWS_PER_FEATURE, resolve_kernel
+
+    assert SE_ROWS_PER_FEATURE == 10
+    D = 8
+    sparse = sp.random(10 * D, D, density=0.2, random_state=np.random.RandomState(0), format="csr")
+    assert resolve_kernel("auto", sparse) == "se"
+    assert resolve_kernel("auto", sparse[:-1]) == "linear"
+    assert resolve_kernel("auto", sparse[:40], n_rows=80, reduce=lambda a: 2 * a) == "se"  # one of two shards
+    assert resolve_kernel("auto", sparse[:40], n_rows=79, reduce=lambda a: 2 * a) == "linear"
+    dense = sp.csr_matrix(np.ones((3, D)))
+    assert resolve_kernel("auto", dense) == "se" and resolve_kernel("linear", sparse) == "linear"
+
+
+@pytest.mark.parametrize("kernel, labels, term", [("linear", 12, True), ("se", 12, False), ("linear+se", 12, False),
+                                                  ("linear", 3, False)])
+def test_linear_term_auto_needs_more_labels_than_latent_gps_and_the_linear_kernel(kernel, labels, term):
+    from bayesmlc.gp.initialisation import resolve_linear_term
+
+    params = MLGPF().get_params()
+    assert resolve_linear_term(params, labels, 3, kernel) is term
+    assert resolve_linear_term(params, 12, 3, kernel, world_size=2) is False
+    assert resolve_linear_term({**params, "linear_term": True}, 3, 3, "se") is True
+
+
+def test_epochs_auto_is_40_with_the_linear_term_or_ten_thousand_rows():
+    from bayesmlc.gp.initialisation import resolve_epochs
+
+    assert resolve_epochs("auto", True) == resolve_epochs("auto", True, 50) == 40
+    assert resolve_epochs("auto", False) == resolve_epochs("auto", False, 9_999) == 100
+    assert resolve_epochs("auto", False, 10_000) == 40
+    assert resolve_epochs("auto", "auto", 10_000) == "auto" and resolve_epochs(7, False, 10_000) == 7
+
+
+def test_auto_fit_on_many_rows_a_feature_uses_se_latent_gps_without_the_linear_term():
+    """End to end: 35 rows a sparse feature column and L = 15 > P = 3 give kernel_ "se" and no linear
+    term, the same model as asking for them."""
+    X, Y, _ = _planted(seed=2, n=700, D=20)
+    auto = MLGPF(epochs=2, **SMALL).fit(X, Y)
+    explicit = MLGPF(epochs=2, kernel="se", linear_term=False, **SMALL).fit(X, Y)
+    assert auto.kernel_ == "se" and auto.linear_term_ is False
+    np.testing.assert_array_equal(auto.decision_function(X), explicit.decision_function(X))
+
+
 def test_n_latent_auto_is_at_most_the_number_of_labels(tmp_path):
     """"auto" gives min(100, L) latent GPs, the same model as that number given explicitly, and the
     choice (``n_latent_``) is kept by save/load."""
