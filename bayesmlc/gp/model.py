@@ -350,7 +350,7 @@ class MLGPF(HasPresets, MultiLabelEstimator):
         The first call on an unfitted model fixes the features and the label set (the columns of
         ``Y``, as scikit-learn's ``partial_fit(classes=...)`` does) and sets the model up from this
         batch as ``fit`` does (feature statistics, subspace basis, k-means, bias, Phi, ridge warm
-        start). A first batch may have fewer rows than ``n_inducing``: every row is then an inducing
+        start; ``kernel="auto"`` counts this batch's rows a feature column). A first batch may have fewer rows than ``n_inducing``: every row is then an inducing
         input (or, for subspace ones, its projection) and the others start at random rows plus
         Gaussian noise of the rows' spread (:func:`~bayesmlc.gp.inducing.padding_centres`), which
         training moves (except with ``inducing="subspace-fixed"``); the subspace basis then has
