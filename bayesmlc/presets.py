@@ -44,7 +44,7 @@ MLGPF_PAPER = dict(n_latent=30, n_inducing=500, kernel="linear", inducing="subsp
 MLGPF_BEST_SINGLE = dict(lr_decay=0.5, rank_by="proba", kl_weight=0.5, variational="whitened", epochs=50,
                          linear_term=False)
 #: The fast preset: the defaults (the shared variational family, the cheapest per epoch) cut to 20
-#: epochs (theirs: 40 with the per-label linear term or 10,000 rows, 100 otherwise), ranked by the predictive probability. The cosine decay of the learning rates spans
+#: epochs (theirs: 40 where L > P or from 10,000 rows, 100 otherwise), ranked by the predictive probability. The cosine decay of the learning rates spans
 #: the 20 epochs. The best single recipe for 10 epochs, the preset before, took as long as the defaults:
 #: its whitened family costs about ten times as much per epoch (docs/presets.md).
 MLGPF_FAST = dict(epochs=20, rank_by="proba")
@@ -118,7 +118,7 @@ _ONE_THREAD = "2-core AMD EPYC VM, one torch thread"
 PRESETS = {
     "mlgpf": {
         "fast": Preset(
-            "mlgpf", "fast", "the defaults for 20 epochs (theirs: 40 with the linear term or 10,000 rows, else 100), ranked by predict_proba",
+            "mlgpf", "fast", "the defaults for 20 epochs (theirs: 40 where L > P or from 10,000 rows, else 100), ranked by predict_proba",
             params=dict(MLGPF_FAST),
             measured=Measurement(
                 "bibtex_xc", "P@1 63.70 (ranked by predict_proba; the defaults: 63.70, 62.86 by their mean "

@@ -77,15 +77,15 @@ def test_benchmark_script_measures_the_preset_recipes():
 
 def test_fast_mlgpf_is_the_defaults_with_at_most_half_the_epochs():
     """docs/presets.md: ``fast`` keeps the per-epoch work of the defaults (every training setting
-    but the epochs) and runs at most half of their epochs ("auto": 40 with the linear term or 10,000 rows, 100
+    but the epochs) and runs at most half of their epochs ("auto": 40 where L > P or from 10,000 rows, 100
     otherwise); ``rank_by`` only changes prediction."""
     from bayesmlc.gp.initialisation import resolve_epochs
 
     fast, default = MLGPF.preset("fast").get_params(), MLGPF().get_params()
     changed = {key for key in default if fast[key] != default[key]}
     assert changed == {"epochs", "rank_by"}
-    assert all(fast["epochs"] * 2 <= resolve_epochs(default["epochs"], term, rows)
-               for term in (True, False) for rows in (None, 100, 10**6))
+    assert all(fast["epochs"] * 2 <= resolve_epochs(default["epochs"], term, rows, beyond)
+               for term in (True, False) for rows in (None, 100, 10**6) for beyond in (True, False))
     assert fast["rank_by"] == "proba"
 
 

@@ -81,10 +81,11 @@ class MLGPF(HasPresets, MultiLabelEstimator):
     batch_size_growth, batch_size_every, max_batch_size : the batch grows by ``batch_size_growth``
         rows every ``batch_size_every`` epochs, up to ``max_batch_size`` (0 = fixed size).
     epochs : int or "auto", default "auto"
-        Passes over the training rows. "auto": 40 with the per-label linear term (``linear_term_``) or
-        with at least 10,000 training rows, 100 otherwise; with the term 40 ranked as well as 100 on
-        validation rows of three sets in 40-48% of the CPU time, and so did it without the term on
-        goemotions and delicious (docs/experiments.md, "MLGPF: epochs with the linear term").
+        Passes over the training rows. "auto": 40 where the labels outnumber the latent GPs (L > P, with
+        or without the per-label linear term) or with at least 10,000 training rows, 100 otherwise (small
+        sets of few labels); 40 ranked as well as 100 or better on validation rows of five sets in 35-48%
+        of the time (docs/experiments.md, "MLGPF: epochs with the linear term" and "MLGPF: the kernel of
+        many rows and few features").
     learning_rate : float, Adam step size for kernel, inducing inputs, Phi and b.
     variational_learning_rate : float or None, Adam step size for q(u) (None = ``learning_rate``).
     lr_decay : float in [0, 1], fraction of training (counted in steps, over ``epochs``) at the end
@@ -444,7 +445,8 @@ class MLGPF(HasPresets, MultiLabelEstimator):
         return {**self.get_params(), "kernel": getattr(self, "kernel_", self.kernel),
                 "n_latent": getattr(self, "n_latent_", self.n_latent), "linear_term": linear_term,
                 "epochs": resolve_epochs(self.epochs, linear_term,
-                                         getattr(self, "_n_training_rows", getattr(self, "n_rows_seen_", None)))}
+                                         getattr(self, "_n_training_rows", getattr(self, "n_rows_seen_", None)),
+                                         getattr(self, "n_labels_", 0) > getattr(self, "n_latent_", np.inf))}
 
     def _keep_parameters(self, module, jitter):
         self._module = module

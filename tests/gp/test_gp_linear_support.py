@@ -208,12 +208,14 @@ def test_support_size_counts_against_the_entry_limit():
     MLGPF(**dict(TINY, linear_term=True, linear_features=8, linear_max_entries=100, epochs=1)).fit(X, Y)
 
 
-@pytest.mark.parametrize("n_latent, linear_on, epochs_run", [(2, True, 40), (12, False, 100)])
-def test_auto_epochs_follow_the_linear_term(n_latent, linear_on, epochs_run):
-    """epochs="auto": 40 with the linear term (L = 12 > P = 2), 100 without (L = P); an int is kept."""
+@pytest.mark.parametrize("n_latent, linear_term, linear_on, epochs_run",
+                         [(2, "auto", True, 40), (2, False, False, 40), (12, "auto", False, 100)])
+def test_auto_epochs_follow_the_labels_beyond_the_latent_gps(n_latent, linear_term, linear_on, epochs_run):
+    """epochs="auto" on 60 rows: 40 where L = 12 > P = 2 (with the linear term or without), 100 where
+    L = P; an int is kept."""
     X, Y = planted_linear_problem(n=60)
-    model = MLGPF(n_latent=n_latent, n_inducing=5, subspace_rank=5, batch_size=60, random_state=0, n_threads=1,
-                  device="cpu").fit(X, Y)
+    model = MLGPF(n_latent=n_latent, linear_term=linear_term, n_inducing=5, subspace_rank=5, batch_size=60,
+                  random_state=0, n_threads=1, device="cpu").fit(X, Y)
     assert model.linear_term_ is linear_on
     assert model.history_["epoch"] == list(range(1, epochs_run + 1))
     assert len(model.step_history_["step"]) == epochs_run

@@ -466,12 +466,12 @@ def test_linear_term_auto_needs_more_labels_than_latent_gps_and_the_linear_kerne
     assert resolve_linear_term({**params, "linear_term": True}, 3, 3, "se") is True
 
 
-def test_epochs_auto_is_40_with_the_linear_term_or_ten_thousand_rows():
+def test_epochs_auto_is_40_with_more_labels_than_latent_gps_or_ten_thousand_rows():
     from bayesmlc.gp.initialisation import resolve_epochs
 
     assert resolve_epochs("auto", True) == resolve_epochs("auto", True, 50) == 40
     assert resolve_epochs("auto", False) == resolve_epochs("auto", False, 9_999) == 100
-    assert resolve_epochs("auto", False, 10_000) == 40
+    assert resolve_epochs("auto", False, 10_000) == resolve_epochs("auto", False, 50, True) == 40
     assert resolve_epochs("auto", "auto", 10_000) == "auto" and resolve_epochs(7, False, 10_000) == 7
 
 
