@@ -37,11 +37,10 @@ def _arc_cosine(gram: np.ndarray, norms_a: np.ndarray, norms_b: np.ndarray) -> n
     return scale / np.pi * (np.sin(angle) + (np.pi - angle) * cosine)
 
 
-def ridge_scores(K: np.ndarray, K_held: np.ndarray, Y: np.ndarray, lam: float) -> np.ndarray:
-    """Kernel ridge utilities of the held-out rows, K_held (K + lam I)^-1 (Y - ybar) + ybar, every label
-    (column of the dense 0/1 ``Y``) at once."""
-    mean = Y.mean(axis=0)
-    return K_held @ scipy.linalg.solve(K + lam * np.eye(len(K)), Y - mean, assume_a="pos") + mean
+def ridge_weights(K: np.ndarray, Y: np.ndarray, lam: float) -> np.ndarray:
+    """Kernel ridge weights (K + lam I)^-1 (Y - ybar) of every label (column of the dense 0/1 ``Y``) at
+    once: the held-out utilities are K_held @ weights + ybar."""
+    return scipy.linalg.solve(K + lam * np.eye(len(K)), Y - Y.mean(axis=0), assume_a="pos")
 
 
 def main(argv=None) -> None:
@@ -86,9 +85,9 @@ def main(argv=None) -> None:
                "arc-cosine": (_arc_cosine(gram, norms_a, norms_a), _arc_cosine(cross, norms_b, norms_a))}
     for lam in args.ridge:
         for name, (K, K_held) in kernels.items():
-            report(f"exact {name} lam={lam:g}", ridge_scores(K, K_held, Y, lam))
+            alpha = ridge_weights(K, Y, lam)
+            report(f"exact {name} lam={lam:g}", K_held @ alpha + mean)
             if name == "se l=1":
-                alpha = scipy.linalg.solve(K + lam * np.eye(len(K)), Y - mean, assume_a="pos")
                 _, _, right = np.linalg.svd(K @ alpha, full_matrices=False)
                 for rank in args.rank:
                     kept = right[:rank]

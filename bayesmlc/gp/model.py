@@ -326,7 +326,8 @@ class MLGPF(HasPresets, MultiLabelEstimator):
                     self._set_label_statistics(LabelStatistics.of_labels(Y, label_mask).summed(parallel.reduce_sum))
                 self.kernel_, self.n_latent_ = resolved_structure(self.get_params(), X, Y.shape[1], shard.n_total,
                                                                   parallel.reduce_sum)
-                self._resolve_linear_term(Y.shape[1], X.shape[1], shard.n_total, parallel.world_size)
+                self.n_rows_seen_ = shard.n_total  # all processes' rows; epochs="auto" reads it
+                self._resolve_linear_term(Y.shape[1], X.shape[1], parallel.world_size)
                 self.preprocessor_ = self._preprocessor().fit(X, n_rows=shard.n_total, reduce=parallel.reduce_sum)
                 trainer = self._trainer()
                 try:
@@ -341,7 +342,6 @@ class MLGPF(HasPresets, MultiLabelEstimator):
                 raise
             parallel.sync_failure(None)  # all finished: none is left waiting for a failed one
         self._keep_parameters(trainer.module, trainer.jitter)
-        self.n_rows_seen_ = shard.n_total
         self._stream = None  # a later partial_fit starts a fresh optimizer from these parameters
         return self
 
@@ -351,10 +351,10 @@ class MLGPF(HasPresets, MultiLabelEstimator):
         The first call on an unfitted model fixes the features and the label set (the columns of
         ``Y``, as scikit-learn's ``partial_fit(classes=...)`` does) and sets the model up from this
         batch as ``fit`` does (feature statistics, subspace basis, k-means, bias, Phi, ridge warm
-        start; ``kernel="auto"`` counts this batch's rows a feature column). A first batch may have fewer rows than ``n_inducing``: every row is then an inducing
-        input (or, for subspace ones, its projection) and the others start at random rows plus
-        Gaussian noise of the rows' spread (:func:`~bayesmlc.gp.inducing.padding_centres`), which
-        training moves (except with ``inducing="subspace-fixed"``); the subspace basis then has
+        start; ``kernel="auto"`` counts this batch's rows a feature column). A first batch may have
+        fewer rows than ``n_inducing``: every row is then an inducing input (or, for subspace ones,
+        its projection) and the others start at random rows plus Gaussian noise of the rows' spread
+        (:func:`~bayesmlc.gp.inducing.padding_centres`), which training moves (except with ``inducing="subspace-fixed"``); the subspace basis then has
         rank at most the batch's rows, and ``inducing="fixed"`` (a fixed subset of the rows) is
         refused. On a fitted model (``fit``, a loaded model or an earlier ``partial_fit``) it
         continues from the fitted parameters.
@@ -404,7 +404,7 @@ class MLGPF(HasPresets, MultiLabelEstimator):
         with torch_threads(self.n_threads):
             if first:
                 self.kernel_, self.n_latent_ = resolved_structure(self.get_params(), X, Y.shape[1])
-                self._resolve_linear_term(Y.shape[1], X.shape[1], X.shape[0])
+                self._resolve_linear_term(Y.shape[1], X.shape[1])
                 self.preprocessor_ = self._preprocessor().fit(X)
             if first or getattr(self, "_stream", None) is None:  # kept between calls, with its optimizer
                 self._stream = self._trainer(None if first else self._ensure_module())
@@ -423,12 +423,11 @@ class MLGPF(HasPresets, MultiLabelEstimator):
         previous.append((previous[-1] if previous else 0.0) + time.perf_counter() - start)
         return self
 
-    def _resolve_linear_term(self, n_labels: int, n_features: int, n_rows: int, world_size: int = 1) -> None:
-        """Set ``linear_term_`` ("auto" resolved by the labels and the resolved ``kernel_``), note the
-        ``n_rows`` training rows (all processes') for ``epochs="auto"``, and refuse a term that cannot run."""
+    def _resolve_linear_term(self, n_labels: int, n_features: int, world_size: int = 1) -> None:
+        """Set ``linear_term_`` ("auto" resolved by the labels and the resolved ``kernel_``) and refuse a
+        term that cannot run."""
         n_latent = resolved_latent(self.n_latent, n_labels)
         self.linear_term_ = resolve_linear_term(self.get_params(), n_labels, n_latent, self.kernel_, world_size)
-        self._n_training_rows = int(n_rows)
         check_linear_term(SimpleNamespace(**self._settings()), n_labels, n_features, world_size)
 
     def _trainer(self, module=None) -> Trainer:
@@ -445,7 +444,7 @@ class MLGPF(HasPresets, MultiLabelEstimator):
         return {**self.get_params(), "kernel": getattr(self, "kernel_", self.kernel),
                 "n_latent": getattr(self, "n_latent_", self.n_latent), "linear_term": linear_term,
                 "epochs": resolve_epochs(self.epochs, linear_term,
-                                         getattr(self, "_n_training_rows", getattr(self, "n_rows_seen_", None)),
+                                         getattr(self, "n_rows_seen_", None),
                                          getattr(self, "n_labels_", 0) > getattr(self, "n_latent_", np.inf))}
 
     def _keep_parameters(self, module, jitter):

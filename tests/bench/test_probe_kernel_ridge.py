@@ -34,7 +34,7 @@ def test_arc_cosine_kernel_is_twice_the_mean_product_of_relu_units(probe):
     np.testing.assert_allclose(np.diag(exact), norms**2, rtol=1e-12)  # k1(x, x) = |x|^2
 
 
-def test_ridge_scores_equal_scikit_learn_kernel_ridge(probe):
+def test_ridge_weights_give_scikit_learn_kernel_ridge_predictions(probe):
     from sklearn.kernel_ridge import KernelRidge
 
     rng = np.random.default_rng(1)
@@ -42,7 +42,8 @@ def test_ridge_scores_equal_scikit_learn_kernel_ridge(probe):
     Y = (rng.random((30, 4)) < 0.3).astype(float)
     K, K_held = np.exp(-0.5 * ((A[:, None] - A[None]) ** 2).sum(-1)), np.exp(-0.5 * ((B[:, None] - A[None]) ** 2).sum(-1))
     reference = KernelRidge(alpha=0.7, kernel="precomputed").fit(K, Y - Y.mean(0)).predict(K_held) + Y.mean(0)
-    np.testing.assert_allclose(probe.ridge_scores(K, K_held, Y, 0.7), reference, rtol=1e-8, atol=1e-10)
+    scores = K_held @ probe.ridge_weights(K, Y, 0.7) + Y.mean(0)
+    np.testing.assert_allclose(scores, reference, rtol=1e-8, atol=1e-10)
 
 
 def test_script_end_to_end_on_a_written_set(probe, tmp_path, capsys):
