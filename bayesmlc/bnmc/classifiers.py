@@ -125,7 +125,9 @@ class LowRankDesign(Design):
 
     Attributes
     ----------
-    X : torch tensor (n, r) float32, the projected rows X V
+    Z : torch tensor (n, r + 1) float32, the projected rows X V and the bias column of ones, so that
+        Z W and Z^T U are one matrix product each
+    X : the view Z[:, :r], the projected rows X V
     """
 
     def __init__(self, projected: np.ndarray, device: torch.device, reduce=_no_reduce):
@@ -134,22 +136,32 @@ class LowRankDesign(Design):
         self.dense = True
         self.n, rank = projected.shape
         self.D1 = rank + 1
-        self.X = torch.as_tensor(np.ascontiguousarray(projected, dtype=np.float32), device=device)
+        self.Z = torch.ones(self.n, rank + 1, dtype=torch.float32, device=device)
+        self.Z[:, :rank] = torch.as_tensor(np.asarray(projected, dtype=np.float32), device=device)
+        self.X = self.Z[:, :rank]
         self.XT = self.X.T
-        self.Z_sq = torch.cat([self.X * self.X, torch.ones(self.n, 1, dtype=self.X.dtype, device=device)], dim=1)
+        self.Z_sq = self.Z * self.Z
         self.Z_sq_T = self.Z_sq.T
+
+    def matmul(self, W: torch.Tensor) -> torch.Tensor:
+        """Z @ W for W (D1, C) -> (n, C)."""
+        return self.Z @ W
+
+    def rmatmul(self, U: torch.Tensor) -> torch.Tensor:
+        """Z^T @ U for U (n, C) -> (D1, C), summed over processes."""
+        return self.reduce_tensor(self.Z.T @ U)
 
     def shared_precision(self, row_weights: np.ndarray, prior_prec: np.ndarray) -> torch.Tensor:
         """diag(prior) + A^T A, A = diag(sqrt(row_weights)) Z, in float32 (it preconditions the CG
         solves, which run to their own tolerance; float64 took twice as long at r = 1024)."""
         weights = torch.as_tensor(row_weights, dtype=torch.float32, device=self.device)
-        scaled = self.dense_z() * weights.clamp_min(0.0).sqrt()[:, None]
+        scaled = self.Z * weights.clamp_min(0.0).sqrt()[:, None]
         gram = self.reduce_tensor(scaled.T @ scaled)
         gram.diagonal().add_(torch.as_tensor(prior_prec, dtype=torch.float32, device=self.device))
         return gram
 
     def dense_z(self) -> torch.Tensor:
-        return torch.cat([self.X, torch.ones(self.n, 1, dtype=self.X.dtype, device=self.device)], dim=1)
+        return self.Z
 
 
 #: CG iterations per solve that :func:`solver_costs` counts the shared preconditioner's triangular

@@ -18,6 +18,8 @@ written for the ``lowrank`` solver's design Z = [X V, 1]:
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 import torch
 
@@ -37,11 +39,33 @@ def _weighted(values: torch.Tensor, weights) -> torch.Tensor:
     return values if weights is None else values.mul_(weights)
 
 
-def _log_likelihood(margins, Y, weights, reduce):
-    """Per-label weighted logistic log-likelihood sum_i w_ic (y_ic m_ic - log(1 + e^m_ic)), (C,) float64
-    (summed in float32: a float64 sum of the (n, C) terms took ten times as long)."""
-    terms = _weighted((Y * margins).sub_(torch.nn.functional.softplus(margins, threshold=40.0)), weights)
-    return reduce(terms.sum(dim=0).double())
+class _Labels(NamedTuple):
+    """A block's labels: ``Y`` (n, C) float32 0/1, ``weights`` (n, C) float32 or None (every entry
+    observed), and the positive entries as (``rows``, ``columns``) with their ``positive_weights`` (None
+    when ``weights`` is), found once per block."""
+
+    Y: torch.Tensor
+    weights: torch.Tensor | None
+    rows: torch.Tensor
+    columns: torch.Tensor
+    positive_weights: torch.Tensor | None
+
+    @classmethod
+    def of(cls, Y: torch.Tensor, weights) -> "_Labels":
+        rows, columns = torch.nonzero(Y, as_tuple=True)
+        return cls(Y, weights, rows, columns, None if weights is None else weights[rows, columns])
+
+
+def _log_likelihood(margins, labels: _Labels, reduce):
+    """Per-label weighted logistic log-likelihood sum_i w_ic (y_ic m_ic - log(1 + e^m_ic)), (C,) float64:
+    the softplus terms summed over every entry, the y m terms over the positives only (summed in
+    float32: a float64 sum of the (n, C) terms took ten times as long)."""
+    softplus = _weighted(torch.nn.functional.softplus(margins, threshold=40.0), labels.weights).sum(dim=0)
+    positive = margins[labels.rows, labels.columns]
+    if labels.positive_weights is not None:
+        positive = positive * labels.positive_weights
+    fitted = torch.zeros_like(softplus).index_add_(0, labels.columns, positive)
+    return reduce(fitted.sub_(softplus).double())
 
 
 def _pg_mean_one(xi: torch.Tensor) -> torch.Tensor:
@@ -81,7 +105,7 @@ def _cg_mean(design: LowRankDesign, omega, prior, x, zx, residual, stop, tol: fl
     return iterations
 
 
-def _damped_step(design, W, margins, W_newton, newton_margins, Y, weights, prior, current, max_halvings: int = 8):
+def _damped_step(design, W, margins, W_newton, newton_margins, labels, prior, current, max_halvings: int = 8):
     """Per label, the first of W + 2^-j (W_newton - W), j = 0, 1, ..., whose log posterior is not below
     ``current`` (W where none is); the trial margins are the same combination of ``margins`` and
     ``newton_margins`` (the full step's are ``newton_margins``). Returns the weights, their margins and
@@ -92,7 +116,7 @@ def _damped_step(design, W, margins, W_newton, newton_margins, Y, weights, prior
     for _ in range(max_halvings):
         trial = W_newton if scale == 1.0 else W + scale * (W_newton - W)
         trial_margins = newton_margins if scale == 1.0 else torch.lerp(margins, newton_margins, scale)
-        value = _log_likelihood(trial_margins, Y, weights, design.reduce_tensor) - 0.5 * (prior[:, None] * trial * trial).sum(dim=0).double()
+        value = _log_likelihood(trial_margins, labels, design.reduce_tensor) - 0.5 * (prior[:, None] * trial * trial).sum(dim=0).double()
         better = (value >= current) & pending
         if bool(better.all()):  # every label takes the full step
             return trial, trial_margins, value
@@ -107,11 +131,12 @@ def _damped_step(design, W, margins, W_newton, newton_margins, Y, weights, prior
     return out, out_margins, out_value
 
 
-def _mode_steps(design, Y, weights, prior, W, margins, n_steps: int, cg_tol: float, cg_max_iter: int):
+def _mode_steps(design, labels, prior, W, margins, n_steps: int, cg_tol: float, cg_max_iter: int):
     """``n_steps`` damped Newton steps from ``W`` (``margins`` = Z W) towards the posterior mode:
     (prior + Z^T Omega Z) W' = Z^T (Omega m + (y - p) w), Omega = p (1 - p) w. Returns the weights, their
     margins and the per-step weighted log-likelihoods at the start of each step."""
-    log_lik = _log_likelihood(margins, Y, weights, design.reduce_tensor)
+    Y, weights = labels.Y, labels.weights
+    log_lik = _log_likelihood(margins, labels, design.reduce_tensor)
     trace = []
     for _ in range(n_steps):
         trace.append(float(log_lik.sum()))
@@ -122,7 +147,7 @@ def _mode_steps(design, Y, weights, prior, W, margins, n_steps: int, cg_tol: flo
         W_new, new_margins = W.clone(), margins.clone()
         _cg_mean(design, omega, prior, W_new, new_margins, residual, stop, cg_tol, cg_max_iter)
         current = log_lik - 0.5 * (prior[:, None] * W * W).sum(dim=0).double()
-        W, margins, value = _damped_step(design, W, margins, W_new, new_margins, Y, weights, prior, current)
+        W, margins, value = _damped_step(design, W, margins, W_new, new_margins, labels, prior, current)
         log_lik = value + 0.5 * (prior[:, None] * W * W).sum(dim=0).double()
     return W, margins, trace
 
@@ -143,12 +168,13 @@ def variational_logistic(design: LowRankDesign, Y: torch.Tensor, weights, prior_
     C = Y.shape[1]
     W = torch.zeros(design.D1, C, device=device) if init is None else torch.as_tensor(init, dtype=torch.float32, device=device).clone()
     margins = torch.zeros(design.n, C, device=device) if init is None else design.matmul(W)
-    W, margins, trace = _mode_steps(design, Y, weights, prior, W, margins, n_mode_steps, max(cg_tol, MODE_CG_TOL),
+    labels = _Labels.of(Y, weights)
+    W, margins, trace = _mode_steps(design, labels, prior, W, margins, n_mode_steps, max(cg_tol, MODE_CG_TOL),
                                     cg_max_iter)
     target = design.rmatmul(_weighted(Y - 0.5, weights))  # Z^T beta of the variational sweeps, beta = (y - 1/2) w
     means, variances = [], None
     for sweep in range(n_iter):  # mean-field updates of q(omega), then of q(w)'s mean and variances
-        trace.append(float(_log_likelihood(margins, Y, weights, reduce).sum()))
+        trace.append(float(_log_likelihood(margins, labels, reduce).sum()))
         if variances is None:  # the first update from the mode: the curvature there
             curvature = torch.sigmoid(margins).mul_(torch.sigmoid(-margins)).clamp_min_(1e-8)
             variances = 1.0 / design.precision_diagonal(_weighted(curvature, weights), prior)
