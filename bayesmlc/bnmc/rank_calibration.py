@@ -249,6 +249,30 @@ def _base_features(s_clf, s_pat, entries) -> np.ndarray:
     return np.stack([s_clf[entries], s_pat[entries], np.ones(int(entries.sum()))], axis=1)
 
 
+def _ranked_entries(z: np.ndarray, observed: np.ndarray, sampled: np.ndarray) -> tuple:
+    """The entries of :func:`_fit_rank_terms`'s two blocks, found from each row's top 1 + NEXT_RANKS
+    positions of ``z`` (n, L) without (n, L) temporaries beyond one mask: ``rest`` (boolean (n, L)),
+    the ``sampled`` entries outside every row's top ranks; ``top_entries`` (rows, columns), the
+    ``observed`` entries among them, row by row in column order; and their rank columns (n_top, 7):
+    lead, lead z, lead times the runner-up's z, second, second z, following, following z."""
+    n, L = z.shape
+    ranks = min(1 + NEXT_RANKS, L) if z.size else 0
+    top = top_positions(z, ranks) if ranks else np.zeros((n, 0), dtype=np.int64)
+    rows, columns, rank = np.repeat(np.arange(n), ranks), top.ravel(), np.tile(np.arange(ranks), n)
+    order = np.lexsort((columns, rows))
+    rows, columns, rank = rows[order], columns[order], rank[order]
+    kept = observed[rows, columns]
+    rows, columns, rank = rows[kept], columns[kept], rank[kept]
+    values = z[rows, columns]
+    lead, second, following = (rank == 0), (rank == 1), (rank >= 2)
+    runner_up = z[rows, top[rows, 1]] * lead if ranks > 1 else np.zeros(rows.size)
+    rank_columns = np.stack([lead, lead * values, runner_up, second, second * values, following, following * values],
+                            axis=1).astype(np.float64)
+    rest = sampled.copy()
+    rest[np.arange(n)[:, None], top] = False
+    return rest, (rows, columns), rank_columns
+
+
 def _fit_rank_terms(s_clf, s_pat, Y, observed, precisions, weights=None) -> list:
     """:func:`fit_calibration`'s (ranking theta, probability theta, :class:`RankTerms`) for each prior
     precision of the rank terms in ``precisions``: one fit of the ranking (a, b, d) without them (it does
@@ -261,25 +285,12 @@ def _fit_rank_terms(s_clf, s_pat, Y, observed, precisions, weights=None) -> list
     theta = _logistic_newton([(_base_features(s_clf, s_pat, sampled), Y[sampled], _BASE_COLUMNS,
                                None if weights is None else weights[sampled])], np.array([1.0, 1.0, 0.0]))
     z = theta[0] * s_clf + theta[1] * s_pat + theta[2]
-    n, L = z.shape
-    leads, runner_up, second, following = (np.zeros(z.shape) for _ in range(4))
-    if z.size:
-        top = top_positions(z, min(1 + NEXT_RANKS, L))
-        rows = np.arange(n)
-        leads[rows, top[:, 0]] = 1.0
-        if L > 1:
-            runner_up[rows, top[:, 0]] = z[rows, top[:, 1]]
-            second[rows, top[:, 1]] = 1.0
-            following[rows[:, None], top[:, 2:]] = 1.0
+    rest, top_entries, rank_columns = _ranked_entries(z, observed, sampled)
     # the rank terms touch only each row's top 1 + NEXT_RANKS entries: the other entries form a block
     # with the three base columns alone (the Newton steps then cost 3 columns per entry, not 10)
-    ranked = (leads + second + following) > 0
-    top_entries, rest = observed & ranked, sampled & ~ranked
-    rank_columns = np.stack([c[top_entries] for c in
-                             (leads, leads * z, runner_up, second, second * z, following, following * z)], axis=1)
     blocks = [(_base_features(s_clf, s_pat, rest), Y[rest], _BASE_COLUMNS, None if weights is None else weights[rest]),
-              (np.concatenate([_base_features(s_clf, s_pat, top_entries), rank_columns], axis=1), Y[top_entries],
-               np.arange(3 + len(RankTerms._fields)), None)]
+              (np.concatenate([np.stack([s_clf[top_entries], s_pat[top_entries], np.ones(top_entries[0].size)], axis=1),
+                               rank_columns], axis=1), Y[top_entries], np.arange(3 + len(RankTerms._fields)), None)]
     start, fits = np.r_[theta, np.zeros(len(RankTerms._fields))], []
     for precision in precisions:
         ridge = np.r_[np.full(3, 1e-4), np.full(len(RankTerms._fields), 1e-4 + precision)]
