@@ -35,6 +35,21 @@ def _dirichlet_expected_log(conc: np.ndarray) -> np.ndarray:
     return digamma(conc) - digamma(conc.sum(axis=1, keepdims=True))
 
 
+def _expected_log_counts(X, conc: np.ndarray) -> np.ndarray:
+    """(n, K): sum_d x_d E[log theta_kd] under Dir(conc_k) (K, V) for the rows of ``X`` (n, V). For a
+    sparse ``X`` using few of the V columns (a minibatch of a bag of words, or of label sets), the
+    digammas are taken over those columns only: sum_d x_d (psi(conc_kd) - psi(sum_d conc_kd))."""
+    if sp.issparse(X):
+        X = sp.csr_matrix(X)
+        columns = np.unique(X.indices) if X.nnz < X.shape[1] // 2 else np.arange(X.shape[1])
+        if columns.size < X.shape[1] // 2:
+            e_log = digamma(conc[:, columns]) - digamma(conc.sum(axis=1, keepdims=True))
+            remap = np.searchsorted(columns, X.indices)
+            narrow = sp.csr_matrix((X.data, remap, X.indptr), shape=(X.shape[0], columns.size))
+            return np.asarray(narrow @ e_log.T)
+    return np.asarray(X @ _dirichlet_expected_log(conc).T)
+
+
 def _dirichlet_kl(conc: np.ndarray, prior: float) -> float:
     """sum_k KL(Dir(conc_k) || Dir(prior, ..., prior))."""
     n_dims = conc.shape[1]
@@ -68,19 +83,9 @@ class DirichletEmission:
         self.conc = (1.0 - rho) * self.conc + rho * (self.prior + stats)
 
     def expected_loglik(self, X) -> np.ndarray:
-        """(n, K) matrix of E_q[log p(x_i | phi_k)] up to a k-independent constant.
-
-        For a sparse X using few of the D features (a minibatch of a bag of words), the digammas are
-        taken over those columns only: sum_d x_d (psi(conc_kd) - psi(sum_d conc_kd))."""
-        if sp.issparse(X):
-            X = sp.csr_matrix(X)
-            columns = np.unique(X.indices) if X.nnz < X.shape[1] // 2 else np.arange(X.shape[1])
-            if columns.size < X.shape[1] // 2:
-                e_log = digamma(self.conc[:, columns]) - digamma(self.conc.sum(axis=1, keepdims=True))
-                remap = np.searchsorted(columns, X.indices)
-                narrow = sp.csr_matrix((X.data, remap, X.indptr), shape=(X.shape[0], columns.size))
-                return np.asarray(narrow @ e_log.T)
-        return np.asarray(X @ _dirichlet_expected_log(self.conc).T)
+        """(n, K) matrix of E_q[log p(x_i | phi_k)] up to a k-independent constant
+        (:func:`_expected_log_counts`)."""
+        return _expected_log_counts(X, self.conc)
 
     def kl(self) -> float:
         return _dirichlet_kl(self.conc, self.prior)
@@ -249,7 +254,7 @@ class DPMixture:
         """Unnormalised log responsibilities, eq. (2): E log pi_k + E log p(x|phi_k) [+ E log p(y|psi_k)]."""
         scores = self.emission.expected_loglik(X) + self.expected_log_weights()[None, :]
         if Y is not None and Y.nnz:
-            scores += np.asarray(Y @ _dirichlet_expected_log(self.label_conc).T)
+            scores += _expected_log_counts(Y, self.label_conc)
         return scores
 
     @staticmethod
