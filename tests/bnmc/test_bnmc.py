@@ -418,6 +418,31 @@ def test_the_rank_terms_keep_the_ranking_and_order_the_probabilities_with_it(pat
     assert np.all(np.diff(np.take_along_axis(proba, order, axis=1), axis=1) <= 1e-7)
 
 
+def test_ranked_entries_are_the_observed_top_entries_with_their_rank_columns():
+    """The rank-term fit's entries and columns, from each row's top positions, against dense masks built
+    from a brute-force ranking (argsort): the same entries in the same (row-major) order."""
+    from bayesmlc.bnmc.rank_calibration import NEXT_RANKS, _ranked_entries
+
+    rng = np.random.default_rng(4)
+    for n, L in ((30, 12), (10, 2), (8, 1)):
+        z = rng.normal(size=(n, L))
+        observed = rng.random((n, L)) < 0.8
+        sampled = observed & (rng.random((n, L)) < 0.7)
+        rest, (rows, columns), rank_columns = _ranked_entries(z, observed, sampled)
+        order = np.argsort(-z, axis=1, kind="stable")
+        rank = np.empty((n, L), dtype=int)
+        rank[np.arange(n)[:, None], order] = np.arange(L)
+        ranked = rank <= NEXT_RANKS
+        top = observed & ranked
+        np.testing.assert_array_equal(rest, sampled & ~ranked)
+        np.testing.assert_array_equal(np.stack([rows, columns]), np.stack(np.nonzero(top)))
+        lead, second, following = (rank == 0), (rank == 1), (rank >= 2) & ranked
+        runner_up = z[np.arange(n), order[:, 1]][:, None] * lead if L > 1 else np.zeros((n, L))
+        expected = np.stack([c[top] for c in (lead, lead * z, runner_up, second, second * z, following,
+                                               following * z)], axis=1)
+        np.testing.assert_array_equal(rank_columns, expected)
+
+
 def test_cross_validation_shrinks_the_rank_terms_on_small_validation_splits():
     # 30 small validation splits (40 rows x 6 labels) with no rank effect in the data: the fit at the
     # weakest prior finds spurious terms, the cross-validated prior pulls them towards 0

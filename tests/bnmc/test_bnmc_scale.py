@@ -169,6 +169,22 @@ def test_dirichlet_loglik_on_the_columns_a_sparse_minibatch_uses_equals_the_full
     np.testing.assert_allclose(emission.expected_loglik(X), X.toarray() @ e_log.T, rtol=1e-12, atol=1e-12)
 
 
+def test_label_term_of_the_responsibilities_takes_the_digammas_of_the_used_labels_only():
+    """The mixture's label term (and the feature term) for a sparse label minibatch using few of the L
+    labels equals the product with every label's E[log psi]."""
+    from scipy.special import digamma
+
+    from bayesmlc.bnmc.mixture import _expected_log_counts
+
+    conc = np.random.default_rng(2).gamma(1.0, 1.0, (5, 300)) + 0.05
+    Y = sp.random(40, 300, density=0.01, format="csr", random_state=3, data_rvs=np.ones)
+    assert np.unique(Y.indices).size < 150  # the restricted path
+    e_log = digamma(conc) - digamma(conc.sum(axis=1, keepdims=True))
+    np.testing.assert_allclose(_expected_log_counts(Y, conc), Y.toarray() @ e_log.T, rtol=1e-12, atol=1e-12)
+    dense_Y = sp.csr_matrix(np.ones((3, 300)))  # every label used: the full product
+    np.testing.assert_allclose(_expected_log_counts(dense_Y, conc), dense_Y.toarray() @ e_log.T, rtol=1e-12)
+
+
 def test_the_float32_low_rank_basis_spans_the_top_singular_vectors():
     # BNMC's lowrank solver: top_singular_vectors in float32, transposed to (D, r)
     from bayesmlc.linalg import top_singular_vectors
