@@ -13,7 +13,9 @@ written for the ``lowrank`` solver's design Z = [X V, 1]:
   margins are the same combination of the old and new margins, so no product recomputes them;
 * the CG starts from the previous weights with the residual Z^T (beta - omega Z W) - prior W, one
   product, and the variational sweeps' right-hand side Z^T beta is fixed and formed once;
-* the Newton steps to the mode are solved to :data:`MODE_CG_TOL` of their gradient only.
+* the Newton steps to the mode are solved to :data:`MODE_CG_TOL` of their gradient only;
+* the log-likelihood's y m terms are summed over the positives only (:class:`_Labels`), and the CG's
+  shared preconditioner is factored once per stage, not per solve (:func:`_preconditioner`).
 """
 
 from __future__ import annotations
