@@ -35,19 +35,83 @@ def _dirichlet_expected_log(conc: np.ndarray) -> np.ndarray:
     return digamma(conc) - digamma(conc.sum(axis=1, keepdims=True))
 
 
-def _expected_log_counts(X, conc: np.ndarray) -> np.ndarray:
+class LazyConcentration:
+    """A Dirichlet concentration matrix (K, V) kept as ``prior + scale * base`` with the row sums of
+    ``base``, so that the natural-gradient step conc <- (1 - rho) conc + rho (prior + stats) (eqs. 3-4)
+    costs K x (the columns its statistics touch), not K x V: the decay goes into the scalar ``scale``
+    and the statistics into ``base`` at rho / scale (the scaled-vector form of sparse stochastic
+    updates with a decay; Shalev-Shwartz, Singer and Srebro 2007, section 2.4). A minibatch of a bag of
+    words touches a few thousand of 200,000 columns."""
+
+    #: ``base`` is folded back into a unit ``scale`` below this (the decays multiply up)
+    MIN_SCALE = 1e-100
+
+    def __init__(self, values: np.ndarray, prior: float):
+        self.prior = float(prior)
+        self.base = np.array(values, dtype=np.float64) - self.prior
+        self.scale = 1.0
+        self.base_sums = self.base.sum(axis=1)
+
+    @property
+    def shape(self):
+        return self.base.shape
+
+    def dense(self) -> np.ndarray:
+        return self.prior + self.scale * self.base
+
+    def columns(self, columns: np.ndarray) -> np.ndarray:
+        return self.prior + self.scale * self.base[:, columns]
+
+    def row_sums(self) -> np.ndarray:
+        return self.prior * self.base.shape[1] + self.scale * self.base_sums
+
+    def step(self, rho: float, stats: np.ndarray, columns=None) -> None:
+        """conc <- (1 - rho) conc + rho (prior + stats), ``stats`` (K, V) or (K, |columns|) when only the
+        ``columns`` (distinct indices) are non-zero."""
+        if rho >= 1.0:
+            self.base[:] = 0.0
+            self.base_sums[:] = 0.0
+            self.scale = 1.0
+        else:
+            self.scale *= 1.0 - rho
+        weight = rho / self.scale
+        if columns is None:
+            self.base += weight * stats
+        else:
+            self.base[:, columns] += weight * stats
+        self.base_sums += weight * stats.sum(axis=1)
+        if self.scale < self.MIN_SCALE:
+            self.base *= self.scale
+            self.base_sums *= self.scale
+            self.scale = 1.0
+
+
+def used_columns(X):
+    """The sorted columns a sparse ``X`` uses, or None (all) for a dense one or one using half of them."""
+    if not sp.issparse(X):
+        return None
+    indices = sp.csr_matrix(X).indices
+    if indices.size >= X.shape[1] // 2:
+        return None
+    columns = np.unique(indices)
+    return columns if columns.size < X.shape[1] // 2 else None
+
+
+def _narrow(X, columns: np.ndarray):
+    """The sparse ``X`` (n, V) restricted to its ``columns`` (:func:`used_columns`), (n, |columns|)."""
+    X = sp.csr_matrix(X)
+    return sp.csr_matrix((X.data, np.searchsorted(columns, X.indices), X.indptr), shape=(X.shape[0], columns.size))
+
+
+def _expected_log_counts(X, conc: LazyConcentration) -> np.ndarray:
     """(n, K): sum_d x_d E[log theta_kd] under Dir(conc_k) (K, V) for the rows of ``X`` (n, V). For a
     sparse ``X`` using few of the V columns (a minibatch of a bag of words, or of label sets), the
     digammas are taken over those columns only: sum_d x_d (psi(conc_kd) - psi(sum_d conc_kd))."""
-    if sp.issparse(X):
-        X = sp.csr_matrix(X)
-        columns = np.unique(X.indices) if X.nnz < X.shape[1] // 2 else np.arange(X.shape[1])
-        if columns.size < X.shape[1] // 2:
-            e_log = digamma(conc[:, columns]) - digamma(conc.sum(axis=1, keepdims=True))
-            remap = np.searchsorted(columns, X.indices)
-            narrow = sp.csr_matrix((X.data, remap, X.indptr), shape=(X.shape[0], columns.size))
-            return np.asarray(narrow @ e_log.T)
-    return np.asarray(X @ _dirichlet_expected_log(conc).T)
+    columns = used_columns(X)
+    if columns is not None:
+        e_log = digamma(conc.columns(columns)) - digamma(conc.row_sums())[:, None]
+        return np.asarray(_narrow(X, columns) @ e_log.T)
+    return np.asarray(X @ _dirichlet_expected_log(conc.dense()).T)
 
 
 def _dirichlet_kl(conc: np.ndarray, prior: float) -> float:
@@ -69,23 +133,35 @@ class DirichletEmission:
 
     def __init__(self, n_features: int, prior: float):
         self.prior = float(prior)
-        self.conc = None
+        self._conc = None  # LazyConcentration (K, D)
         self.n_features = n_features
+
+    @property
+    def conc(self):
+        """q(phi)'s concentrations (K, D), dense."""
+        return None if self._conc is None else self._conc.dense()
+
+    @conc.setter
+    def conc(self, values) -> None:
+        self._conc = None if values is None else LazyConcentration(values, self.prior)
 
     def init_from_stats(self, stats: np.ndarray) -> None:
         self.conc = self.prior + stats
 
-    def statistics(self, X, resp: np.ndarray) -> np.ndarray:
-        """Sufficient statistics sum_i r_ik x_i, shape (K, D)."""
+    def statistics(self, X, resp: np.ndarray, columns=None) -> np.ndarray:
+        """Sufficient statistics sum_i r_ik x_i, shape (K, D), or (K, |columns|) over the given columns
+        of a sparse ``X`` (:func:`used_columns`)."""
+        if columns is not None:
+            X = _narrow(X, columns)
         return np.asarray((X.T @ resp).T)
 
-    def natural_step(self, stats: np.ndarray, rho: float) -> None:
-        self.conc = (1.0 - rho) * self.conc + rho * (self.prior + stats)
+    def natural_step(self, stats: np.ndarray, rho: float, columns=None) -> None:
+        self._conc.step(rho, stats, columns)
 
     def expected_loglik(self, X) -> np.ndarray:
         """(n, K) matrix of E_q[log p(x_i | phi_k)] up to a k-independent constant
         (:func:`_expected_log_counts`)."""
-        return _expected_log_counts(X, self.conc)
+        return _expected_log_counts(X, self._conc)
 
     def kl(self) -> float:
         return _dirichlet_kl(self.conc, self.prior)
@@ -216,9 +292,18 @@ class DPMixture:
         self.n_labels = n_labels
         self.label_prior = float(label_prior)
         self.concentration = float(concentration)
-        self.label_conc = None  # (K, L)
+        self._label_conc = None  # LazyConcentration (K, L)
         self.stick_a = None  # (K - 1,)
         self.stick_b = None
+
+    @property
+    def label_conc(self):
+        """q(psi)'s concentrations (K, L), dense."""
+        return None if self._label_conc is None else self._label_conc.dense()
+
+    @label_conc.setter
+    def label_conc(self, values) -> None:
+        self._label_conc = None if values is None else LazyConcentration(values, self.label_prior)
 
     def __getstate__(self):
         """Pickle without ``reduce``: after a data-parallel fit it is the strategy's all-reduce, bound to a
@@ -248,13 +333,13 @@ class DPMixture:
 
     def label_means(self) -> np.ndarray:
         """E[psi_kc] = conc_kc / sum_c conc_kc (K, L)."""
-        return self.label_conc / self.label_conc.sum(axis=1, keepdims=True)
+        return self.label_conc / self._label_conc.row_sums()[:, None]
 
     def log_scores(self, X, Y=None) -> np.ndarray:
         """Unnormalised log responsibilities, eq. (2): E log pi_k + E log p(x|phi_k) [+ E log p(y|psi_k)]."""
         scores = self.emission.expected_loglik(X) + self.expected_log_weights()[None, :]
         if Y is not None and Y.nnz:
-            scores += _expected_log_counts(Y, self.label_conc)
+            scores += _expected_log_counts(Y, self._label_conc)
         return scores
 
     @staticmethod
@@ -316,10 +401,17 @@ class DPMixture:
 
     def minibatch_statistics(self, X, Y):
         """Local step (eq. 2) on the rows (X, Y) and their sufficient statistics, summed over
-        processes: (emission statistics, label statistics (K, L), pattern counts (K,))."""
+        processes: (emission statistics, label statistics, pattern counts (K,), feature columns, label
+        columns). In one process the count statistics cover only the columns the minibatch uses
+        (:func:`used_columns`; None: all), (K, |columns|); over processes every column, (K, D) and (K, L)."""
         resp = self.responsibilities(X, Y)
-        stats = (self.emission.statistics(X, resp), np.asarray((Y.T @ resp).T), resp.sum(axis=0))
-        return self._reduce_stats(stats)
+        one_process = self.reduce is _identity
+        x_columns = used_columns(X) if one_process and isinstance(self.emission, DirichletEmission) else None
+        y_columns = used_columns(Y) if one_process else None
+        label_rows = Y if y_columns is None else _narrow(Y, y_columns)
+        stats = (self.emission.statistics(X, resp, x_columns) if x_columns is not None else self.emission.statistics(X, resp),
+                 np.asarray((label_rows.T @ resp).T), resp.sum(axis=0))
+        return self._reduce_stats(stats) + (x_columns, y_columns)
 
     def _reduce_stats(self, stats):
         """Sum a (nested) tuple of arrays over processes with one reduction."""
@@ -337,10 +429,12 @@ class DPMixture:
     def svi_step(self, X, Y, scale: float, rho: float) -> None:
         """One natural-gradient step (eqs. 2-5) from the minibatch (X, Y) (this process's rows of
         it); ``scale`` = N / |B| with |B| the global minibatch size."""
-        stats, label_stats, counts = self.minibatch_statistics(X, Y)
-        self.emission.natural_step(_scale_stats(stats, scale), rho)
-        label_target = self.label_prior + scale * label_stats
-        self.label_conc = (1.0 - rho) * self.label_conc + rho * label_target
+        stats, label_stats, counts, x_columns, y_columns = self.minibatch_statistics(X, Y)
+        if x_columns is None:
+            self.emission.natural_step(_scale_stats(stats, scale), rho)
+        else:
+            self.emission.natural_step(_scale_stats(stats, scale), rho, x_columns)
+        self._label_conc.step(rho, scale * label_stats, y_columns)
         a, b = self._stick_targets(scale * counts)
         self.stick_a = (1.0 - rho) * self.stick_a + rho * a
         self.stick_b = (1.0 - rho) * self.stick_b + rho * b

@@ -174,15 +174,43 @@ def test_label_term_of_the_responsibilities_takes_the_digammas_of_the_used_label
     labels equals the product with every label's E[log psi]."""
     from scipy.special import digamma
 
-    from bayesmlc.bnmc.mixture import _expected_log_counts
+    from bayesmlc.bnmc.mixture import LazyConcentration, _expected_log_counts
 
     conc = np.random.default_rng(2).gamma(1.0, 1.0, (5, 300)) + 0.05
     Y = sp.random(40, 300, density=0.01, format="csr", random_state=3, data_rvs=np.ones)
     assert np.unique(Y.indices).size < 150  # the restricted path
     e_log = digamma(conc) - digamma(conc.sum(axis=1, keepdims=True))
-    np.testing.assert_allclose(_expected_log_counts(Y, conc), Y.toarray() @ e_log.T, rtol=1e-12, atol=1e-12)
+    lazy = LazyConcentration(conc, 0.05)
+    np.testing.assert_allclose(_expected_log_counts(Y, lazy), Y.toarray() @ e_log.T, rtol=1e-12, atol=1e-12)
     dense_Y = sp.csr_matrix(np.ones((3, 300)))  # every label used: the full product
-    np.testing.assert_allclose(_expected_log_counts(dense_Y, conc), dense_Y.toarray() @ e_log.T, rtol=1e-12)
+    np.testing.assert_allclose(_expected_log_counts(dense_Y, lazy), dense_Y.toarray() @ e_log.T, rtol=1e-12)
+
+
+def test_lazy_concentration_steps_equal_the_dense_natural_gradient_steps(monkeypatch):
+    """Steps on a few columns at a time (and whole-matrix and rho = 1 steps) of the scaled form against
+    conc <- (1 - rho) conc + rho (prior + stats) on the dense matrix, through a renormalisation."""
+    from bayesmlc.bnmc.mixture import LazyConcentration
+
+    monkeypatch.setattr(LazyConcentration, "MIN_SCALE", 1e-2)  # several renormalisations in 400 steps
+    rng = np.random.default_rng(5)
+    prior = 0.3
+    dense = prior + rng.gamma(1.0, 2.0, (4, 50))
+    lazy = LazyConcentration(dense, prior)
+    for t in range(400):
+        rho = 1.0 if t == 150 else (t + 2.0) ** -0.6
+        if t % 7 == 0:
+            columns, stats = None, rng.gamma(0.5, 1.0, (4, 50))
+            full = stats
+        else:
+            columns = np.sort(rng.choice(50, 6, replace=False))
+            stats = rng.gamma(0.5, 1.0, (4, 6))
+            full = np.zeros((4, 50))
+            full[:, columns] = stats
+        dense = (1.0 - rho) * dense + rho * (prior + full)
+        lazy.step(rho, stats, columns)
+    np.testing.assert_allclose(lazy.dense(), dense, rtol=1e-10)
+    np.testing.assert_allclose(lazy.row_sums(), dense.sum(axis=1), rtol=1e-10)
+    np.testing.assert_allclose(lazy.columns(np.array([3, 7])), dense[:, [3, 7]], rtol=1e-10)
 
 
 def test_the_float32_low_rank_basis_spans_the_top_singular_vectors():
