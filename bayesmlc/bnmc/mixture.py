@@ -52,10 +52,6 @@ class LazyConcentration:
         self.scale = 1.0
         self.base_sums = self.base.sum(axis=1)
 
-    @property
-    def shape(self):
-        return self.base.shape
-
     def dense(self) -> np.ndarray:
         return self.prior + self.scale * self.base
 
