@@ -48,37 +48,48 @@ class LazyConcentration:
 
     def __init__(self, values: np.ndarray, prior: float):
         self.prior = float(prior)
-        self.base = np.array(values, dtype=np.float64) - self.prior
         self.scale = 1.0
-        self.base_sums = self.base.sum(axis=1)
+        # the array as given until first used: a model file's array keeps the dtype its load-time checks
+        # judge (no coercion), and ``base`` is formed from it only when a step or an expectation needs it
+        self._given = np.asarray(values)
+        self._base = self._base_sums = None
+
+    def _ensure_base(self) -> None:
+        if self._base is None:
+            self._base = np.array(self._given, dtype=np.float64) - self.prior
+            self._base_sums = self._base.sum(axis=1)
+            self._given = None
 
     def dense(self) -> np.ndarray:
-        return self.prior + self.scale * self.base
+        return self._given if self._base is None else self.prior + self.scale * self._base
 
     def columns(self, columns: np.ndarray) -> np.ndarray:
-        return self.prior + self.scale * self.base[:, columns]
+        self._ensure_base()
+        return self.prior + self.scale * self._base[:, columns]
 
     def row_sums(self) -> np.ndarray:
-        return self.prior * self.base.shape[1] + self.scale * self.base_sums
+        self._ensure_base()
+        return self.prior * self._base.shape[1] + self.scale * self._base_sums
 
     def step(self, rho: float, stats: np.ndarray, columns=None) -> None:
         """conc <- (1 - rho) conc + rho (prior + stats), ``stats`` (K, V) or (K, |columns|) when only the
         ``columns`` (distinct indices) are non-zero."""
+        self._ensure_base()
         if rho >= 1.0:
-            self.base[:] = 0.0
-            self.base_sums[:] = 0.0
+            self._base[:] = 0.0
+            self._base_sums[:] = 0.0
             self.scale = 1.0
         else:
             self.scale *= 1.0 - rho
         weight = rho / self.scale
         if columns is None:
-            self.base += weight * stats
+            self._base += weight * stats
         else:
-            self.base[:, columns] += weight * stats
-        self.base_sums += weight * stats.sum(axis=1)
+            self._base[:, columns] += weight * stats
+        self._base_sums += weight * stats.sum(axis=1)
         if self.scale < self.MIN_SCALE:
-            self.base *= self.scale
-            self.base_sums *= self.scale
+            self._base *= self.scale
+            self._base_sums *= self.scale
             self.scale = 1.0
 
 
