@@ -1,6 +1,6 @@
-"""Dense-by-sparse linear algebra shared by the models: the top singular vectors of a sparse matrix
-whose rows may be split over processes (MLGPF's subspace basis and label SVD, BNMC's ``lowrank``
-classifier basis)."""
+"""Linear algebra shared by the models: the top singular vectors of a sparse matrix whose rows may be
+split over processes (MLGPF's subspace basis and label SVD, BNMC's ``lowrank`` classifier basis), and a
+Cholesky factorisation that retries with jitter (MLGPF's kernel matrices, BNMC's CG preconditioners)."""
 
 from __future__ import annotations
 
@@ -14,10 +14,43 @@ from threadpoolctl import threadpool_limits
 from .distributed import ParallelContext
 from .utils import run_blocks
 
-__all__ = ["SUBSPACE_ITERATIONS", "basis_gram", "sparse_dense_product", "top_singular_vectors"]
+__all__ = ["SUBSPACE_ITERATIONS", "CholeskyError", "basis_gram", "robust_cholesky", "sparse_dense_product", "top_singular_vectors"]
 
 #: Subspace iterations of :func:`top_singular_vectors` (scikit-learn's count for a large rank).
 SUBSPACE_ITERATIONS = 4
+
+
+class CholeskyError(RuntimeError):
+    """A matrix stayed non-positive-definite after every jitter retry."""
+
+
+def robust_cholesky(K: torch.Tensor, jitter: float, max_tries: int = 6, factor_dtype=torch.float64):
+    """Lower Cholesky factor of ``K`` (..., M, M), retrying with growing jitter.
+
+    The jitter added is ``jitter * mean(diag K) * I`` (relative, so it does not depend on the
+    kernel's scale), multiplied by 10 on each failure (a first try with ``jitter=0`` is followed by
+    1e-7). The factorisation runs in ``factor_dtype``
+    and the factor is returned in ``K``'s dtype.
+
+    Returns
+    -------
+    L : (..., M, M) tensor
+    jitter_used : float, the relative jitter that succeeded
+    """
+    K64 = K.to(factor_dtype)
+    scale = torch.diagonal(K64, dim1=-2, dim2=-1).mean(-1).detach().clamp_min(1e-12)
+    eye = torch.eye(K.shape[-1], dtype=factor_dtype, device=K.device)
+    current = jitter
+    for _ in range(max_tries):
+        shifted = K64 + (current * scale)[..., None, None] * eye
+        L, info = torch.linalg.cholesky_ex(shifted)
+        if not torch.any(info) and torch.isfinite(L).all():
+            return L.to(K.dtype), current
+        last, current = current, (current * 10.0 if current > 0 else 1e-7)
+    raise CholeskyError(
+        f"Cholesky factorisation failed even with relative jitter {last:.1e} "
+        f"(started at {jitter:.1e}, {max_tries} tries): the matrix is not positive definite"
+    )
 
 
 @numba.njit(cache=True, nogil=True)

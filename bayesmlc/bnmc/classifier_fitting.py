@@ -22,7 +22,8 @@ from ..distributed import ONE_PROCESS
 from ..linalg import top_singular_vectors
 from ..preprocessing import row_square_sums
 from ..utils import iter_batches, sigmoid
-from .classifiers import Design, LowRankDesign, SGDClassifier, choose_low_rank, choose_solver, gibbs_classifier
+from .classifiers import (LOW_RANKS, Design, LowRankDesign, SGDClassifier, choose_low_rank, choose_solver,
+                          gibbs_classifier)
 from .label_sets import choose_count_rule, choose_threshold
 from .labels import ObservedEntries
 from .lowrank_fit import variational_logistic
@@ -262,17 +263,21 @@ class ClassifierFitter:
         label on the global rows ``fit_on`` and returns :func:`gibbs_classifier`'s (samples, variances,
         trace); the low-rank solver first sets the shared basis from ``rows``."""
         model, Z, Y, entries, local = self.model, self.Z, self.Y, self.entries, self._local
-        solver = model.solver
+        solver, rank = model.solver, model.low_rank
         if solver == "auto":
             nnz = int(self.parallel.reduce_sum(np.array([Z[local(rows)].nnz], dtype=np.float64))[0])
             solver = choose_solver(rows.size, model.n_features_in_, model.n_labels_, nnz)
+            if solver == "cg" and model.n_features_in_ <= LOW_RANKS[0]:
+                # the same exact model on the rotated full-rank basis, by the low-rank solver's fit:
+                # delicious 36.6 -> 13.6 s, enron 10.3 -> 6.7 s, P@k within noise (docs/experiments.md)
+                solver, rank = "lowrank", model.n_features_in_ if rank == "auto" else rank
         if self.parallel.world_size > 1 and solver in ("dense", "woodbury"):
             solver = "cg"  # the samplers whose sums over rows are split over processes
         model.solver_ = solver
         prior = np.full(model.n_features_in_ + 1, model.weight_precision_)
         prior[-1] = 1e-2
         if solver == "lowrank":
-            self._set_basis(Z[local(rows)], rows.size, self.parallel)
+            self._set_basis(Z[local(rows)], rows.size, self.parallel, rank)
             inputs = model._classifier_inputs(Z)
             self._set_weight_precision(inputs, self.shard.n_total)  # the rows the classifiers see: XV
             prior = np.full(inputs.shape[1] + 1, model.weight_precision_)
@@ -428,13 +433,12 @@ class ClassifierFitter:
             trace = trace + np.asarray(block_trace)
         return means, variances, list(trace)
 
-    def _set_basis(self, Z, n_rows: int, parallel=None) -> None:
+    def _set_basis(self, Z, n_rows: int, parallel=None, rank="auto") -> None:
         """``classifier_basis_`` (D, r) float32: the top-r right singular vectors of the classifier
         features of the given rows (:func:`~bayesmlc.linalg.top_singular_vectors`, summed over
-        processes by ``parallel.reduce_sum``; None: one process); r is ``low_rank``, or with "auto"
+        processes by ``parallel.reduce_sum``; None: one process); r is ``rank``, or with "auto"
         :func:`~bayesmlc.bnmc.classifiers.choose_low_rank` for the ``n_rows`` rows of all processes."""
         model = self.model
-        rank = model.low_rank
         if rank == "auto":
             stored = Z.nnz if sp.issparse(Z) else np.count_nonzero(Z)
             if parallel is not None:
@@ -453,7 +457,7 @@ class ClassifierFitter:
         model, Z, Y, entries = self.model, self.Z, self.Y, self.entries
         model.solver_ = "sgd"
         if (Z.shape[1] + 1) * model.n_labels_ > SGD_DENSE_WEIGHTS:
-            self._set_basis(Z[rows], rows.size)
+            self._set_basis(Z[rows], rows.size, rank=model.low_rank)
         inputs = model._classifier_inputs(Z)
         model._sgd = self._new_sgd(inputs[rows], 1.0 / max(rows.size, 1))
         self.sgd_passes(inputs, Y, entries, train_rows)
@@ -473,7 +477,7 @@ class ClassifierFitter:
         model = self.model
         if getattr(model, "_sgd", None) is None:
             if first and (Z.shape[1] + 1) * model.n_labels_ > SGD_DENSE_WEIGHTS:
-                self._set_basis(Z, Z.shape[0])  # the stream's classifiers live on the first batch's basis
+                self._set_basis(Z, Z.shape[0], rank=model.low_rank)  # the stream's basis: its first batch's
             model._sgd = self._new_sgd(model._classifier_inputs(Z), 1e-3)
             if model.classifier_samples_ is not None:
                 model._sgd.W[...] = model.classifier_samples_.mean(axis=0)

@@ -35,6 +35,7 @@ import numpy as np
 import scipy.sparse as sp
 import torch
 
+from ..linalg import robust_cholesky
 from ..utils import logit, sigmoid, softplus
 from .polya_gamma import sample_inverse_gaussian, sample_pg
 
@@ -296,6 +297,14 @@ def _sample_woodbury(Z: torch.Tensor, gram: torch.Tensor, omega, beta, prior_var
     return out
 
 
+def preconditioner_factor(shared: torch.Tensor) -> torch.Tensor:
+    """The Cholesky factor of the CG solves' shared preconditioner ``shared``, in its dtype; where rounding
+    leaves it indefinite (a float32 Gram over a full-rank ``lowrank`` basis, whose last directions the
+    rows barely span), a relative jitter is added (:func:`~bayesmlc.linalg.robust_cholesky`): the CG
+    still solves the exact system, only its iterations depend on the preconditioner."""
+    return robust_cholesky(shared, 0.0, factor_dtype=shared.dtype)[0]
+
+
 def _sample_cg(design: Design, omega, beta, prior_prec, start, gen, tol: float, max_iter: int, noise: float = 1.0):
     """Perturb-then-solve draw (``noise=0``: the mean) for all labels by batched preconditioned CG.
 
@@ -317,7 +326,7 @@ def _sample_cg(design: Design, omega, beta, prior_prec, start, gen, tol: float, 
         return prior_prec[:, None] * V + design.rmatmul(omega * design.matmul(V))
 
     shared = design.shared_precision(omega.mean(dim=1).double().cpu().numpy(), prior_prec.double().cpu().numpy())
-    chol = torch.linalg.cholesky(shared)
+    chol = preconditioner_factor(shared)
     x = start.clone()
     r = rhs - apply(x)
     z = torch.cholesky_solve(r, chol)

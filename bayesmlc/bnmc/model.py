@@ -113,14 +113,14 @@ class BNMC(HasPresets, MultiLabelEstimator):
         same model with the weights restricted to the span of the top ``low_rank`` right singular
         vectors of the classifier features (cost per sweep O(n r L), fitted state O(D r + r L)),
         label block by label block. "auto": an exact sampler whose estimated sweep costs at most 3e10
-        flops, else "lowrank" (the rule: :func:`~bayesmlc.bnmc.classifiers.choose_solver`).
+        flops (``cg`` as "lowrank" at r = D where D <= 1024: the same model on a rotated basis, by the
+        faster low-rank fit), else "lowrank" (:func:`~bayesmlc.bnmc.classifiers.choose_solver`).
     low_rank : int or "auto", default "auto"
         r, the dimension of the shared representation of ``solver="lowrank"`` (capped at D), and of
         online SGD when a dense (D + 1) x L weight matrix would exceed 2e7 entries. "auto": the
         largest of 1024, 768, 512 and 256 whose sweep (about 15 n (r + 1) L operations) stays within
         the exact solvers' budget or whose products cost at most 2^14 passes over the sparse features
-        ((r + 1) L <= 2^14 x the mean stored entries of a row), else 256
-        (:func:`~bayesmlc.bnmc.classifiers.choose_low_rank`).
+        ((r + 1) L <= 2^14 x mean stored entries a row), else 256 (``classifiers.choose_low_rank``).
     standardize : {"auto", True, False}, default "auto"
         Standardise features for the classifiers (and the Gaussian emission). "auto": when the
         features are dense (over half the entries non-zero); sparse features are left as they are.

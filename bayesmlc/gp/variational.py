@@ -29,6 +29,7 @@ import torch
 from torch import nn
 from torch.nn.functional import softplus
 
+from ..linalg import CholeskyError, robust_cholesky
 from .kernels import inverse_softplus
 
 __all__ = [
@@ -47,39 +48,6 @@ __all__ = [
 VARIATIONAL_NAMES = ("whitened", "cholesky", "preconditioned", "shared")
 
 SIGMA_FLOOR = 1e-6  # lower bound on the 2M family's Sigma (subspace paper, end of sec. 2.3)
-
-
-class CholeskyError(RuntimeError):
-    """A matrix stayed non-positive-definite after every jitter retry."""
-
-
-def robust_cholesky(K: torch.Tensor, jitter: float, max_tries: int = 6, factor_dtype=torch.float64):
-    """Lower Cholesky factor of ``K`` (..., M, M), retrying with growing jitter.
-
-    The jitter added is ``jitter * mean(diag K) * I`` (relative, so it does not depend on the
-    kernel's scale), multiplied by 10 on each failure (a first try with ``jitter=0`` is followed by
-    1e-7). The factorisation runs in ``factor_dtype``
-    and the factor is returned in ``K``'s dtype.
-
-    Returns
-    -------
-    L : (..., M, M) tensor
-    jitter_used : float, the relative jitter that succeeded
-    """
-    K64 = K.to(factor_dtype)
-    scale = torch.diagonal(K64, dim1=-2, dim2=-1).mean(-1).detach().clamp_min(1e-12)
-    eye = torch.eye(K.shape[-1], dtype=factor_dtype, device=K.device)
-    current = jitter
-    for _ in range(max_tries):
-        shifted = K64 + (current * scale)[..., None, None] * eye
-        L, info = torch.linalg.cholesky_ex(shifted)
-        if not torch.any(info) and torch.isfinite(L).all():
-            return L.to(K.dtype), current
-        last, current = current, (current * 10.0 if current > 0 else 1e-7)
-    raise CholeskyError(
-        f"Cholesky factorisation failed even with relative jitter {last:.1e} "
-        f"(started at {jitter:.1e}, {max_tries} tries): the kernel matrix is not positive definite"
-    )
 
 
 @dataclass

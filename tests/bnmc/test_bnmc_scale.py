@@ -7,7 +7,7 @@ import torch
 
 import bayesmlc.bnmc.classifier_fitting as classifier_fitting
 from bayesmlc.bnmc import BNMC
-from bayesmlc.bnmc.classifiers import LowRankDesign, _sample_cg, choose_solver
+from bayesmlc.bnmc.classifiers import LowRankDesign, _sample_cg, choose_solver, preconditioner_factor
 from bayesmlc.bnmc.labels import ObservedEntries
 from bayesmlc.bnmc.mixture import _centred_unit_gram
 from bayesmlc.metrics import auc_micro, precision_at_k
@@ -83,6 +83,40 @@ def test_full_rank_basis_has_the_full_space_conditional_mean():
 ])
 def test_auto_solver_keeps_small_problems_exact_and_sends_large_ones_to_lowrank(shape, expected):
     assert choose_solver(*shape) == expected
+
+
+def test_auto_solver_takes_a_full_rank_basis_where_it_would_take_cg():
+    """Where ``auto`` would take ``cg`` and D <= 1024, the low-rank solver runs on all D right singular
+    vectors: the same prior and likelihood, its factorised q(w) taken in that basis (where the design's
+    columns are uncorrelated), so the posterior means and predictions stay close to cg's."""
+    X, Y = _low_rank_problem(n=700, D=620, rank=8, L=8, seed=3)
+    assert choose_solver(700, 620, 8, X.nnz) == "cg"
+    params = dict(random_state=0, **FAST, calibration_folds=1)
+    auto = BNMC(**params).fit(X, Y)
+    exact = BNMC(solver="cg", **params).fit(X, Y)
+    assert auto.solver_ == "lowrank" and auto.classifier_basis_.shape == (620, 620)
+    spectrum = np.linalg.svd(auto.classifier_basis_.astype(np.float64), compute_uv=False)
+    assert spectrum.min() > 0.97 and spectrum.max() < 1.03  # it spans the whole space, near-orthonormal
+    weights = auto.classifier_basis_ @ auto.classifier_samples_[-1, :-1]  # back in the feature basis
+    scale = np.abs(exact.classifier_samples_[-1, :-1]).max()
+    np.testing.assert_allclose(weights, exact.classifier_samples_[-1, :-1], rtol=0, atol=0.1 * scale)
+    p_auto, p_exact = auto.predict_proba(X), exact.predict_proba(X)
+    assert np.abs(p_auto - p_exact).mean() < 0.01 and np.abs(p_auto - p_exact).max() < 0.08
+    capped = BNMC(low_rank=16, **params).fit(X, Y)  # an explicit rank is kept
+    assert capped.solver_ == "lowrank" and capped.classifier_basis_.shape == (620, 16)
+
+
+def test_preconditioner_factor_adds_jitter_only_where_rounding_leaves_the_matrix_indefinite():
+    rng = np.random.default_rng(0)
+    A = rng.normal(size=(40, 30)).astype(np.float32)
+    good = torch.as_tensor(A.T @ A + np.eye(30, dtype=np.float32))
+    np.testing.assert_array_equal(preconditioner_factor(good).numpy(), torch.linalg.cholesky(good).numpy())
+    singular = torch.as_tensor(A[:, :20] @ A[:, :20].T)  # 40 x 40 of rank 20
+    with pytest.raises(RuntimeError):
+        torch.linalg.cholesky(singular)
+    L = preconditioner_factor(singular)
+    assert L.dtype == torch.float32 and torch.isfinite(L).all()
+    np.testing.assert_allclose((L @ L.T).numpy(), singular.numpy(), rtol=0, atol=1e-3 * singular.diagonal().mean().item())
 
 
 def test_label_blocks_give_the_one_block_fit(monkeypatch):
