@@ -8,7 +8,9 @@ a default BNMC is fitted; then, for every label l, weights v_l on the K columns 
 Tibshirani et al. 2012) are fitted with the BNMC classifier's posterior-mean margin m_il as a fixed offset:
 the mode of sum_i log p(y_il | m_il + x_{i,S_l}^T v_l) - lambda / 2 |v_l|^2 by six Newton steps on the
 rows where x_{i,S_l} is not zero (one backfitting pass; Hastie and Tibshirani 1990). ``--precision``
-takes lambda as multiples of BNMC's ``weight_precision_``, or "evidence": MacKay's fixed point per label,
+takes lambda as multiples of BNMC's ``weight_precision_``, "count:B:T" for B (1 + T / n_l) of it (n_l the
+label's training positives: a prior that the first few positives do not overrule), or "evidence":
+MacKay's fixed point per label,
 lambda = gamma / |v|^2 with gamma = K - lambda tr(H^-1), four rounds from ``weight_precision_``
 (MacKay 1992). Prints P@k / PSP@k of the classifier margins with and without the term, and of BNMC's
 ranking score with the term added to the classifier evidence. A dense per-label loop in numpy: a probe
@@ -94,11 +96,14 @@ def main() -> None:
     Zc, Zvc, Yc = sp.csc_matrix(Z), sp.csc_matrix(Zv), sp.csc_matrix(Y)
     for choice in args.precision:
         evidence = choice == "evidence"
-        base = model.weight_precision_ * (1.0 if evidence else float(choice))
+        base_share, tau = (float(choice.split(":")[1]), float(choice.split(":")[2])) if choice.startswith("count:") else (
+            1.0 if evidence else float(choice), 0.0)
+        positives = np.diff(Yc.indptr)
         start, extra, spread, used = time.time(), np.zeros(Mv.shape), np.zeros(Mv.shape), []
         for label in range(Y.shape[1]):
             columns = support[label][support[label] >= 0]
             if columns.size:
+                base = model.weight_precision_ * base_share * (1.0 + tau / max(positives[label], 1))
                 v, cov, lam = support_weights(Zc, Yc[:, label].toarray().ravel(), M[:, label], columns, base, evidence)
                 rows = Zvc[:, columns]
                 extra[:, label] = rows @ v
