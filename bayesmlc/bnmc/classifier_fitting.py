@@ -268,8 +268,9 @@ class ClassifierFitter:
             nnz = int(self.parallel.reduce_sum(np.array([Z[local(rows)].nnz], dtype=np.float64))[0])
             solver = choose_solver(rows.size, model.n_features_in_, model.n_labels_, nnz)
             if solver == "cg" and model.n_features_in_ <= LOW_RANKS[0]:
-                # the same exact model on the rotated full-rank basis, by the low-rank solver's fit:
-                # delicious 36.6 -> 13.6 s, enron 10.3 -> 6.7 s, P@k within noise (docs/experiments.md)
+                # the same prior and likelihood on all D singular directions (q(w) factorised in them),
+                # by the low-rank fit: delicious 36.6 -> 13.6 s, enron 10.3 -> 6.6 s, P@k within noise
+                # (docs/experiments.md, "The exact solver's sets on the full-rank basis")
                 solver, rank = "lowrank", model.n_features_in_ if rank == "auto" else rank
         if self.parallel.world_size > 1 and solver in ("dense", "woodbury"):
             solver = "cg"  # the samplers whose sums over rows are split over processes
