@@ -14,7 +14,8 @@ from threadpoolctl import threadpool_limits
 from .distributed import ParallelContext
 from .utils import run_blocks
 
-__all__ = ["SUBSPACE_ITERATIONS", "CholeskyError", "basis_gram", "robust_cholesky", "sparse_dense_product", "top_singular_vectors"]
+__all__ = ["SUBSPACE_ITERATIONS", "CholeskyError", "basis_gram", "robust_cholesky", "sparse_dense_product",
+           "top_singular_vectors"]
 
 #: Subspace iterations of :func:`top_singular_vectors` (scikit-learn's count for a large rank).
 SUBSPACE_ITERATIONS = 4
