@@ -305,6 +305,13 @@ def preconditioner_factor(shared: torch.Tensor) -> torch.Tensor:
     return robust_cholesky(shared, 0.0, factor_dtype=shared.dtype)[0]
 
 
+def shared_preconditioner(design: Design, omega: torch.Tensor, prior_prec: torch.Tensor) -> torch.Tensor:
+    """The Cholesky factor (:func:`preconditioner_factor`) of diag(prior) + Z^T diag(omega_bar) Z, omega_bar
+    the mean of ``omega`` (n, C) over labels: the preconditioner that the CG solves of every label share."""
+    return preconditioner_factor(design.shared_precision(omega.mean(dim=1).double().cpu().numpy(),
+                                                         prior_prec.double().cpu().numpy()))
+
+
 def _sample_cg(design: Design, omega, beta, prior_prec, start, gen, tol: float, max_iter: int, noise: float = 1.0):
     """Perturb-then-solve draw (``noise=0``: the mean) for all labels by batched preconditioned CG.
 
@@ -325,8 +332,7 @@ def _sample_cg(design: Design, omega, beta, prior_prec, start, gen, tol: float, 
     def apply(V):
         return prior_prec[:, None] * V + design.rmatmul(omega * design.matmul(V))
 
-    shared = design.shared_precision(omega.mean(dim=1).double().cpu().numpy(), prior_prec.double().cpu().numpy())
-    chol = preconditioner_factor(shared)
+    chol = shared_preconditioner(design, omega, prior_prec)
     x = start.clone()
     r = rhs - apply(x)
     z = torch.cholesky_solve(r, chol)

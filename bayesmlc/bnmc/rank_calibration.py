@@ -245,8 +245,10 @@ def fit_top_label_map(logits: np.ndarray, y: np.ndarray, seed: int = 0) -> np.nd
 
 
 def _base_features(s_clf, s_pat, entries) -> np.ndarray:
-    """(s_clf, s_pattern, 1) of the ``entries`` (boolean (n, L)), row-major, (n_entries, 3)."""
-    return np.stack([s_clf[entries], s_pat[entries], np.ones(int(entries.sum()))], axis=1)
+    """(s_clf, s_pattern, 1) of the ``entries`` (a boolean (n, L) mask, row-major, or (rows, columns)),
+    (n_entries, 3)."""
+    clf = s_clf[entries]
+    return np.stack([clf, s_pat[entries], np.ones(clf.size)], axis=1)
 
 
 def _ranked_entries(z: np.ndarray, observed: np.ndarray, sampled: np.ndarray) -> tuple:
@@ -289,8 +291,8 @@ def _fit_rank_terms(s_clf, s_pat, Y, observed, precisions, weights=None) -> list
     # the rank terms touch only each row's top 1 + NEXT_RANKS entries: the other entries form a block
     # with the three base columns alone (the Newton steps then cost 3 columns per entry, not 10)
     blocks = [(_base_features(s_clf, s_pat, rest), Y[rest], _BASE_COLUMNS, None if weights is None else weights[rest]),
-              (np.concatenate([np.stack([s_clf[top_entries], s_pat[top_entries], np.ones(top_entries[0].size)], axis=1),
-                               rank_columns], axis=1), Y[top_entries], np.arange(3 + len(RankTerms._fields)), None)]
+              (np.concatenate([_base_features(s_clf, s_pat, top_entries), rank_columns], axis=1), Y[top_entries],
+               np.arange(3 + len(RankTerms._fields)), None)]
     start, fits = np.r_[theta, np.zeros(len(RankTerms._fields))], []
     for precision in precisions:
         ridge = np.r_[np.full(3, 1e-4), np.full(len(RankTerms._fields), 1e-4 + precision)]
