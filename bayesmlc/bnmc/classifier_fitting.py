@@ -22,7 +22,7 @@ from ..distributed import ONE_PROCESS
 from ..linalg import top_singular_vectors
 from ..preprocessing import row_square_sums
 from ..utils import iter_batches, sigmoid
-from .classifiers import (LOW_RANKS, Design, LowRankDesign, SGDClassifier, choose_low_rank, choose_solver,
+from .classifiers import (Design, LowRankDesign, SGDClassifier, choose_auto_solver, choose_low_rank,
                           gibbs_classifier)
 from .label_sets import choose_count_rule, choose_threshold
 from .labels import ObservedEntries
@@ -266,12 +266,8 @@ class ClassifierFitter:
         solver, rank = model.solver, model.low_rank
         if solver == "auto":
             nnz = int(self.parallel.reduce_sum(np.array([Z[local(rows)].nnz], dtype=np.float64))[0])
-            solver = choose_solver(rows.size, model.n_features_in_, model.n_labels_, nnz)
-            if solver == "cg" and model.n_features_in_ <= LOW_RANKS[0]:
-                # the same prior and likelihood on all D singular directions (q(w) factorised in them),
-                # by the low-rank fit: delicious 36.6 -> 13.6 s, enron 10.3 -> 6.6 s, P@k within noise
-                # (docs/experiments.md, "The exact solver's sets on the full-rank basis")
-                solver, rank = "lowrank", model.n_features_in_ if rank == "auto" else rank
+            solver, full_rank = choose_auto_solver(rows.size, model.n_features_in_, model.n_labels_, nnz)
+            rank = full_rank if full_rank is not None and rank == "auto" else rank
         if self.parallel.world_size > 1 and solver in ("dense", "woodbury"):
             solver = "cg"  # the samplers whose sums over rows are split over processes
         model.solver_ = solver

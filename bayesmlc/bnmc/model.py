@@ -114,7 +114,7 @@ class BNMC(HasPresets, MultiLabelEstimator):
         vectors of the classifier features (cost per sweep O(n r L), fitted state O(D r + r L)),
         label block by label block. "auto": an exact sampler whose estimated sweep costs at most 3e10
         flops (``cg`` as "lowrank" at r = D where D <= 1024: the same prior and likelihood on all D
-        singular directions, by the faster low-rank fit), else "lowrank" (``classifiers.choose_solver``).
+        singular directions, by the faster low-rank fit), else "lowrank" (``classifiers.choose_auto_solver``).
     low_rank : int or "auto", default "auto"
         r, the dimension of the shared representation of ``solver="lowrank"`` (capped at D), and of
         online SGD when a dense (D + 1) x L weight matrix would exceed 2e7 entries. "auto": the

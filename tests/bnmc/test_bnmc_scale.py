@@ -7,7 +7,8 @@ import torch
 
 import bayesmlc.bnmc.classifier_fitting as classifier_fitting
 from bayesmlc.bnmc import BNMC
-from bayesmlc.bnmc.classifiers import LowRankDesign, _sample_cg, choose_solver, preconditioner_factor
+from bayesmlc.bnmc.classifiers import (LowRankDesign, _sample_cg, choose_auto_solver, choose_solver,
+                                       preconditioner_factor)
 from bayesmlc.bnmc.labels import ObservedEntries
 from bayesmlc.bnmc.mixture import _centred_unit_gram
 from bayesmlc.metrics import auc_micro, precision_at_k
@@ -83,6 +84,18 @@ def test_full_rank_basis_has_the_full_space_conditional_mean():
 ])
 def test_auto_solver_keeps_small_problems_exact_and_sends_large_ones_to_lowrank(shape, expected):
     assert choose_solver(*shape) == expected
+
+
+@pytest.mark.parametrize("shape, expected", [
+    ((12920, 500, 983, 12920 * 18), ("lowrank", 500)),   # delicious: cg on 500 features
+    ((898, 1001, 53, 898 * 90), ("lowrank", 1001)),      # enron's 80%
+    ((2473, 77, 4125, 2473 * 77), ("lowrank", 77)),      # hmc_cellcycle_go
+    ((4880, 1836, 159, 4880 * 69), ("cg", None)),        # bibtex: above 1,024 features
+    ((1211, 294, 6, 1211 * 294), ("dense", None)),       # scene
+    ((15539, 5000, 3993, 15539 * 236), ("lowrank", None)),  # eurlex-4k: the rank is low_rank's
+])
+def test_auto_solver_runs_cg_on_the_full_rank_basis_up_to_1024_features(shape, expected):
+    assert choose_auto_solver(*shape) == expected
 
 
 def test_auto_solver_takes_a_full_rank_basis_where_it_would_take_cg():
