@@ -4,7 +4,7 @@
 
 On the validation split of SET's training rows (80% fitted, 20% scored; ``bench_mlgpf_linear.validation_split``),
 a default BNMC is fitted; then, for every label l, weights v_l on the K columns S_l that
-:func:`bayesmlc.gp.linear_support.gradient_support` picks (the standardised logistic gradient at zero,
+:func:`bayesmlc.feature_support.gradient_support` picks (the standardised logistic gradient at zero,
 Tibshirani et al. 2012) are fitted with the BNMC classifier's posterior-mean margin m_il as a fixed offset:
 the mode of sum_i log p(y_il | m_il + x_{i,S_l}^T v_l) - lambda / 2 |v_l|^2 by six Newton steps on the
 rows where x_{i,S_l} is not zero (one backfitting pass; Hastie and Tibshirani 1990). ``--precision``
@@ -33,7 +33,7 @@ from bench_bnmc_scale import load_data  # noqa: E402
 from bench_mlgpf_linear import DATA_ROOT, validation_split  # noqa: E402
 
 from bayesmlc.bnmc import BNMC  # noqa: E402
-from bayesmlc.gp.linear_support import gradient_support  # noqa: E402
+from bayesmlc.feature_support import gradient_support  # noqa: E402
 from bayesmlc.metrics import inverse_propensity, precision_at_k, psprecision_at_k  # noqa: E402
 
 

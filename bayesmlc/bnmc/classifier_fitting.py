@@ -27,6 +27,7 @@ from .classifiers import (Design, LowRankDesign, SGDClassifier, choose_auto_solv
 from .label_sets import choose_count_rule, choose_threshold
 from .labels import ObservedEntries
 from .lowrank_fit import variational_logistic
+from .support_term import SupportTerm, fit_support_block, resolve_support_features, select_supports
 from .rank_calibration import (
     TOP_LABEL_IDENTITY, bernoulli_log_likelihood, fit_calibration, fit_top_label_map, top_positions,
 )
@@ -216,6 +217,7 @@ class ClassifierFitter:
         val_rows, train_rows = self._validation_split(rows)
         model._reset_calibration()
         model.classifier_basis_ = None
+        model._set_support_term(None)
         if model.online:  # one process (checked by BNMC.fit)
             self._fit_online(rows, val_rows, train_rows)
             return
@@ -414,20 +416,43 @@ class ClassifierFitter:
                 if variances is not None:
                     variances[:, labels] = block_var
                 trace = trace + np.asarray(block_trace)
+            model._set_support_term(None)
             return means, variances, list(trace)
 
-        def observed(labels):  # the labelled rows' entries are all observed without a label_mask
-            if self.entries.label_mask is None:
-                return None
-            return torch.from_numpy(self.entries.block(rows, labels).astype(np.float32))
+        return self._variational_blocks(design, rows, Y_rows, fitted, width, (means, variances, trace),
+                                        prior, n_iter, n_keep, init, n_mode_steps)
+
+    def _variational_blocks(self, design, rows, Y_rows, fitted, width, out, prior, n_iter, n_keep, init,
+                            n_mode_steps):
+        """The variational logistic classifiers (:func:`~bayesmlc.bnmc.lowrank_fit.variational_logistic`)
+        of the ``fitted`` labels, ``width`` a block, written into ``out`` = (means, variances, trace); then,
+        where :func:`~bayesmlc.bnmc.support_term.resolve_support_features` gives K > 0, each block's
+        support term (:func:`~bayesmlc.bnmc.support_term.fit_support_block`), set on the model
+        (``support_columns_``, ``support_means_``, ``support_variances_``)."""
+        model = self.model
+        means, variances, trace = out
+        K = resolve_support_features(model.support_features, model.solver_, design.D1 - 1, model.n_features_in_,
+                                     self.parallel.world_size, model.classifier_, model.inference)
+        if K:
+            Z_rows = self.Z[rows]
+            columns = select_supports(Z_rows, self.Y[rows], fitted, K)
+            Z_csc, term = sp.csc_matrix(Z_rows, dtype=np.float32), SupportTerm.empty(model.n_labels_, K)
         for start in range(0, fitted.size, width):
             labels = fitted[start:start + width]
+            Y = torch.from_numpy(Y_rows[:, labels].toarray().astype(np.float32))
+            observed = None if self.entries.label_mask is None else torch.from_numpy(
+                self.entries.block(rows, labels).astype(np.float32))  # else every labelled row's entry
             block_means, variances[:, labels], block_trace = variational_logistic(
-                design, torch.from_numpy(Y_rows[:, labels].toarray().astype(np.float32)),
-                observed(labels), prior, n_iter, n_keep,
-                None if init is None else init[:, labels], n_mode_steps)
+                design, Y, observed, prior, n_iter, n_keep, None if init is None else init[:, labels], n_mode_steps)
             means[:, :, labels] = block_means
             trace = trace + np.asarray(block_trace)
+            if K:
+                margins = design.matmul(torch.from_numpy(block_means.mean(axis=0)))
+                block_columns = columns[start:start + width]
+                term.columns[labels] = block_columns
+                term.means[labels], term.variances[labels] = fit_support_block(
+                    Z_csc, block_columns, Y, observed, margins, model.weight_precision_)
+        model._set_support_term(term if K else None)
         return means, variances, list(trace)
 
     def _set_basis(self, Z, n_rows: int, parallel=None, rank="auto") -> None:
@@ -480,6 +505,7 @@ class ClassifierFitter:
                 model._sgd.W[...] = model.classifier_samples_.mean(axis=0)
                 model._sgd.W_avg[...] = model._sgd.W
                 model.classifier_samples_ = model.classifier_variances_ = None
+                model._set_support_term(None)
             model.solver_ = "sgd"
         self.sgd_passes(model._classifier_inputs(Z), Y, entries, np.flatnonzero(labelled), passes=1)
 

@@ -560,16 +560,22 @@ def _pg_mean_one(xi: torch.Tensor) -> torch.Tensor:
     return torch.where(small, series, out)
 
 
-def classifier_evidence(inputs, weights, variances, kind: str) -> np.ndarray:
+def classifier_evidence(inputs, weights, variances, kind: str, offset=None) -> np.ndarray:
     """BNMC's classifier evidence of the rows ``inputs`` (n, d) (eq. 8), (n, L): the margins z^T w + b of
     each weight matrix of ``weights`` (S, d + 1, L; the bias last: kept draws, a variational mean, or
-    the SGD average), moderated by the factorised Gaussian q(w) of ``variances`` (d + 1, L) when given
-    (MacKay's probit approximation, m / sqrt(1 + pi v / 8)); then, for ``kind`` "logistic", the logit
-    of the probability averaged over the weights, for "svm" the mean margin."""
+    the SGD average), plus ``offset`` = (mean, variance) (n, L) of a term beside them when given (the
+    support term, :mod:`bayesmlc.bnmc.support_term`), moderated by the factorised Gaussian q(w) of
+    ``variances`` (d + 1, L) when given (MacKay's probit approximation, m / sqrt(1 + pi v / 8)); then,
+    for ``kind`` "logistic", the logit of the probability averaged over the weights, for "svm" the mean
+    margin."""
     margins = np.stack([np.asarray(inputs @ w[:-1]) + w[-1] for w in weights])
+    if offset is not None:
+        margins += offset[0][None]
     if variances is not None:
         squares = inputs.multiply(inputs).tocsr() if sp.issparse(inputs) else inputs * inputs
         spread = np.asarray(squares @ variances[:-1]) + variances[-1]
+        if offset is not None:
+            spread += offset[1]
         margins = margins / np.sqrt(1.0 + np.pi * spread / 8.0)[None]
     if kind == "logistic":
         return logit(sigmoid(margins).mean(axis=0))

@@ -34,6 +34,7 @@ from .mixture import DirichletEmission, DPMixture, GaussianEmission
 from .rank_calibration import (TOP_LABEL_IDENTITY, RankTerms, calibrated_probability_logits, rank_adjusted_logits,
                                scores_and_probability_logits)
 from .state_checks import BNMC_FIELDS
+from .support_term import SupportTerm
 from .svi import MixtureFitter
 
 __all__ = ["BNMC"]
@@ -121,6 +122,11 @@ class BNMC(HasPresets, MultiLabelEstimator):
         largest of 1024, 768, 512 and 256 whose sweep (about 15 n (r + 1) L operations) stays within
         the exact solvers' budget or whose products cost at most 2^14 passes over the sparse features
         ((r + 1) L <= 2^14 x mean stored entries a row), else 256 (``classifiers.choose_low_rank``).
+    support_features : int >= 0 or "auto", default "auto"
+        K of the support term beside a low-rank basis of r < D vectors (``bnmc.support_term``): each
+        label's margin gains x_S^T v on the K feature columns S where its evidence lies, so tail labels
+        keep rare features the basis leaves out. 0: none. "auto": 128. Variational logistic
+        classifiers in one process only.
     standardize : {"auto", True, False}, default "auto"
         Standardise features for the classifiers (and the Gaussian emission). "auto": when the
         features are dense (over half the entries non-zero); sparse features are left as they are.
@@ -213,6 +219,8 @@ class BNMC(HasPresets, MultiLabelEstimator):
     classifier_ : str, "logistic" or "svm": the likelihood of the classifiers (``classifier`` resolved)
     classifier_basis_ : ndarray (D, r) float32 or None, the shared basis of the low-rank classifiers
         (their weights are in r + 1 coordinates: ``classifier_samples_`` (S, r + 1, L))
+    support_columns_, support_means_, support_variances_ : ndarray (L, K) or None, the support term's
+        columns (int32, -1: none) and q(v)'s means and variances (``support_features``)
     classifier_trace_ : ndarray, per Gibbs sweep the log-likelihood (logistic) or minus the hinge
         sum (svm) of the observed training labels
     """
@@ -223,6 +231,7 @@ class BNMC(HasPresets, MultiLabelEstimator):
         n_passes=3, batch_size=64, tau=1.0, kappa=0.7, concentration=1.0, merge_trials=5,
         feature_prior=0.1, label_prior=0.01, weight_precision="auto",
         n_sweeps=4, n_keep=2, n_mode_steps=6, inference="variational", solver="auto", low_rank="auto",
+        support_features="auto",
         standardize="auto", feature_weighting="auto", count_rule="auto", validation_fraction=0.2, refit=True, calibration_folds="auto",
         sgd_alpha=None, sgd_eta0=200.0, unlabeled_rows="missing", label_cardinality="independent",
         n_threads=None, random_state=None, device="auto", verbose=False,
@@ -246,6 +255,7 @@ class BNMC(HasPresets, MultiLabelEstimator):
         self.inference = inference
         self.solver = solver
         self.low_rank = low_rank
+        self.support_features = support_features
         self.standardize = standardize
         self.feature_weighting = feature_weighting
         self.count_rule = count_rule
@@ -270,6 +280,7 @@ class BNMC(HasPresets, MultiLabelEstimator):
         "n_threads": [None, Integer(1)],
         **{name: [Integer(1)] for name in ("n_passes", "batch_size", "n_sweeps", "n_keep")},
         "low_rank": ["auto", Integer(1)],
+        "support_features": ["auto", Integer(0)],
         **{name: [Real(0, low_open=True)] for name in ("tau", "concentration", "feature_prior", "label_prior", "sgd_eta0")},
         "truncation": [Integer(2)],
         "weight_precision": ["auto", Real(0, low_open=True)],
@@ -441,8 +452,10 @@ class BNMC(HasPresets, MultiLabelEstimator):
         of the raw features ``X`` (:meth:`~bayesmlc.bnmc.mixture.DPMixture.pattern_evidence`), eq. 8,
         both (b, L)."""
         weights = self._sgd.W_avg[None] if self.classifier_samples_ is None else self.classifier_samples_
+        columns = getattr(self, "support_columns_", None)  # files written before the term: None
+        offset = None if columns is None else SupportTerm(columns, self.support_means_, self.support_variances_).margins(Z)
         s_clf = classifier_evidence(self._classifier_inputs(Z), weights, self.classifier_variances_,
-                                    self._classifier_kind())
+                                    self._classifier_kind(), offset)
         return s_clf, self._mixture.pattern_evidence(self._mixture_features(X), self.label_share_)
 
     def _decision_function(self, X) -> np.ndarray:
@@ -502,6 +515,10 @@ class BNMC(HasPresets, MultiLabelEstimator):
         """The declared fields of :data:`bayesmlc.bnmc.state_checks.BNMC_FIELDS`: the calibration and
         label-set rule, the rank terms, the classifiers and the mixture's state."""
         check_fitted_state(self, BNMC_FIELDS)
+
+    def _set_support_term(self, term) -> None:
+        """``support_columns_``, ``support_means_``, ``support_variances_`` of a :class:`SupportTerm` (or None)."""
+        self.support_columns_, self.support_means_, self.support_variances_ = (None,) * 3 if term is None else term
 
     def _set_rank_terms(self, terms: RankTerms) -> None:
         for name, value in zip(_RANK_TERM_ATTRIBUTES, terms):

@@ -40,6 +40,14 @@ def _top_label_map(model, dims) -> None:
         raise ModelFormatError("top_label_map_ must be three finite numbers, the first two >= 0")
 
 
+def _support_term(model, dims) -> None:
+    parts = [getattr(model, name, None) for name in ("support_columns_", "support_means_", "support_variances_")]
+    if any(part is None for part in parts) != all(part is None for part in parts) or (
+            parts[0] is not None and not parts[0].shape == parts[1].shape == parts[2].shape):
+        raise ModelFormatError("support_columns_, support_means_ and support_variances_ must be three arrays of "
+                               "one shape (L, K), or all None")
+
+
 def _sgd_present(model, dims) -> None:
     if getattr(model, "_sgd", None) is not None:
         from ..fitted_state import check_fields
@@ -84,6 +92,11 @@ BNMC_FIELDS = COMMON_FIELDS + (
     array("classifier_samples_", ("S", "F", "L"), nullable=True),
     array("classifier_variances_", ("F", "L"), low=0.0, nullable=True),
     array("classifier_trace_", (None,), finite=False),
+    array("support_columns_", ("L", None), dtype="iu", low=-1, high=lambda dims: dims["D"] - 1, nullable=True,
+          optional=True),
+    array("support_means_", ("L", None), nullable=True, optional=True),
+    array("support_variances_", ("L", None), low=0.0, nullable=True, optional=True),
+    rule("support_columns_", _support_term),
     _mixture("label_conc", ("K", "L"), low=0.0, low_open=True),
     _mixture("stick_a", (lambda dims: dims["K"] - 1,), low=0.0, low_open=True),
     _mixture("stick_b", (lambda dims: dims["K"] - 1,), low=0.0, low_open=True),

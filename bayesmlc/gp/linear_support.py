@@ -7,13 +7,9 @@ Williams 2006, sec. 2.1-2.2). A dense W of L x D entries grows with both sides (
 2.7e9 entries); this one holds L x K, and a minibatch step costs O(|T| K df_B) for the batch's labels
 T and the support columns' entries in the batch, not O(nnz(X_B) |T| + |T| |C|).
 
-**The support** of label l: the K columns with the largest |g_lj|, g_lj = sum_i (y_il - p_l) x_ij
-the gradient of the logistic log-likelihood in w_lj at w = 0 with the bias at its maximum-likelihood
-value p_l = n_l / N, among the columns stored in l's positive rows (elsewhere g_lj = -n_l mean_j,
-evidence against the label that a ranking does not need). Ranking predictors by |x_j^T r| at the
-start of a path is the screening of the lasso's strong rules (Tibshirani et al. 2012, "Strong rules
-for discarding predictors in lasso-type problems", JRSS B 74(2), sec. 2) and of sure independence
-screening (Fan and Lv 2008). A label with fewer than K such columns pads its support with -1.
+**The support** of label l (:func:`bayesmlc.feature_support.gradient_support`): the K columns with the
+largest standardised logistic gradient at w = 0 among those of its positive rows (lasso strong-rule
+screening).
 
 **Steps.** The minibatch's block is the labels T of its likelihood entries, each with its K weights:
 the data term's gradient is formed by compiled passes over the support columns' entries in the batch
@@ -33,13 +29,11 @@ import numpy as np
 import scipy.sparse as sp
 import torch
 
-from ..utils import run_blocks, thread_bounds
+from ..feature_support import gradient_support, label_blocks, support_products
 from .linear_term import ADAM_BETAS, ADAM_EPS, PenalisedLinearWeights
 
 __all__ = ["SupportLinearTerm", "SupportBlock", "gradient_support", "support_problem"]
 
-#: :func:`gradient_support` forms X^T y_l for at most this many (label, feature) stored entries at a time
-SUPPORT_BLOCK_ENTRIES = 1 << 24
 #: A block's utilities are one sparse-times-dense product X_B W_full^T, with W (T, K) scattered into a
 #: dense (T, D) W_full, where that holds at most DENSE_PRODUCT_MAX_ENTRIES values and costs at most
 #: DENSE_PRODUCT_COST_RATIO times the multiply-adds of the passes over the support columns' entries
@@ -62,68 +56,6 @@ def support_problem(value, n_features: int) -> str | None:
         return (f"must hold feature columns in [0, {n_features}) or -1, got values in "
                 f"[{int(value.min())}, {int(value.max())}]")
     return None
-
-
-def gradient_support(X: sp.csr_matrix, Y: sp.csr_matrix, n_features: int) -> np.ndarray:
-    """(L, K) int64: for each label the K = ``n_features`` columns of the prepared rows ``X`` (n, D)
-    with the largest standardised gradient |sum_i (y_il - n_l / n) x_ij| / sd_j among the columns
-    stored in its positive rows (module docstring), ascending; -1 pads a label with fewer such
-    columns. X^T Y is formed a block of labels at a time (about :data:`SUPPORT_BLOCK_ENTRIES` stored
-    entries a block)."""
-    X, Y = sp.csr_matrix(X, dtype=np.float64), sp.csc_matrix(Y, dtype=np.float64)
-    Y.data[:] = 1.0
-    n_rows, n_labels = Y.shape
-    column_mean = np.asarray(X.mean(axis=0)).ravel()
-    column_var = np.asarray(X.multiply(X).sum(axis=0)).ravel() / max(n_rows, 1) - column_mean**2
-    column_sd = np.sqrt(np.maximum(column_var, 1e-12))
-    counts = np.diff(Y.indptr)
-    support = np.full((n_labels, n_features), -1, dtype=np.int64)
-    X_t = sp.csr_matrix(X.T)
-    entries_per_positive = X.nnz / max(n_rows, 1)
-    start = 0
-    while start < n_labels:
-        stop = start + 1 + int(np.searchsorted(np.cumsum(counts[start + 1 :] * entries_per_positive),
-                                               SUPPORT_BLOCK_ENTRIES))
-        block = sp.csc_matrix(X_t @ Y[:, start:stop])  # (D, labels): x_j^T y_l
-        block.sort_indices()
-        _top_columns(block.indptr, block.indices, block.data, column_mean, column_sd,
-                     counts[start:stop].astype(np.float64), support[start:stop])
-        start = stop
-    return support
-
-
-@numba.njit(cache=True, nogil=True)
-def _top_columns(indptr, indices, data, column_mean, column_sd, counts, out):
-    """out[l] = the stored columns j of label l (CSC block column l) with the largest
-    |data - counts[l] column_mean[j]| / column_sd[j], ascending, -1 padded (ties: the lower column)."""
-    k = out.shape[1]
-    for label in range(out.shape[0]):
-        lo, hi = indptr[label], indptr[label + 1]
-        size = hi - lo
-        if size == 0:
-            continue
-        score = np.empty(size)
-        for p in range(size):
-            j = indices[lo + p]
-            score[p] = -abs(data[lo + p] - counts[label] * column_mean[j]) / column_sd[j]
-        take = min(k, size)
-        chosen = np.sort(indices[lo:hi][np.argsort(score, kind="mergesort")[:take]])
-        out[label, :take] = chosen
-
-
-@numba.njit(cache=True, nogil=True)
-def _support_times(colptr, rows, values, support, weight, out, start, stop):
-    """out[t, i] = sum_s weight[t, s] x_{i, support[t, s]} for labels t in [start, stop), from a CSC
-    (``colptr``, ``rows``, ``values``) of the rows x; ``out`` (T, n) zeroed by the caller."""
-    for t in range(start, stop):
-        row_out = out[t]
-        for s in range(support.shape[1]):
-            j = support[t, s]
-            w = weight[t, s]
-            if j < 0 or w == 0.0:
-                continue
-            for p in range(colptr[j], colptr[j + 1]):
-                row_out[rows[p]] += w * values[p]
 
 
 @numba.njit(cache=True, nogil=True)
@@ -163,22 +95,6 @@ def _pair_values(indptr, indices, data, n_columns, pair_rows, pair_labels, suppo
             scratch[indices[p]] = 0.0
 
 
-def _label_blocks(n_labels: int, work) -> None:
-    """Run ``work(start, stop)`` over label blocks on ``torch.get_num_threads()`` threads (the
-    kernels release the GIL; each block writes its own rows)."""
-    run_blocks(thread_bounds(n_labels, 64), work)
-
-
-def support_products(X_csc: sp.csc_matrix, support: np.ndarray, weight: np.ndarray) -> np.ndarray:
-    """(T, n): w_t^T x_i over the support columns, for a CSC ``X_csc`` (n, D) and ``support``,
-    ``weight`` (T, K)."""
-    out = np.zeros((support.shape[0], X_csc.shape[0]), dtype=weight.dtype)
-    values = X_csc.data.astype(weight.dtype, copy=False)
-    _label_blocks(support.shape[0], lambda a, b: _support_times(X_csc.indptr, X_csc.indices, values, support,
-                                                                 weight, out, a, b))
-    return out
-
-
 class _SupportTimes(torch.autograd.Function):
     """(B, T) utilities of a batch (CSC) for the block's weights (T, K), with the gradient in them."""
 
@@ -193,7 +109,7 @@ class _SupportTimes(torch.autograd.Function):
         grad_t = grad_out.T.contiguous().cpu().numpy()
         grad = np.empty(support.shape, dtype=grad_t.dtype)
         values = X_csc.data.astype(grad_t.dtype, copy=False)
-        _label_blocks(support.shape[0], lambda a, b: _support_gradient(X_csc.indptr, X_csc.indices, values, support,
+        label_blocks(support.shape[0], lambda a, b: _support_gradient(X_csc.indptr, X_csc.indices, values, support,
                                                                        grad_t, grad, a, b))
         return torch.from_numpy(grad).to(ctx.device), None, None
 

@@ -61,7 +61,7 @@ def test_support_is_the_brute_force_standardised_screening():
 def test_support_blocks_of_labels_give_the_same_support(monkeypatch):
     X, Y = _problem(n=60, L=20, seed=3)
     whole = gradient_support(X, Y, 4)
-    monkeypatch.setattr("bayesmlc.gp.linear_support.SUPPORT_BLOCK_ENTRIES", 10)
+    monkeypatch.setattr("bayesmlc.feature_support.SUPPORT_BLOCK_ENTRIES", 10)
     assert np.array_equal(gradient_support(X, Y, 4), whole)
 
 

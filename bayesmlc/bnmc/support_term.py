@@ -1,0 +1,154 @@
+"""BNMC's support term: a per-label sparse linear term beside the low-rank classifiers.
+
+The ``lowrank`` solver restricts each label's weights to span(V), the top-r right singular vectors of
+the classifier features (:class:`~bayesmlc.bnmc.classifiers.LowRankDesign`). A tail label whose evidence
+lies in rare features outside that span sees none of it. The support term gives label l a margin
+
+    m_il = z_i^T u_l + x_{i,S_l}^T v_l,        u_l ~ N(0, I / lambda),  v_l ~ N(0, I / lambda),
+
+with z_i = [x_i V, 1] and S_l the K columns of :func:`~bayesmlc.feature_support.gradient_support` (the
+largest standardised logistic gradients at zero among the columns of l's positive rows). Both parts are
+Gaussian, so eq. 6's classifier keeps a Gaussian prior on w_l = V u_l + P_{S_l} v_l, with covariance
+(V V^T + P_S P_S^T) / lambda: a sum of two linear kernels (Rasmussen and Williams 2006, sec. 4.2.4).
+
+**Inference.** After the classifiers' variational fit on the low-rank design
+(:func:`~bayesmlc.bnmc.lowrank_fit.variational_logistic`), q(v_l) is fitted with q(u_l) held at its mean
+(one backfitting pass, Hastie and Tibshirani 1990) as a Laplace approximation with a diagonal
+covariance: the mode of
+
+    sum_i w_il log p(y_il | z_i^T E[u_l] + x_{i,S_l}^T v_l) - lambda / 2 |v_l|^2
+
+(w_il the entry's weight: 0 where the label is missing) by passes of coordinate Newton steps (the
+coordinate descent Newton method of Yuan et al. 2010, JMLR 11, "A comparison of optimization methods and
+software for large-scale L1-regularized linear classification", sec. 4.1.2, with the L2 penalty),
+
+    v_lj <- v_lj + (sum_i w_il x_ij (y_il - p_il) - lambda v_lj) / (lambda + sum_i w_il x_ij^2 p_il (1 - p_il)),
+
+each step capped so that no margin moves by more than :data:`MAX_MARGIN_STEP`; then s_lj = 1 / (lambda +
+sum_i w_il x_ij^2 p_il (1 - p_il)) at the mode. The Polya-Gamma mean-field updates of the basis
+(tanh(xi / 2) / (2 xi) in place of p (1 - p)) converged too slowly here: on a tail label's positive row
+at margin -6 their curvature is 30 times the likelihood's, and four passes left |v| at 0.8 of the mode
+and validation P@1 below the basis alone. A pass costs O(sum_{j in S_l} nnz(x_j)) per label, on all
+cores (labels in parallel).
+
+Prediction adds x_{S_l}^T mu_l to the margins and x_{S_l}^2 . s_l to their variance before the
+probit moderation (:func:`~bayesmlc.bnmc.classifiers.classifier_evidence`).
+
+Measured in docs/experiments.md ("BNMC: the support term").
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numba
+import numpy as np
+import scipy.sparse as sp
+import torch
+
+from ..feature_support import gradient_support, label_blocks, support_products
+
+__all__ = ["MAX_MARGIN_STEP", "SUPPORT_FEATURES", "SUPPORT_PASSES", "SupportTerm", "fit_support_block", "resolve_support_features",
+           "select_supports"]
+
+#: ``support_features="auto"``: K, the columns of each label's support, where the term applies (the
+#: ``lowrank`` solver with fewer basis vectors than features, one process, variational logistic)
+SUPPORT_FEATURES = 128
+#: Coordinate Newton passes over each label's support
+SUPPORT_PASSES = 4
+#: The largest change of any margin in one coordinate step
+MAX_MARGIN_STEP = 2.0
+
+
+def resolve_support_features(setting, solver: str, rank: int | None, n_features: int, world_size: int,
+                             classifier: str, inference: str) -> int:
+    """K of BNMC's ``support_features`` setting ("auto" or an int >= 0) for the resolved fit: 0 (no
+    term) unless the classifiers are variational logistic ones on a ``lowrank`` basis of ``rank`` <
+    ``n_features`` in one process; then ``setting`` (capped at ``n_features``), "auto" taking
+    :data:`SUPPORT_FEATURES`."""
+    if solver != "lowrank" or rank is None or rank >= n_features or world_size > 1 \
+            or classifier != "logistic" or inference != "variational":
+        return 0
+    return min(SUPPORT_FEATURES if setting == "auto" else int(setting), n_features)
+
+
+class SupportTerm(NamedTuple):
+    """The fitted term: ``columns`` (L, K) int32 (-1: none), ``means`` and ``variances`` (L, K) float32
+    of q(v); a label that was not fitted has no column."""
+
+    columns: np.ndarray
+    means: np.ndarray
+    variances: np.ndarray
+
+    @classmethod
+    def empty(cls, n_labels: int, n_features: int) -> "SupportTerm":
+        return cls(np.full((n_labels, n_features), -1, dtype=np.int32), np.zeros((n_labels, n_features), np.float32),
+                   np.zeros((n_labels, n_features), np.float32))
+
+    def margins(self, X: sp.spmatrix) -> tuple[np.ndarray, np.ndarray]:
+        """(mean, variance) of x_{S_l}^T v_l for the classifier features ``X`` (n, D), each (n, L) float32."""
+        X_csc = sp.csc_matrix(X, dtype=np.float32)
+        squares = X_csc.multiply(X_csc).tocsc()
+        return (support_products(X_csc, self.columns, self.means).T,
+                support_products(squares, self.columns, self.variances).T)
+
+
+def select_supports(X: sp.csr_matrix, Y: sp.csr_matrix, labels: np.ndarray, n_features: int) -> np.ndarray:
+    """(len(labels), K) int32: the supports of ``labels`` on the rows ``X``, ``Y`` (CSR)."""
+    return gradient_support(X, Y[:, labels], n_features).astype(np.int32)
+
+
+def fit_support_block(X_csc: sp.csc_matrix, columns: np.ndarray, Y: torch.Tensor, weights, margins: torch.Tensor,
+                      precision: float, n_passes: int = SUPPORT_PASSES):
+    """q(v) of a block of C labels (module docstring): ``X_csc`` (n, D) the fitted rows' classifier
+    features, ``columns`` (C, K) their supports, ``Y`` (n, C) 0/1 and ``weights`` (n, C) or None (every
+    entry observed), ``margins`` (n, C) z_i^T E[u_l] under the fitted q(u), ``precision`` lambda.
+    Returns (means, variances), each (C, K) float32."""
+    labels, offsets = (np.ascontiguousarray(t.T.cpu().numpy(), dtype=np.float32) for t in (Y, margins))
+    entry_weights = np.ones((0, 0), np.float32) if weights is None else np.ascontiguousarray(
+        weights.T.cpu().numpy(), dtype=np.float32)
+    means = np.zeros(columns.shape, np.float32)
+    variances = np.zeros(columns.shape, np.float32)
+    values = X_csc.data.astype(np.float32, copy=False)
+    label_blocks(columns.shape[0], lambda a, b: _coordinate_newton(
+        X_csc.indptr, X_csc.indices, values, columns, labels, offsets, entry_weights, np.float32(precision),
+        n_passes, means, variances, a, b))
+    return means, variances
+
+
+@numba.njit(cache=True, nogil=True)
+def _coordinate_newton(colptr, rows, values, columns, labels, margins, entry_weights, precision, n_passes, means,
+                       variances, start, stop):
+    """``n_passes`` passes of coordinate Newton steps (module docstring) for the labels t in [start, stop),
+    then one pass for the variances at the mode: their rows of ``margins`` (C, n) are updated in place,
+    ``means`` and ``variances`` (C, K) written. ``labels`` (C, n) 0/1; ``entry_weights`` (C, n), or
+    (0, 0) for every entry observed."""
+    weighted = entry_weights.shape[0] > 0
+    for t in range(start, stop):
+        m, y = margins[t], labels[t]
+        for sweep in range(n_passes + 1):
+            for s in range(columns.shape[1]):
+                j = columns[t, s]
+                if j < 0:
+                    continue
+                old = means[t, s]
+                gradient = -precision * old
+                curvature = precision
+                largest = 0.0
+                for p in range(colptr[j], colptr[j + 1]):
+                    i, x = rows[p], values[p]
+                    weight = entry_weights[t, i] if weighted else 1.0
+                    prob = 1.0 / (1.0 + np.exp(-m[i]))
+                    gradient += weight * x * (y[i] - prob)
+                    curvature += weight * x * x * prob * (1.0 - prob)
+                    largest = max(largest, abs(x))
+                if sweep == n_passes:
+                    variances[t, s] = 1.0 / curvature
+                    continue
+                step = gradient / curvature
+                if largest > 0.0:  # no margin moves by more than MAX_MARGIN_STEP in one step
+                    bound = MAX_MARGIN_STEP / largest
+                    step = min(max(step, -bound), bound)
+                means[t, s] = old + step
+                for p in range(colptr[j], colptr[j + 1]):
+                    m[rows[p]] += values[p] * step
