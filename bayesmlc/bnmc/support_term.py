@@ -55,7 +55,7 @@ __all__ = ["MAX_MARGIN_STEP", "SUPPORT_FEATURES", "SUPPORT_PASSES", "SupportTerm
 #: ``lowrank`` solver with fewer basis vectors than features, one process, variational logistic)
 SUPPORT_FEATURES = 128
 #: Coordinate Newton passes over each label's support
-SUPPORT_PASSES = 4
+SUPPORT_PASSES = 2
 #: The largest change of any margin in one coordinate step
 MAX_MARGIN_STEP = 2.0
 
