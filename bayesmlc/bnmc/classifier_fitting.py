@@ -27,7 +27,8 @@ from .classifiers import (Design, LowRankDesign, SGDClassifier, choose_auto_solv
 from .label_sets import choose_count_rule, choose_threshold
 from .labels import ObservedEntries
 from .lowrank_fit import variational_logistic
-from .support_term import SupportTerm, fit_support_block, resolve_support_features, select_supports
+from .support_term import (SUPPORT_PRIOR_SHARE, SupportTerm, fit_support_block, resolve_support_features,
+                           select_supports)
 from .rank_calibration import (
     TOP_LABEL_IDENTITY, bernoulli_log_likelihood, fit_calibration, fit_top_label_map, top_positions,
 )
@@ -217,7 +218,7 @@ class ClassifierFitter:
         val_rows, train_rows = self._validation_split(rows)
         model._reset_calibration()
         model.classifier_basis_ = None
-        model._set_support_term(None)
+        SupportTerm.clear(model)
         if model.online:  # one process (checked by BNMC.fit)
             self._fit_online(rows, val_rows, train_rows)
             return
@@ -416,7 +417,7 @@ class ClassifierFitter:
                 if variances is not None:
                     variances[:, labels] = block_var
                 trace = trace + np.asarray(block_trace)
-            model._set_support_term(None)
+            SupportTerm.clear(model)
             return means, variances, list(trace)
 
         return self._variational_blocks(design, rows, Y_rows, fitted, width, (means, variances, trace),
@@ -451,8 +452,11 @@ class ClassifierFitter:
                 block_columns = columns[start:start + width]
                 term.columns[labels] = block_columns
                 term.means[labels], term.variances[labels] = fit_support_block(
-                    Z_csc, block_columns, Y, observed, margins, model.weight_precision_)
-        model._set_support_term(term if K else None)
+                    Z_csc, block_columns, Y, observed, margins, model.weight_precision_ * SUPPORT_PRIOR_SHARE)
+        if K:
+            term.store(model)
+        else:
+            SupportTerm.clear(model)
         return means, variances, list(trace)
 
     def _set_basis(self, Z, n_rows: int, parallel=None, rank="auto") -> None:
@@ -497,6 +501,13 @@ class ClassifierFitter:
         ``first`` batch of a stream where dense weights would exceed SGD_DENSE_WEIGHTS), warm-started at
         the posterior mean of a batch fit's classifiers."""
         model = self.model
+        if first:  # a new stream: no batch classifiers, the calibration's defaults
+            model._reset_calibration()
+            model.classifier_samples_ = model.classifier_variances_ = model.classifier_basis_ = None
+            SupportTerm.clear(model)
+            model.classifier_trace_ = np.zeros(0)
+            model.solver_ = "sgd"
+            model.classifier_ = model._classifier_kind()
         if getattr(model, "_sgd", None) is None:
             if first and (Z.shape[1] + 1) * model.n_labels_ > SGD_DENSE_WEIGHTS:
                 self._set_basis(Z, Z.shape[0], rank=model.low_rank)  # the stream's basis: its first batch's
@@ -505,7 +516,7 @@ class ClassifierFitter:
                 model._sgd.W[...] = model.classifier_samples_.mean(axis=0)
                 model._sgd.W_avg[...] = model._sgd.W
                 model.classifier_samples_ = model.classifier_variances_ = None
-                model._set_support_term(None)
+                SupportTerm.clear(model)
             model.solver_ = "sgd"
         self.sgd_passes(model._classifier_inputs(Z), Y, entries, np.flatnonzero(labelled), passes=1)
 

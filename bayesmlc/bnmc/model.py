@@ -33,16 +33,13 @@ from .labels import (
 from .mixture import DirichletEmission, DPMixture, GaussianEmission
 from .rank_calibration import (TOP_LABEL_IDENTITY, RankTerms, calibrated_probability_logits, rank_adjusted_logits,
                                scores_and_probability_logits)
-from .state_checks import BNMC_FIELDS
+from .state_checks import BNMC_FIELDS, RANK_TERMS  # the fitted attributes of RankTerms, in its order
 from .support_term import SupportTerm
 from .svi import MixtureFitter
 
 __all__ = ["BNMC"]
 
 _RULE_CHOICES = ("auto",) + COUNT_RULES
-#: The fitted attributes holding :class:`RankTerms`, in its order.
-_RANK_TERM_ATTRIBUTES = ("top_label_offset_", "top_label_slope_", "top_label_runner_up_", "second_label_offset_",
-                         "second_label_slope_", "next_labels_offset_", "next_labels_slope_")
 
 
 class BNMC(HasPresets, MultiLabelEstimator):
@@ -123,10 +120,8 @@ class BNMC(HasPresets, MultiLabelEstimator):
         the exact solvers' budget or whose products cost at most 2^14 passes over the sparse features
         ((r + 1) L <= 2^14 x mean stored entries a row), else 256 (``classifiers.choose_low_rank``).
     support_features : int >= 0 or "auto", default "auto"
-        K of the support term beside a low-rank basis of r < D vectors (``bnmc.support_term``): each
-        label's margin gains x_S^T v on the K feature columns S where its evidence lies, so tail labels
-        keep rare features the basis leaves out. 0: none. "auto": 128. Variational logistic
-        classifiers in one process only.
+        K of the support term beside a ``lowrank`` basis of r < D vectors (``bnmc.support_term``): each
+        label's margin gains x_S^T v on K feature columns S of its own. 0: none; "auto": 128.
     standardize : {"auto", True, False}, default "auto"
         Standardise features for the classifiers (and the Gaussian emission). "auto": when the
         features are dense (over half the entries non-zero); sparse features are left as they are.
@@ -219,8 +214,7 @@ class BNMC(HasPresets, MultiLabelEstimator):
     classifier_ : str, "logistic" or "svm": the likelihood of the classifiers (``classifier`` resolved)
     classifier_basis_ : ndarray (D, r) float32 or None, the shared basis of the low-rank classifiers
         (their weights are in r + 1 coordinates: ``classifier_samples_`` (S, r + 1, L))
-    support_columns_, support_means_, support_variances_ : ndarray (L, K) or None, the support term's
-        columns (int32, -1: none) and q(v)'s means and variances (``support_features``)
+    support_columns_, support_means_, support_variances_ : ndarray (L, K) or None, the support term
     classifier_trace_ : ndarray, per Gibbs sweep the log-likelihood (logistic) or minus the hinge
         sum (svm) of the observed training labels
     """
@@ -293,10 +287,8 @@ class BNMC(HasPresets, MultiLabelEstimator):
         "unlabeled_rows": [Options("missing", "negative")],
         "standardize": STANDARDIZE_CONSTRAINT,
         "feature_weighting": [Options("auto", *FEATURE_WEIGHTINGS)],
-        "merge_trials": [Integer(0)],
-        "n_mode_steps": [Integer(0)],
-        "online": [Boolean()],
-        "refit": [Boolean()],
+        **{name: [Integer(0)] for name in ("merge_trials", "n_mode_steps")},
+        **{name: [Boolean()] for name in ("online", "refit")},
         "calibration_folds": ["auto", Integer(1)],
         "validation_fraction": [Real(0, 1, high_open=True)],
         "sgd_alpha": [None, Real(0, low_open=True)],
@@ -452,10 +444,9 @@ class BNMC(HasPresets, MultiLabelEstimator):
         of the raw features ``X`` (:meth:`~bayesmlc.bnmc.mixture.DPMixture.pattern_evidence`), eq. 8,
         both (b, L)."""
         weights = self._sgd.W_avg[None] if self.classifier_samples_ is None else self.classifier_samples_
-        columns = getattr(self, "support_columns_", None)  # files written before the term: None
-        offset = None if columns is None else SupportTerm(columns, self.support_means_, self.support_variances_).margins(Z)
+        term = SupportTerm.of(self)
         s_clf = classifier_evidence(self._classifier_inputs(Z), weights, self.classifier_variances_,
-                                    self._classifier_kind(), offset)
+                                    self._classifier_kind(), None if term is None else term.margins(Z))
         return s_clf, self._mixture.pattern_evidence(self._mixture_features(X), self.label_share_)
 
     def _decision_function(self, X) -> np.ndarray:
@@ -509,19 +500,15 @@ class BNMC(HasPresets, MultiLabelEstimator):
 
     def _rank_terms(self) -> RankTerms:
         """The fitted :class:`RankTerms` (files written before a term existed load it as 0)."""
-        return RankTerms(*(float(getattr(self, name, 0.0)) for name in _RANK_TERM_ATTRIBUTES))
+        return RankTerms(*(float(getattr(self, name, 0.0)) for name in RANK_TERMS))
 
     def _check_fitted_state(self) -> None:
         """The declared fields of :data:`bayesmlc.bnmc.state_checks.BNMC_FIELDS`: the calibration and
         label-set rule, the rank terms, the classifiers and the mixture's state."""
         check_fitted_state(self, BNMC_FIELDS)
 
-    def _set_support_term(self, term) -> None:
-        """``support_columns_``, ``support_means_``, ``support_variances_`` of a :class:`SupportTerm` (or None)."""
-        self.support_columns_, self.support_means_, self.support_variances_ = (None,) * 3 if term is None else term
-
     def _set_rank_terms(self, terms: RankTerms) -> None:
-        for name, value in zip(_RANK_TERM_ATTRIBUTES, terms):
+        for name, value in zip(RANK_TERMS, terms):
             setattr(self, name, float(value))
 
     def predict(self, X, threshold: float | None = None, top_k: int | None = None, rule: str | None = None,
@@ -580,11 +567,6 @@ class BNMC(HasPresets, MultiLabelEstimator):
             self.label_count_mean_, self.label_count_std_ = 1.0, 0.0
             self.n_seen_ = 0
             self.svi_steps_ = 0
-            self._reset_calibration()
-            self.classifier_samples_ = self.classifier_variances_ = self.classifier_basis_ = None
-            self.classifier_trace_ = np.zeros(0)
-            self.solver_ = "sgd"
-            self.classifier_ = self._classifier_kind()
         self._update_count_stats(Y, entries, labelled)
         self.n_seen_ += n
 

@@ -14,7 +14,8 @@ from .label_sets import COUNT_RULES
 
 __all__ = ["BNMC_FIELDS", "RANK_TERMS"]
 
-#: the rank terms of the calibrated probability (files written before one existed load it as 0)
+#: the rank terms of the calibrated probability, in the order of RankTerms (files written before one
+#: existed load it as 0)
 RANK_TERMS = ("top_label_offset_", "top_label_slope_", "top_label_runner_up_", "second_label_offset_",
               "second_label_slope_", "next_labels_offset_", "next_labels_slope_")
 _SOLVERS = ("dense", "woodbury", "cg", "lowrank", "sgd")
