@@ -22,13 +22,13 @@ from ..distributed import ONE_PROCESS
 from ..linalg import top_singular_vectors
 from ..preprocessing import row_square_sums
 from ..utils import iter_batches, sigmoid
-from .classifiers import (Design, LowRankDesign, SGDClassifier, choose_auto_solver, choose_low_rank,
-                          gibbs_classifier)
+from .classifiers import (LOW_RANKS, SUPPORT_LOW_RANK, Design, LowRankDesign, SGDClassifier, choose_auto_solver,
+                          choose_low_rank, gibbs_classifier)
 from .label_sets import choose_count_rule, choose_threshold
 from .labels import ObservedEntries
 from .lowrank_fit import variational_logistic
 from .support_term import (SUPPORT_PRIOR_SHARE, SupportTerm, fit_support_block, resolve_support_features,
-                           select_supports)
+                           select_supports, support_term_possible)
 from .rank_calibration import (
     TOP_LABEL_IDENTITY, bernoulli_log_likelihood, fit_calibration, fit_top_label_map, top_positions,
 )
@@ -277,7 +277,9 @@ class ClassifierFitter:
         prior = np.full(model.n_features_in_ + 1, model.weight_precision_)
         prior[-1] = 1e-2
         if solver == "lowrank":
-            self._set_basis(Z[local(rows)], rows.size, self.parallel, rank)
+            ranks = LOW_RANKS + (SUPPORT_LOW_RANK,) if support_term_possible(
+                model.support_features, self.parallel.world_size, model.classifier_, model.inference) else LOW_RANKS
+            self._set_basis(Z[local(rows)], rows.size, self.parallel, rank, ranks)
             inputs = model._classifier_inputs(Z)
             self._set_weight_precision(inputs, self.shard.n_total)  # the rows the classifiers see: XV
             prior = np.full(inputs.shape[1] + 1, model.weight_precision_)
@@ -459,17 +461,19 @@ class ClassifierFitter:
             SupportTerm.clear(model)
         return means, variances, list(trace)
 
-    def _set_basis(self, Z, n_rows: int, parallel=None, rank="auto") -> None:
+    def _set_basis(self, Z, n_rows: int, parallel=None, rank="auto", ranks=LOW_RANKS) -> None:
         """``classifier_basis_`` (D, r) float32: the top-r right singular vectors of the classifier
         features of the given rows (:func:`~bayesmlc.linalg.top_singular_vectors`, summed over
         processes by ``parallel.reduce_sum``; None: one process); r is ``rank``, or with "auto"
-        :func:`~bayesmlc.bnmc.classifiers.choose_low_rank` for the ``n_rows`` rows of all processes."""
+        :func:`~bayesmlc.bnmc.classifiers.choose_low_rank` among ``ranks`` for the ``n_rows`` rows of all
+        processes."""
         model = self.model
         if rank == "auto":
             stored = Z.nnz if sp.issparse(Z) else np.count_nonzero(Z)
             if parallel is not None:
                 stored = parallel.reduce_sum(np.array([stored], dtype=np.float64))[0]
-            rank = choose_low_rank(n_rows, Z.shape[1], model.n_labels_, nnz_per_row=float(stored) / max(n_rows, 1))
+            rank = choose_low_rank(n_rows, Z.shape[1], model.n_labels_, nnz_per_row=float(stored) / max(n_rows, 1),
+                                   ranks=ranks)
         rank = int(min(rank, Z.shape[1]))
         seed = int(self.rng.integers(0, 2**31 - 1))
         Vt, _ = top_singular_vectors(Z, rank, seed, parallel, dtype=np.float32)

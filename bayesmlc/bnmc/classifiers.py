@@ -208,8 +208,13 @@ def choose_solver(n: int, n_features: int, n_labels: int, nnz: int, budget: floa
     return cheapest if costs[cheapest] <= budget else "lowrank"
 
 
-#: The ranks ``BNMC(low_rank="auto")`` chooses among for the shared basis of the ``lowrank`` solver.
+#: The ranks ``BNMC(low_rank="auto")`` chooses among for the shared basis of the ``lowrank`` solver;
+#: with the support term beside it, also SUPPORT_LOW_RANK where no wider rank is affordable (the term
+#: carries the tail labels: on amazoncat-13k:0.01 validation P@1 73.55 at r = 128 against 73.76 at 256,
+#: on the 8,000-label word counts at 5,000 rows 56.88 against 58.75; docs/experiments.md, "BNMC: the
+#: support term").
 LOW_RANKS = (1024, 768, 512, 256)
+SUPPORT_LOW_RANK = 128
 
 #: How many passes over the stored entries of X one (n x (r + 1)) by ((r + 1) x L) product of the
 #: low-rank classifiers may cost, (r + 1) L <= this x the mean stored entries per row, for
@@ -230,8 +235,8 @@ def choose_auto_solver(n: int, n_features: int, n_labels: int, nnz: int) -> tupl
 
 
 def choose_low_rank(n: int, n_features: int, n_labels: int, budget: float = EXACT_BUDGET_FLOPS,
-                    nnz_per_row: float | None = None) -> int:
-    """The rank r of the ``lowrank`` solver's shared basis: the largest of :data:`LOW_RANKS` whose sweep,
+                    nnz_per_row: float | None = None, ranks: tuple = LOW_RANKS) -> int:
+    """The rank r of the ``lowrank`` solver's shared basis: the largest of ``ranks`` whose sweep,
     about 15 n (r + 1) L floating-point operations for the batched CG products (as :func:`solver_costs`
     counts ``cg``'s), is within ``budget``, or whose products cost at most :data:`LOW_RANK_PASSES`
     passes over the sparse features, (r + 1) L <= LOW_RANK_PASSES x ``nnz_per_row`` (the mean stored
@@ -244,12 +249,12 @@ def choose_low_rank(n: int, n_features: int, n_labels: int, budget: float = EXAC
     fit stayed within about 2.5x omikuji Parabel's time, while sets with many labels for few entries a
     row (8,000 labels over 100 word counts) keep 256 (docs/experiments.md, "BNMC: the rank of the
     shared basis")."""
-    for rank in LOW_RANKS:
+    for rank in ranks:
         within_budget = 15.0 * n * (rank + 1) * n_labels <= budget
         within_passes = nnz_per_row is not None and (rank + 1) * n_labels <= LOW_RANK_PASSES * nnz_per_row
         if within_budget or within_passes:
             return int(min(rank, n_features))
-    return int(min(LOW_RANKS[-1], n_features))
+    return int(min(ranks[-1], n_features))
 
 
 def _system_dtype(kind: str) -> torch.dtype:

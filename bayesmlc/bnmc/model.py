@@ -118,7 +118,7 @@ class BNMC(HasPresets, MultiLabelEstimator):
         online SGD when a dense (D + 1) x L weight matrix would exceed 2e7 entries. "auto": the
         largest of 1024, 768, 512 and 256 whose sweep (about 15 n (r + 1) L operations) stays within
         the exact solvers' budget or whose products cost at most 2^14 passes over the sparse features
-        ((r + 1) L <= 2^14 x mean stored entries a row), else 256 (``classifiers.choose_low_rank``).
+        ((r + 1) L <= 2^14 x mean stored entries a row), else 256; 128 too beside the support term.
     support_features : int >= 0 or "auto", default "auto"
         K of the support term beside a ``lowrank`` basis of r < D vectors (``bnmc.support_term``): each
         label's margin gains x_S^T v on K feature columns S of its own. 0: none; "auto": 128.

@@ -50,7 +50,7 @@ import torch
 from ..feature_support import gradient_support, label_blocks, support_products
 
 __all__ = ["MAX_MARGIN_STEP", "SUPPORT_FEATURES", "SUPPORT_PASSES", "SUPPORT_PRIOR_SHARE", "SupportTerm", "fit_support_block", "resolve_support_features",
-           "select_supports"]
+           "select_supports", "support_term_possible"]
 
 #: ``support_features="auto"``: K, the columns of each label's support, where the term applies (the
 #: ``lowrank`` solver with fewer basis vectors than features, one process, variational logistic)
@@ -66,14 +66,20 @@ SUPPORT_PASSES = 2
 MAX_MARGIN_STEP = 2.0
 
 
+def support_term_possible(setting, world_size: int, classifier: str, inference: str) -> bool:
+    """Whether BNMC's ``support_features`` ``setting`` can give a term at all: not 0, one process, variational
+    logistic classifiers (then a ``lowrank`` basis narrower than the features takes it)."""
+    return setting != 0 and world_size == 1 and classifier == "logistic" and inference == "variational"
+
+
 def resolve_support_features(setting, solver: str, rank: int | None, n_features: int, world_size: int,
                              classifier: str, inference: str) -> int:
     """K of BNMC's ``support_features`` setting ("auto" or an int >= 0) for the resolved fit: 0 (no
-    term) unless the classifiers are variational logistic ones on a ``lowrank`` basis of ``rank`` <
-    ``n_features`` in one process; then ``setting`` (capped at ``n_features``), "auto" taking
+    term) unless :func:`support_term_possible` and the classifiers are on a ``lowrank`` basis of
+    ``rank`` < ``n_features``; then ``setting`` (capped at ``n_features``), "auto" taking
     :data:`SUPPORT_FEATURES`."""
-    if solver != "lowrank" or rank is None or rank >= n_features or world_size > 1 \
-            or classifier != "logistic" or inference != "variational":
+    if solver != "lowrank" or rank is None or rank >= n_features or not support_term_possible(
+            setting, world_size, classifier, inference):
         return 0
     return min(SUPPORT_FEATURES if setting == "auto" else int(setting), n_features)
 

@@ -323,16 +323,32 @@ def test_the_automatic_basis_rank_allows_products_of_a_fixed_number_of_passes_ov
     assert choose_low_rank(n, 600, L, nnz_per_row=300.0) == 600  # never above D
 
 
+def test_beside_the_support_term_the_rank_rule_may_go_down_to_128():
+    from bayesmlc.bnmc.classifiers import LOW_RANKS, SUPPORT_LOW_RANK, choose_low_rank
+
+    ranks = LOW_RANKS + (SUPPORT_LOW_RANK,)
+    assert ranks == (1024, 768, 512, 256, 128)
+    # 129 x 8000 = 1,032,000 <= 16,384 x 100 < 257 x 8000: 128 on the word counts' shape
+    assert choose_low_rank(16_000, 20_000, 8_000, nnz_per_row=100.0, ranks=ranks) == 128
+    assert choose_low_rank(16_000, 20_000, 8_000, nnz_per_row=125.49, ranks=ranks) == 256  # 257 x 8000 / 16384
+    # AmazonCat-13K's shape (71 entries a row): none is affordable, so the smallest
+    assert choose_low_rank(118_624, 203_882, 13_330, nnz_per_row=70.9, ranks=ranks) == 128
+    assert choose_low_rank(12_431, 5_000, 3_993, nnz_per_row=236.2, ranks=ranks) == 768  # EURLex-4K: as before
+
+
 def test_the_fit_gives_the_rank_rule_the_mean_stored_entries_of_the_fitted_rows(monkeypatch):
     X, Y = _low_rank_problem(n=300, L=12)
     seen = []
 
-    def spy(n, n_features, n_labels, budget=None, nnz_per_row=None):
-        seen.append((n, n_features, n_labels, nnz_per_row))
+    def spy(n, n_features, n_labels, budget=None, nnz_per_row=None, ranks=None):
+        seen.append((n, n_features, n_labels, nnz_per_row, ranks))
         return 8
     monkeypatch.setattr(classifier_fitting, "choose_low_rank", spy)
     model = BNMC(solver="lowrank", low_rank="auto", random_state=0, validation_fraction=0.0, **FAST).fit(X, Y)
     assert model.classifier_basis_.shape == (60, 8)
+    assert seen[0][4][-1] == 128  # the support term is on: the ladder goes down to 128
+    BNMC(solver="lowrank", support_features=0, random_state=0, validation_fraction=0.0, **FAST).fit(X, Y)
+    assert seen[-1][4][-1] == 256
     # every labelled row is fitted (no validation split; rows without a label are missing label
     # vectors); the features' weighting keeps the sparsity pattern
     labelled = np.flatnonzero(np.diff(Y.indptr) > 0)
