@@ -12,6 +12,7 @@ attributes onto the estimator.
 from __future__ import annotations
 
 import copy
+import warnings
 
 import numpy as np
 import scipy.sparse as sp
@@ -285,11 +286,15 @@ class ClassifierFitter:
             prior = np.full(inputs.shape[1] + 1, model.weight_precision_)
             prior[-1] = 1e-2
 
+            self._check_support_features(inputs.shape[1])
+
             def fit(fit_on, n_iter, n_keep, init, n_mode, generator=self.rng):
                 design = LowRankDesign(inputs[local(fit_on)], self.device, **_reducing(self.reduce))
                 return self._fit_label_blocks(design, local(fit_on), fit_on.size, prior, n_iter, n_keep, generator,
                                               init, n_mode)
             return fit
+
+        self._check_support_features(None)
 
         def fit(fit_on, n_iter, n_keep, init, n_mode, generator=self.rng):
             mine = local(fit_on)
@@ -299,6 +304,16 @@ class ClassifierFitter:
                 n_iter, n_keep, generator, solver, init=init, progress=self.progress, n_mode_steps=n_mode,
                 inference=model.inference)
         return fit
+
+    def _check_support_features(self, rank: int | None) -> None:
+        """Warn where an explicit ``support_features`` K > 0 gives no term (``rank``: the basis's, or None)."""
+        model = self.model
+        if model.support_features not in ("auto", 0) and not resolve_support_features(
+                model.support_features, model.solver_, rank, model.n_features_in_, self.parallel.world_size,
+                model.classifier_, model.inference):
+            warnings.warn(f"support_features={model.support_features} is not used: the support term needs solver "
+                          f"'lowrank' with a basis narrower than the features (here solver_={model.solver_!r}, rank "
+                          f"{rank}), variational logistic classifiers and one process", UserWarning, stacklevel=2)
 
     def _fit_on_split(self, fit, rows, val_rows, train_rows):
         """The fit on ``train_rows``, calibrated on ``val_rows`` (if any) and then, with ``refit``,
@@ -486,6 +501,7 @@ class ClassifierFitter:
         then one pass over those."""
         model, Z, Y, entries = self.model, self.Z, self.Y, self.entries
         model.solver_ = "sgd"
+        self._check_support_features(None)
         if (Z.shape[1] + 1) * model.n_labels_ > SGD_DENSE_WEIGHTS:
             self._set_basis(Z[rows], rows.size, rank=model.low_rank)
         inputs = model._classifier_inputs(Z)

@@ -160,3 +160,10 @@ def test_a_model_file_with_a_support_column_out_of_range_is_refused(tmp_path):
     np.savez(tmp_path / "bad.npz", **arrays)
     with pytest.raises(ModelFormatError, match="support_columns_ must lie in"):
         load_model(tmp_path / "bad.npz")
+
+
+def test_an_explicit_k_that_gives_no_term_is_named_in_a_warning():
+    X, Y = _tail_in_rare_features(n=300)
+    with pytest.warns(UserWarning, match="support_features=4 is not used"):
+        model = BNMC(solver="cg", support_features=4, random_state=0, **FAST).fit(X, Y)
+    assert model.support_columns_ is None
