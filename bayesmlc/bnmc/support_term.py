@@ -49,8 +49,8 @@ import torch
 
 from ..feature_support import gradient_support, label_blocks, support_products
 
-__all__ = ["MAX_MARGIN_STEP", "SUPPORT_FEATURES", "SUPPORT_PASSES", "SUPPORT_PRIOR_SHARE", "SupportTerm", "fit_support_block", "resolve_support_features",
-           "select_supports", "support_term_possible"]
+__all__ = ["MAX_MARGIN_STEP", "SUPPORT_FEATURES", "SUPPORT_PASSES", "SUPPORT_PRIOR_SHARE", "SupportTerm",
+           "fit_support_block", "resolve_support_features", "select_supports", "support_term_possible"]
 
 #: ``support_features="auto"``: K, the columns of each label's support, where the term applies (the
 #: ``lowrank`` solver with fewer basis vectors than features, one process, variational logistic)
@@ -93,9 +93,10 @@ class SupportTerm(NamedTuple):
     variances: np.ndarray
 
     @classmethod
-    def empty(cls, n_labels: int, n_features: int) -> "SupportTerm":
-        return cls(np.full((n_labels, n_features), -1, dtype=np.int32), np.zeros((n_labels, n_features), np.float32),
-                   np.zeros((n_labels, n_features), np.float32))
+    def empty(cls, n_labels: int, width: int) -> "SupportTerm":
+        """A term of ``n_labels`` supports of ``width`` (K) columns, none filled."""
+        return cls(np.full((n_labels, width), -1, dtype=np.int32), np.zeros((n_labels, width), np.float32),
+                   np.zeros((n_labels, width), np.float32))
 
     @classmethod
     def of(cls, model) -> "SupportTerm | None":
