@@ -416,6 +416,7 @@ class ClassifierFitter:
         :func:`~bayesmlc.bnmc.lowrank_fit.variational_logistic`. Returns what :func:`gibbs_classifier` returns, for all labels (the
         trace: that of the labels fitted)."""
         model = self.model
+        SupportTerm.clear(model)  # this fit's term, if any, is set by _variational_blocks
         Y_rows = self.Y[rows].tocsc()
         counts = self.parallel.reduce_sum(np.diff(Y_rows.indptr).astype(np.float64))
         fitted = np.flatnonzero(counts > 0)
@@ -434,7 +435,6 @@ class ClassifierFitter:
                 if variances is not None:
                     variances[:, labels] = block_var
                 trace = trace + np.asarray(block_trace)
-            SupportTerm.clear(model)
             return means, variances, list(trace)
 
         return self._variational_blocks(design, rows, Y_rows, fitted, width, (means, variances, trace),
@@ -453,7 +453,7 @@ class ClassifierFitter:
                                      self.parallel.world_size, model.classifier_, model.inference)
         if K:
             Z_rows = self.Z[rows]
-            columns = select_supports(Z_rows, self.Y[rows], fitted, K)
+            columns = select_supports(Z_rows, Y_rows, fitted, K)
             Z_csc, term = sp.csc_matrix(Z_rows, dtype=np.float32), SupportTerm.empty(model.n_labels_, K)
         for start in range(0, fitted.size, width):
             labels = fitted[start:start + width]
@@ -472,8 +472,6 @@ class ClassifierFitter:
                     Z_csc, block_columns, Y, observed, margins, model.weight_precision_ * SUPPORT_PRIOR_SHARE)
         if K:
             term.store(model)
-        else:
-            SupportTerm.clear(model)
         return means, variances, list(trace)
 
     def _set_basis(self, Z, n_rows: int, parallel=None, rank="auto", ranks=LOW_RANKS) -> None:

@@ -122,8 +122,8 @@ class SupportTerm(NamedTuple):
                 support_products(squares, self.columns, self.variances).T)
 
 
-def select_supports(X: sp.csr_matrix, Y: sp.csr_matrix, labels: np.ndarray, n_features: int) -> np.ndarray:
-    """(len(labels), K) int32: the supports of ``labels`` on the rows ``X``, ``Y`` (CSR)."""
+def select_supports(X: sp.csr_matrix, Y: sp.spmatrix, labels: np.ndarray, n_features: int) -> np.ndarray:
+    """(len(labels), K) int32: the supports of ``labels`` on the rows ``X`` (CSR) and ``Y`` (CSR or CSC)."""
     return gradient_support(X, Y[:, labels], n_features).astype(np.int32)
 
 
