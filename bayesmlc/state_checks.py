@@ -12,7 +12,7 @@ from .exceptions import ModelFormatError
 from .fitted_state import Field, array, check_array, integer, number, rule, sparse
 
 __all__ = ["COMMON_FIELDS", "PREPROCESSOR_FIELDS", "LOGISTIC_FIELDS", "KNN_FIELDS", "FILE_BACKED_FIELDS",
-           "ENSEMBLE_FIELDS", "CALIBRATION_FIELDS"]
+           "ENSEMBLE_FIELDS", "CALIBRATION_FIELDS", "support_term_fields"]
 
 
 def _fitted_preprocessor(model, dims) -> None:
@@ -25,6 +25,26 @@ def _fitted_preprocessor(model, dims) -> None:
         raise ModelFormatError(f"preprocessor_ must be a fitted FeaturePreprocessor, got {type(preprocessor).__name__}")
     if preprocessor.n_features_in_ != dims["D"]:
         raise ModelFormatError(f"preprocessor_ has {preprocessor.n_features_in_} features, the model {dims['D']}")
+
+
+def support_term_fields(value_names: tuple[str, str], value_lows: tuple) -> tuple:
+    """The fields of a per-label support term: ``support_columns_`` (L, S) feature indices (-1 pads)
+    and the two (L, S) arrays ``value_names`` (each >= its ``value_lows`` entry, None: unbounded), all three present
+    with one shape or all None (absent from files written before the term)."""
+    names = ("support_columns_", *value_names)
+
+    def one_shape(model, dims) -> None:
+        parts = [getattr(model, name, None) for name in names]
+        if any(part is None for part in parts) != all(part is None for part in parts) or (
+                parts[0] is not None and not parts[0].shape == parts[1].shape == parts[2].shape):
+            raise ModelFormatError(f"{', '.join(names[:2])} and {names[2]} must be three arrays of one shape (L, K), "
+                                   "or all None")
+
+    return (array("support_columns_", ("L", None), dtype="iu", low=-1, high=lambda dims: dims["D"] - 1, nullable=True,
+                  optional=True),
+            *(array(name, ("L", None), low=low, nullable=True, optional=True)
+              for name, low in zip(value_names, value_lows)),
+            rule("support_columns_", one_shape))
 
 
 def _history_field(name: str, optional: bool = True) -> Field:

@@ -11,13 +11,15 @@ import numpy as np
 
 from .gibbs import SweepData, gibbs_sweep, heldout_log_likelihood, positive_rates
 from .schedule import Schedule
+from .support_term import SUPPORT_SHAPE, support_rates
 
 __all__ = ["DrawStore", "GibbsChain", "PosteriorMoments"]
 
 
 class PosteriorMoments:
     """Running sums over the collected sweeps: E[phi] (L, K), E[log h] and E[(log h)^2] (D', K), the
-    label tokens per topic. Memory independent of the number of sweeps."""
+    label tokens per topic, and with the support term its tokens per slot and its prior rate b.
+    Memory independent of the number of sweeps."""
 
     def __init__(self, n_labels: int, n_features_bias: int, n_topics: int):
         self.count = 0
@@ -25,6 +27,7 @@ class PosteriorMoments:
         self.log_h_sum = np.zeros((n_features_bias, n_topics))
         self.log_h_square_sum = np.zeros((n_features_bias, n_topics))
         self.usage_sum = np.zeros(n_topics)
+        self.support_token_sum = self.support_rate_sum = None
 
     def add(self, state) -> None:
         log_h = np.log(state.h)
@@ -34,6 +37,12 @@ class PosteriorMoments:
         log_h *= log_h
         self.log_h_square_sum += log_h
         self.usage_sum += state.topic_tokens
+        if state.support_tokens is not None:
+            if self.support_token_sum is None:
+                self.support_token_sum = np.zeros(state.support_tokens.size)
+                self.support_rate_sum = np.zeros(state.support_rate.size)
+            self.support_token_sum += state.support_tokens
+            self.support_rate_sum += state.support_rate
 
     def phi_mean(self) -> np.ndarray:
         return self.phi_sum / self.count
@@ -45,11 +54,23 @@ class PosteriorMoments:
         mean = self.log_h_mean()
         return np.maximum(self.log_h_square_sum / self.count - mean * mean, 0.0)
 
+    def support_posterior(self, data) -> tuple[np.ndarray, np.ndarray]:
+        """The support term's (shape a + T-bar, rate b_l-bar + N) per slot, (L S,) each (shape 0 on pads)."""
+        valid = data.support.columns.ravel() >= 0
+        shape = np.where(valid, SUPPORT_SHAPE + self.support_token_sum / self.count, 0.0)
+        width = data.support.columns.shape[1]
+        return shape, np.repeat(self.support_rate_sum / self.count, width) + data.support.exposure
+
     def rates_at(self, data) -> np.ndarray:
-        """Posterior-mean rates E[phi_l.] . E[theta_.n] at the training positives (the moment predictor,
-        see :class:`~bayesmlc.bmls.BMLS`), (E,). Cost O(nnz(X) K + nnz(Y) K)."""
+        """Posterior-mean rates E[phi_l.] . E[theta_.n] (plus the support term's E[w] on the row's
+        slots) at the training positives (the moment predictor, see :class:`~bayesmlc.bmls.BMLS`), (E,).
+        Cost O(nnz(X) K + nnz(Y) K)."""
         theta = np.exp(np.asarray(data.x_csr @ (self.log_h_mean() + 0.5 * self.log_h_var())))
-        return np.maximum(positive_rates(data.pos_rows, data.pos_cols, self.phi_mean(), theta), 1e-300)
+        rates = positive_rates(data.pos_rows, data.pos_cols, self.phi_mean(), theta)
+        if data.support is not None and self.support_token_sum is not None:
+            shape, rate = self.support_posterior(data)
+            rates += support_rates(data.support, shape / rate)
+        return np.maximum(rates, 1e-300)
 
 
 class DrawStore:
@@ -99,7 +120,8 @@ class GibbsChain:
     rng : numpy Generator, the chain's random stream.
     schedule : :class:`~bayesmlc.bmls.schedule.Schedule`.
     capacity : int, the most draws :attr:`draws` keeps (:func:`~bayesmlc.bmls.schedule.draw_capacity`).
-    validation : None or (X' CSR float64, positive rows, positive columns) of held-out rows, whose
+    validation : None or (X' CSR float64, positive rows, positive columns, the support term's
+        :class:`~bayesmlc.bmls.support_term.SupportData` of these rows or None) of held-out rows, whose
         log-likelihood is recorded after every sweep.
     sweep : None, or a callable ``sweep(state, recompute_theta, timings)`` that runs one sweep in
         place and returns the training log-likelihood, in place of :func:`~bayesmlc.bmls.gibbs.gibbs_sweep`
@@ -173,7 +195,8 @@ class GibbsChain:
             )
         heldout = np.nan
         if self.validation is not None:
-            heldout = heldout_log_likelihood(*self.validation, state.phi, state.h)
+            x_val, rows, cols, support = self.validation
+            heldout = heldout_log_likelihood(x_val, rows, cols, state.phi, state.h, support, state.support_weights)
         toc = time.perf_counter()
         for key, value in (("objective", log_lik), ("wall_time", toc - start), ("sweep", self.sweeps),
                            ("sweep_time", toc - tic), ("beta0", state.beta0),
@@ -185,7 +208,9 @@ class GibbsChain:
         """The collected posterior over all ``n_features`` features and the bias, as BMLS keeps it:
         ``phi_``, ``log_h_``, ``log_h_var_`` (moments) and ``phi_samples_``, ``log_h_samples_`` (the kept
         draws, ``sample_dtype``). The chain ran on the ``seen`` features (and the bias); the others keep
-        the prior, log h = ``prior_log_h`` with variance 0."""
+        the prior, log h = ``prior_log_h`` with variance 0. With the support term, also
+        ``support_columns_`` (L, S) (features, -1 pads), ``support_shape_`` and ``support_rate_`` (L, S)
+        (:meth:`PosteriorMoments.support_posterior`); else these are None."""
         moments = self.moments
         n_topics = moments.usage_sum.size
         rows = np.append(seen, n_features)  # the seen features and the bias, in the full (D + 1) layout
@@ -200,6 +225,14 @@ class GibbsChain:
             log_h_samples[:, rows] = log_h_seen
         else:
             phi_samples = np.empty((0, self.data.n_labels, n_topics), dtype=np.float32)
-        return {"phi_": moments.phi_mean(), "log_h_": log_h, "log_h_var_": log_h_var,
+        kept = {"phi_": moments.phi_mean(), "log_h_": log_h, "log_h_var_": log_h_var,
                 "phi_samples_": phi_samples.astype(sample_dtype, copy=False),
-                "log_h_samples_": log_h_samples.astype(sample_dtype, copy=False)}
+                "log_h_samples_": log_h_samples.astype(sample_dtype, copy=False),
+                "support_columns_": None, "support_shape_": None, "support_rate_": None}
+        if self.data.support is not None:
+            columns = self.data.support.columns
+            shape, rate = moments.support_posterior(self.data)
+            kept["support_columns_"] = np.where(columns >= 0, rows[np.maximum(columns, 0)], -1)
+            kept["support_shape_"] = shape.reshape(columns.shape)
+            kept["support_rate_"] = rate.reshape(columns.shape)
+        return kept

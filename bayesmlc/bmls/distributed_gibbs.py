@@ -60,6 +60,7 @@ from .gibbs import (
     unobserved_tokens_from_mass,
 )
 from .schedule import Schedule, draw_capacity
+from .support_term import support_width
 
 __all__ = ["BLOCK_ROW_SHARE", "ShardedSweep", "fit_sharded"]
 
@@ -189,6 +190,7 @@ def fit_sharded(model, X, Y, label_mask, parallel, auto_topics) -> None:
     data = SweepData.build(X_bias, Y, label_mask, pairs, pair_diagonal=bool(model.cooccurrence_diagonal))
     model.n_topics_ = int(model.n_topics) if model.n_topics != "auto" else \
         auto_topics(int(n_positives), Y.shape[1], X.shape[1] + 1)
+    support_width(model.support_features, data.n_labels, model.n_topics_, 0.0, "several processes")  # no term: warns
     shared, local = _shared_streams(model, parallel)
     state = init_state(data, model.n_topics_, X_bias.shape[1], float(model.beta0), shared)
     settings = model._schedule_settings()

@@ -49,6 +49,13 @@ from .samplers import (
     standard_gamma_draw,
     zero_truncated_poisson,
 )
+from .support_term import (
+    SupportData,
+    initial_support_weights,
+    sample_support_weights,
+    split_support_tokens,
+    support_rates,
+)
 
 __all__ = [
     "SweepData",
@@ -81,6 +88,7 @@ class SweepData:
     mask_obs : None (all observed) or CSR (N, L) with ones at observed entries.
     pair_first, pair_second, pair_counts : co-occurrence triples (i < j, or i <= j), or None.
     pair_diagonal : whether the triples may include the diagonal (i = i); sets the exposure E_k.
+    support : the per-label support term's data (:mod:`bayesmlc.bmls.support_term`) or None (no term).
     """
 
     n_instances: int
@@ -98,6 +106,7 @@ class SweepData:
     pair_second: Optional[np.ndarray] = None
     pair_counts: Optional[np.ndarray] = None
     pair_diagonal: bool = False
+    support: Optional[SupportData] = None
 
     @classmethod
     def build(
@@ -152,6 +161,12 @@ class SamplerState:
     topic_tokens: np.ndarray = field(default=None)  # (K,) label tokens per topic in the last sweep
     phi_acceptance: float = 1.0  # share of topics whose phi proposal was accepted in the last sweep
     shape_counts: np.ndarray = field(default=None)  # (D', K) int64 work buffer of c_dk; all 0 between sweeps
+    # the support term (None without it): weights w (L S,), their prior rates b (L,), the term's rates at
+    # the positives (E,) and the last sweep's tokens per slot T (L S,)
+    support_weights: Optional[np.ndarray] = None
+    support_rate: Optional[np.ndarray] = None
+    direct_rates: Optional[np.ndarray] = None
+    support_tokens: Optional[np.ndarray] = None
 
 
 @numba.njit(cache=True, nogil=True)
@@ -227,19 +242,24 @@ def exposure_matrix(data: SweepData, phi: np.ndarray) -> Optional[np.ndarray]:
 
 
 def label_log_likelihood(data: SweepData, state: SamplerState, exposure: Optional[np.ndarray]) -> float:
-    """log p(observed labels | phi, theta) = sum_pos log(1 - exp(-rho)) - sum_observed-zeros rho (eq. (3))."""
+    """log p(observed labels | phi, theta) = sum_pos log(1 - exp(-rho)) - sum_observed-zeros rho (eq. (3)),
+    the support term's rates in rho when the state has them."""
     rates = state.rates
-    log_pos = float(np.sum(np.log(-np.expm1(-np.maximum(rates, 1e-300)))))
     if exposure is None:
         total_rate = float(state.theta.sum())  # columns of phi sum to 1
     else:
         total_rate = float(np.sum(state.theta * exposure))
+    if state.direct_rates is not None:  # the term's exposure: every label observed
+        rates = rates + state.direct_rates
+        total_rate += float(state.support_weights @ data.support.exposure)
+    log_pos = float(np.sum(np.log(-np.expm1(-np.maximum(rates, 1e-300)))))
     return log_pos - (total_rate - float(rates.sum()))
 
 
 def init_state(data: SweepData, n_topics: int, n_features_bias: int, beta0: float, rng) -> SamplerState:
     """Initial values of the authors' code: h = 1 (theta = 1), phi from normalised Gamma(0.1) draws,
-    lambda = 1/K, gamma0 = c0 = 1."""
+    lambda = 1/K, gamma0 = c0 = 1; the support term's w from
+    :func:`~bayesmlc.bmls.support_term.initial_support_weights` when ``data`` has one."""
     phi = dirichlet_columns(np.full((data.n_labels, n_topics), 0.1), rng)
     h = np.ones((n_features_bias, n_topics))
     theta = np.ones((data.n_instances, n_topics))
@@ -248,13 +268,28 @@ def init_state(data: SweepData, n_topics: int, n_features_bias: int, beta0: floa
         shape_counts=np.zeros((n_features_bias, n_topics), dtype=np.int64),
     )
     state.rates = positive_rates(data.pos_rows, data.pos_cols, state.phi, state.theta)
+    if data.support is not None:
+        state.support_weights = initial_support_weights(data.support)
+        state.support_rate = np.ones(data.n_labels)
+        state.direct_rates = support_rates(data.support, state.support_weights)
+        state.support_tokens = np.zeros(state.support_weights.size, dtype=np.int64)
     return state
 
 
 def sample_label_tokens(data: SweepData, state: SamplerState, rng):
     """Eqs. (13)-(16): z_ln ~ Poisson_+(rho_ln) at the positives, then its split over topics.
-    Returns (A (N, K), B (L, K)) token counts."""
-    counts = zero_truncated_poisson(state.rates, rng)
+    Returns (A (N, K), B (L, K)) token counts. With the support term, rho includes its rates, the
+    count is first split between the topics and the slots (:func:`split_support_tokens`), the slots'
+    tokens kept in ``state.support_tokens``, and w and b drawn from them (:func:`sample_support_weights`)."""
+    if state.direct_rates is None:
+        counts = zero_truncated_poisson(state.rates, rng)
+    else:
+        counts, state.support_tokens = split_support_tokens(
+            data.support, state.support_weights, zero_truncated_poisson(state.rates + state.direct_rates, rng),
+            state.rates, state.direct_rates, rng)
+        state.support_weights, state.support_rate = sample_support_weights(
+            data.support, state.support_tokens, state.support_rate, rng)
+        state.direct_rates = support_rates(data.support, state.support_weights)
     uniforms = rng.random(int(counts.sum()))
     return allocate_label_tokens(data.pos_rows, data.pos_cols, counts, state.phi, state.theta, uniforms, data.n_instances,
                                  state.rates)
@@ -288,7 +323,8 @@ def sample_beta0(label_topic_counts: np.ndarray, beta0: float, rng) -> float:
     q = rng.beta(n_labels * beta0, per_topic[used])
     tables = int(crt(label_topic_counts, beta0, rng).sum())
     rate = BETA0_PRIOR - n_labels * np.sum(np.log(np.maximum(q, np.finfo(float).tiny)))
-    return float(rng.gamma(BETA0_PRIOR + tables) / rate)
+    # a Gamma(0.01) draw can underflow to 0 when no topic holds a token (the support term took them all)
+    return max(float(rng.gamma(BETA0_PRIOR + tables) / rate), np.finfo(float).tiny)
 
 
 def cooccurrence_exposure(phi: np.ndarray, diagonal: bool) -> np.ndarray:
@@ -380,7 +416,8 @@ def gibbs_sweep(
 ) -> float:
     """One full Gibbs sweep, in place. Returns the log-likelihood of the observed labels afterwards.
 
-    Order: label tokens (eqs. (13)-(16)) -> unobserved-label augmentation (missing labels only) ->
+    Order: label tokens (eqs. (13)-(16); with the support term, its split and w, b first) ->
+    unobserved-label augmentation (missing labels only) ->
     co-occurrence tokens (eqs. (17)-(18)) -> beta0 (phi collapsed, optional) -> phi (eqs. (24)/(26)) ->
     lambda, gamma0, f0 -> h and theta (eqs. (21)-(23)) -> rates at the positives for the next sweep.
 
@@ -431,12 +468,18 @@ def _lap(timings: Optional[dict], step: str, tic: float) -> float:
     return toc
 
 
-def heldout_log_likelihood(x_csr: sp.csr_matrix, pos_rows, pos_cols, phi: np.ndarray, h: np.ndarray) -> float:
+def heldout_log_likelihood(x_csr: sp.csr_matrix, pos_rows, pos_cols, phi: np.ndarray, h: np.ndarray,
+                           support: Optional[SupportData] = None, weights: Optional[np.ndarray] = None) -> float:
     """log p(Y_val | phi, h) of held-out rows with all labels observed (eq. (3)), without any
     (N_val, L) array: theta_val = exp(X'_val log h) (N_val, K), rates at the positives only, and the
     total rate sum_nl rho_ln = sum_nk theta_nk because the columns of phi sum to 1.
     Cost O(nnz(X_val) K + nnz(Y_val) K). ``x_csr`` (N_val, D') binary with the bias column; ``pos_rows``,
-    ``pos_cols`` (E_val,) the positives."""
+    ``pos_cols`` (E_val,) the positives; ``support`` (of these rows) and ``weights``: the support term's
+    data and w, or None."""
     theta = theta_from_log_h(x_csr, h)
     rates = positive_rates(pos_rows, pos_cols, phi, theta)
-    return float(np.sum(np.log(-np.expm1(-np.maximum(rates, 1e-300)))) - (theta.sum() - rates.sum()))
+    total = float(theta.sum())
+    if support is not None:
+        rates = rates + support_rates(support, weights)
+        total += float(weights @ support.exposure)
+    return float(np.sum(np.log(-np.expm1(-np.maximum(rates, 1e-300)))) - (total - rates.sum()))

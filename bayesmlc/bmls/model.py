@@ -22,6 +22,7 @@ from .distributed_gibbs import fit_sharded
 from .gibbs import SweepData, init_state
 from .state_checks import BMLS_FIELDS
 from .schedule import AUTO_MIN_PREDICTIVE_DRAWS, AUTO_WINDOW, Schedule, draw_capacity
+from .support_term import attach_support, support_exponent, support_width
 
 __all__ = ["BMLS", "cooccurrence_matrix"]
 
@@ -140,6 +141,14 @@ class BMLS(HasPresets, MultiLabelEstimator):
         draws phi from eq. (26), which ignores it (an approximation); ``"metropolis"`` uses that draw
         as an independence proposal and accepts it with the exposure ratio (exact). Without C both are
         the exact Gibbs step of eq. (24).
+    support_features : ``"auto"`` or int >= 0, S: each label's rate gains nonnegative weights on the S
+        features of its strong-rule support, beside the topics (:mod:`bayesmlc.bmls.support_term`:
+        z_ln ~ Poisson(phi_l theta_n + sum_j x_{n, s_lj} w_lj), w_lj ~ Gamma(2, rate b_l), sampled in the
+        sweep). ``"auto"``: 128 where the labels outnumber the topics and there are fewer than 10 training
+        rows a feature (features that occur), else 0; 0: no term. One process
+        only, every label observed: with ``label_mask`` or several processes there is no term (an
+        explicit S > 0 there is named in a warning). Stored as ``support_columns_``, ``support_shape_``
+        and ``support_rate_`` (None without the term).
     schedule : ``"auto"`` or ``"fixed"`` (see above).
     n_burnin, n_draws, thin : int, the ``"fixed"`` schedule: sweeps discarded, Gibbs draws kept, sweeps
         between kept draws (each draw costs (L + D + 1) K values of ``sample_dtype``). Unused by ``"auto"``.
@@ -241,6 +250,7 @@ class BMLS(HasPresets, MultiLabelEstimator):
         binarize_threshold="auto",
         recompute_theta_every=10,
         phi_step="dirichlet",
+        support_features="auto",
         sample_dtype="float16",
         label_cardinality="independent",
         n_threads=None,
@@ -268,6 +278,7 @@ class BMLS(HasPresets, MultiLabelEstimator):
         self.binarize_threshold = binarize_threshold
         self.recompute_theta_every = recompute_theta_every
         self.phi_step = phi_step
+        self.support_features = support_features
         self.sample_dtype = sample_dtype
         self.label_cardinality = label_cardinality
         self.n_threads = n_threads
@@ -291,6 +302,7 @@ class BMLS(HasPresets, MultiLabelEstimator):
         "schedule": [Options("auto", "fixed")],
         "validation_fraction": [None, Real(0, 0.5, low_open=True)],
         "max_kept_draws": ["auto", Integer(0)],
+        "support_features": ["auto", Integer(0)],
         "sample_dtype": [Options("float32", "float16")],
         "phi_step": [Options("dirichlet", "metropolis")],
         "sample_beta0": [Boolean()],
@@ -392,6 +404,10 @@ class BMLS(HasPresets, MultiLabelEstimator):
         )
         n_topics = (auto_topics(Y.nnz, Y.shape[1], X.shape[1] + 1) if self.n_topics == "auto" else int(self.n_topics))
         self.n_topics_ = n_topics
+        rows_per_feature = X_bias.shape[0] / max(1, X_bias.shape[1] - 1)  # the features that occur
+        width = support_width(self.support_features, data.n_labels, n_topics, rows_per_feature,
+                              label_mask is not None and "label_mask")
+        validation = attach_support(data, X_bias, Y, width, validation)
         state = init_state(data, n_topics, X_bias.shape[1], float(self.beta0), rng)
         settings = self._schedule_settings()
         schedule = Schedule.of(settings, X_bias, n_topics, validating=validation is not None, n_labels=data.n_labels,
@@ -413,7 +429,8 @@ class BMLS(HasPresets, MultiLabelEstimator):
     def _training_rows(self, X, Y, rng):
         """The chain's training rows: (X' = the binary features that occur in them plus the bias column,
         their labels Y (CSR), the held-out rows of ``validation_fraction`` (``"auto"``) as (X' CSR
-        float64, positive rows, positive columns) or None, the indices of the features that occur).
+        float64, positive rows, positive columns, None: no support term yet) or None, the indices of the
+        features that occur).
         Features never on in the training rows keep their prior: they are not sampled (h = E[h])."""
         X_binary = self._binary_features(X, warn=True)
         n_rows = X_binary.shape[0]
@@ -432,7 +449,7 @@ class BMLS(HasPresets, MultiLabelEstimator):
         if held_out is not None:
             val_y = sp.coo_matrix(held_out[1])
             validation = (sp.csr_matrix(self._with_bias(held_out[0][:, seen]), dtype=np.float64),
-                          val_y.row.astype(np.int64), val_y.col.astype(np.int64))
+                          val_y.row.astype(np.int64), val_y.col.astype(np.int64), None)
         return self._with_bias(X_binary[:, seen]), Y, validation, seen
 
     def _keep_posterior(self, chain: GibbsChain, seen: np.ndarray, n_features: int) -> None:
@@ -465,14 +482,25 @@ class BMLS(HasPresets, MultiLabelEstimator):
             check_invariants=False,  # built from a valid scipy matrix
         ).coalesce()
 
+    def _support_exponent(self, X: sp.csr_matrix, device: torch.device):
+        """The support term's r(x) (b, L) on ``device`` (:func:`~bayesmlc.bmls.support_term.support_exponent`),
+        or 0 for a model without the term (or a file written before it)."""
+        if getattr(self, "support_columns_", None) is None:
+            return 0.0
+        exponent = support_exponent(self._binary_features(X), self.support_columns_, self.support_shape_,
+                                    self.support_rate_)
+        return torch.from_numpy(exponent).to(device)
+
     def _draw_probabilities(self, X: sp.csr_matrix, device: torch.device):
-        """Yield, per kept draw, the probabilities 1 - exp(-phi theta(x)) of the batch, (b, L) on ``device``."""
+        """Yield, per kept draw, the probabilities 1 - exp(-phi theta(x) - r(x)) of the batch, (b, L) on
+        ``device`` (r: the support term integrated out, :meth:`_support_exponent`)."""
         x = self._feature_tensor(X, device)
+        support = self._support_exponent(X, device)
         for s in range(self.log_h_samples_.shape[0]):
             log_h = torch.as_tensor(self.log_h_samples_[s], device=device, dtype=torch.float32)  # (D', K)
             phi = torch.as_tensor(self.phi_samples_[s], device=device, dtype=torch.float32)  # (L, K)
             theta = torch.exp(torch.sparse.mm(x, log_h))  # (b, K), eq. (8)
-            yield -torch.expm1(-(theta @ phi.T))
+            yield -torch.expm1(-(theta @ phi.T + support))
 
     def _mean_probability(self, X) -> np.ndarray:
         """Posterior predictive of a batch, (b, L) float64: one (b, L) buffer plus the current draw's."""
@@ -484,7 +512,8 @@ class BMLS(HasPresets, MultiLabelEstimator):
                 log_mean_h = torch.as_tensor(self.log_h_ + 0.5 * self.log_h_var_, device=device, dtype=torch.float32)
                 theta = torch.exp(torch.sparse.mm(x, log_mean_h))
                 phi = torch.as_tensor(self.phi_, device=device, dtype=torch.float32)
-                return (-torch.expm1(-(theta @ phi.T))).to(torch.float64).cpu().numpy()
+                rates = theta @ phi.T + self._support_exponent(X, device)
+                return (-torch.expm1(-rates)).to(torch.float64).cpu().numpy()
             total = None
             for probs in self._draw_probabilities(X, device):
                 total = probs.to(torch.float64) if total is None else total.add_(probs)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from ..exceptions import ModelFormatError
 from ..fitted_state import Field, array, choice, integer, number, rule
-from ..state_checks import COMMON_FIELDS
+from ..state_checks import COMMON_FIELDS, support_term_fields
 
 __all__ = ["BMLS_FIELDS"]
 
@@ -41,6 +41,7 @@ BMLS_FIELDS = COMMON_FIELDS + (
     array("topic_usage_", ("K",), low=0.0),
     array("feature_thresholds_", ("D",), optional=True, nullable=True),
     array("cooccurrence_weights_", ("K",), low=0.0, optional=True),
+    *support_term_fields(("support_shape_", "support_rate_"), (0.0, 0.0)),
     number("beta0_", 0.0),
     integer("n_sweeps_", 0),
     integer("n_burnin_", 0),

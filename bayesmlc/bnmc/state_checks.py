@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from ..exceptions import ModelFormatError
 from ..fitted_state import Field, array, choice, integer, number, rule
-from ..state_checks import COMMON_FIELDS
+from ..state_checks import COMMON_FIELDS, support_term_fields
 from .classifier_fitting import CLASSIFIER_CHOICES, FEATURE_WEIGHTINGS
 from .label_sets import COUNT_RULES
 
@@ -39,14 +39,6 @@ def _top_label_map(model, dims) -> None:
     top_map = getattr(model, "top_label_map_", None)
     if top_map is not None and top_map[:2].min() < 0:
         raise ModelFormatError("top_label_map_ must be three finite numbers, the first two >= 0")
-
-
-def _support_term(model, dims) -> None:
-    parts = [getattr(model, name, None) for name in ("support_columns_", "support_means_", "support_variances_")]
-    if any(part is None for part in parts) != all(part is None for part in parts) or (
-            parts[0] is not None and not parts[0].shape == parts[1].shape == parts[2].shape):
-        raise ModelFormatError("support_columns_, support_means_ and support_variances_ must be three arrays of "
-                               "one shape (L, K), or all None")
 
 
 def _sgd_present(model, dims) -> None:
@@ -93,11 +85,7 @@ BNMC_FIELDS = COMMON_FIELDS + (
     array("classifier_samples_", ("S", "F", "L"), nullable=True),
     array("classifier_variances_", ("F", "L"), low=0.0, nullable=True),
     array("classifier_trace_", (None,), finite=False),
-    array("support_columns_", ("L", None), dtype="iu", low=-1, high=lambda dims: dims["D"] - 1, nullable=True,
-          optional=True),
-    array("support_means_", ("L", None), nullable=True, optional=True),
-    array("support_variances_", ("L", None), low=0.0, nullable=True, optional=True),
-    rule("support_columns_", _support_term),
+    *support_term_fields(("support_means_", "support_variances_"), (None, 0.0)),
     _mixture("label_conc", ("K", "L"), low=0.0, low_open=True),
     _mixture("stick_a", (lambda dims: dims["K"] - 1,), low=0.0, low_open=True),
     _mixture("stick_b", (lambda dims: dims["K"] - 1,), low=0.0, low_open=True),

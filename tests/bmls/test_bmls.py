@@ -413,7 +413,9 @@ def test_invalid_parameters_are_named(params, match):
 def test_predict_interval_brackets_the_mean():
     rng = np.random.default_rng(8)
     X, Y, _ = _planted_problem(rng, 0, n_labels=6)(80)
-    model = BMLS(n_topics=3, schedule="fixed", n_burnin=20, n_draws=20, thin=2, random_state=0).fit(X, Y)
+    # the topics alone (support_features=0): the reference below is the topics' per-draw probabilities
+    model = BMLS(n_topics=3, schedule="fixed", n_burnin=20, n_draws=20, thin=2, support_features=0,
+                 random_state=0).fit(X, Y)
     lower, upper = model.predict_interval(X[:10], coverage=0.8)
     mean = model.predict_proba(X[:10])
     assert np.all(lower <= mean + 1e-6) and np.all(mean <= upper + 1e-6)
