@@ -232,7 +232,7 @@ class GibbsChain:
         if self.data.support is not None:
             columns = self.data.support.columns
             shape, rate = moments.support_posterior(self.data)
-            kept["support_columns_"] = np.where(columns >= 0, rows[np.maximum(columns, 0)], -1)
-            kept["support_shape_"] = shape.reshape(columns.shape)
-            kept["support_rate_"] = rate.reshape(columns.shape)
+            kept["support_columns_"] = np.where(columns >= 0, rows[np.maximum(columns, 0)], -1).astype(np.int32)
+            kept["support_shape_"] = shape.reshape(columns.shape).astype(np.float32)  # 12 bytes a slot in the file
+            kept["support_rate_"] = rate.reshape(columns.shape).astype(np.float32)
         return kept

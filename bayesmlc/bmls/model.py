@@ -23,36 +23,9 @@ from .gibbs import SweepData, init_state
 from .state_checks import BMLS_FIELDS
 from .schedule import AUTO_MIN_PREDICTIVE_DRAWS, AUTO_WINDOW, Schedule, draw_capacity
 from .support_term import attach_support, support_exponent, support_width
+from .topics import auto_topics
 
 __all__ = ["BMLS", "cooccurrence_matrix"]
-
-# n_topics="auto": K = sqrt(positive label entries of the training rows), within [AUTO_MIN_TOPICS, a cap]
-# (the papers' K = 100 on Bibtex, whose 11,729 positives give 108); too many topics for few positives
-# ranks far worse (docs/experiments.md, "BMLS: the number of topics"). The cap is AUTO_MAX_TOPICS, raised
-# to one topic per AUTO_LABELS_PER_TOPIC labels on large label spaces, where 100 topics lump dozens of
-# labels together (EURLex-4K shape: K = 100 / 300, P@1 37.3 / 48.1), but never beyond
-# AUTO_TOPIC_ENTRIES entries of a (L + D + 1, K) draw, so that wide models (AmazonCat-13K) keep K = 100
-# and their prediction cost and file size (docs/experiments.md, "BMLS: topics on large label spaces").
-AUTO_MIN_TOPICS = 10
-AUTO_MAX_TOPICS = 100
-AUTO_LABELS_PER_TOPIC = 10
-AUTO_TOPIC_ENTRIES = 2**22
-
-
-def auto_topic_cap(n_labels: int, n_features_bias: int) -> int:
-    """The most topics ``n_topics="auto"`` gives: max(AUTO_MAX_TOPICS, min(n_labels //
-    AUTO_LABELS_PER_TOPIC, AUTO_TOPIC_ENTRIES // (n_labels + n_features_bias)))."""
-    by_labels = int(n_labels) // AUTO_LABELS_PER_TOPIC
-    by_size = AUTO_TOPIC_ENTRIES // max(int(n_labels) + int(n_features_bias), 1)
-    return max(AUTO_MAX_TOPICS, min(by_labels, by_size))
-
-
-def auto_topics(n_positives: int, n_labels: int = 0, n_features_bias: int = 0) -> int:
-    """``n_topics="auto"``: round(sqrt(n_positives)) clipped to [AUTO_MIN_TOPICS, :func:`auto_topic_cap`]
-    of ``n_labels`` labels and ``n_features_bias`` features (the bias column included)."""
-    root = round(float(np.sqrt(max(int(n_positives), 0))))
-    return int(np.clip(root, AUTO_MIN_TOPICS, auto_topic_cap(n_labels, n_features_bias)))
-
 
 def cooccurrence_matrix(Y, diagonal: bool = False) -> sp.csr_matrix:
     """Label co-occurrence counts from a label matrix: the upper triangle of C = Y^T Y (entry (i, j),
@@ -144,7 +117,7 @@ class BMLS(HasPresets, MultiLabelEstimator):
     support_features : ``"auto"`` or int >= 0, S: each label's rate gains nonnegative weights on the S
         features of its strong-rule support, beside the topics (:mod:`bayesmlc.bmls.support_term`:
         z_ln ~ Poisson(phi_l theta_n + sum_j x_{n, s_lj} w_lj), w_lj ~ Gamma(2, rate b_l), sampled in the
-        sweep). ``"auto"``: 128 where the labels outnumber the topics and there are fewer than 10 training
+        sweep). ``"auto"``: 128 where there are more than 10 labels a topic and fewer than 10 training
         rows a feature (features that occur), else 0; 0: no term. One process
         only, every label observed: with ``label_mask`` or several processes there is no term (an
         explicit S > 0 there is named in a warning). Stored as ``support_columns_``, ``support_shape_``

@@ -37,6 +37,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from ..feature_support import gradient_support, support_products
+from .topics import AUTO_LABELS_PER_TOPIC
 
 __all__ = [
     "SUPPORT_SHAPE",
@@ -57,10 +58,10 @@ __all__ = [
 #: towards the label's mean weight by a pseudo-count of a (validation: docs/experiments.md, "BMLS: the
 #: support term"; 0.1 let single co-occurrences on rare features outrank the head labels)
 SUPPORT_SHAPE = 2.0
-#: S of ``support_features="auto"`` where the labels outnumber the topics and the features are rare
+#: S of ``support_features="auto"`` where labels are many a topic and the features are rare
 SUPPORT_FEATURES = 128
 #: ``"auto"`` fits the term below this many training rows a feature: on delicious (26 rows a binary
-#: feature, K = 100 topics for 983 labels) the topics' products of feature weights rank better alone
+#: feature) the topics' products of feature weights rank better alone
 SUPPORT_MAX_ROWS_PER_FEATURE = 10
 #: b ~ Gamma(HYPER_SHAPE, rate HYPER_RATE)
 HYPER_SHAPE = HYPER_RATE = 1.0
@@ -68,12 +69,14 @@ HYPER_SHAPE = HYPER_RATE = 1.0
 
 def support_width(setting, n_labels: int, n_topics: int, rows_per_feature: float, unavailable=None) -> int:
     """S for BMLS's ``support_features`` ``setting``: ``"auto"`` gives :data:`SUPPORT_FEATURES` where
-    the ``n_labels`` outnumber the ``n_topics`` and the features are many and rare (fewer than
-    :data:`SUPPORT_MAX_ROWS_PER_FEATURE` training rows a feature), else 0; an int is itself. 0 where
-    the term is ``unavailable`` (a reason such as "label_mask"; None or False: available), with a
-    warning naming it for an explicit S > 0."""
+    the labels outnumber the topics AUTO_LABELS_PER_TOPIC (10) times over, as where the cap of
+    ``n_topics="auto"`` binds (:func:`~bayesmlc.bmls.topics.auto_topic_cap`), and the features are
+    many and rare (fewer than :data:`SUPPORT_MAX_ROWS_PER_FEATURE` training rows a feature), else 0;
+    an int is itself. 0 where the term is ``unavailable`` (a reason such as "label_mask"; None or
+    False: available), with a warning naming it for an explicit S > 0."""
     if setting == "auto":
-        width = SUPPORT_FEATURES if n_labels > n_topics and rows_per_feature < SUPPORT_MAX_ROWS_PER_FEATURE else 0
+        many_labels = n_labels > AUTO_LABELS_PER_TOPIC * n_topics
+        width = SUPPORT_FEATURES if many_labels and rows_per_feature < SUPPORT_MAX_ROWS_PER_FEATURE else 0
     else:
         width = int(setting)
     if width and unavailable:

@@ -665,7 +665,7 @@ def test_auto_topics_grow_with_the_square_root_of_the_positive_label_entries():
     """n_topics="auto": round(sqrt(positives)) within [10, 100], counted over the observed training
     entries (a label mask hides the rest, a validation split holds its rows out); on large label spaces
     the cap rises to L / 10 while a draw's (L + D + 1) K entries stay within 2^22."""
-    from bayesmlc.bmls.model import auto_topic_cap, auto_topics
+    from bayesmlc.bmls.topics import auto_topic_cap, auto_topics
 
     assert [auto_topics(n) for n in (0, 99, 418, 2346, 11729)] == [10, 10, 20, 48, 100]
     assert auto_topics(11729, 159, 1837) == 100  # bibtex

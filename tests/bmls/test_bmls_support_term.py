@@ -14,6 +14,7 @@ from sklearn.metrics import roc_auc_score
 
 from bayesmlc import ModelFormatError, load_model
 from bayesmlc.bmls import BMLS
+from bayesmlc.bmls.gibbs import SweepData, gibbs_sweep, init_state, positive_rates, theta_from_log_h
 from bayesmlc.bmls.samplers import zero_truncated_poisson
 from bayesmlc.bmls.support_term import (
     SUPPORT_SHAPE,
@@ -117,19 +118,21 @@ def test_the_prediction_exponent_is_the_gamma_laplace_transform_on_the_rows_slot
 
 
 @pytest.mark.parametrize("setting, labels, topics, rows_per_feature, unavailable, expected", [
-    ("auto", 50, 10, 2.0, None, 128), ("auto", 10, 10, 2.0, None, 0), ("auto", 50, 10, 26.0, None, 0),
-    (16, 5, 10, 26.0, None, 16), (0, 50, 10, 2.0, None, 0), ("auto", 50, 10, 2.0, "label_mask", 0)])
-def test_the_term_is_on_where_labels_outnumber_topics_and_features_are_rare(setting, labels, topics, rows_per_feature,
+    ("auto", 3993, 287, 0.5, None, 128), ("auto", 13_330, 100, 0.6, None, 128),  # the EURLex, AmazonCat shapes
+    ("auto", 159, 100, 2.7, None, 0), ("auto", 983, 100, 26.0, None, 0),  # bibtex, delicious
+    ("auto", 1001, 100, 26.0, None, 0), (16, 5, 10, 26.0, None, 16), (0, 3993, 287, 0.5, None, 0),
+    ("auto", 3993, 287, 0.5, "label_mask", 0)])
+def test_the_term_is_on_where_labels_are_many_a_topic_and_features_rare(setting, labels, topics, rows_per_feature,
                                                                             unavailable, expected):
     assert support_width(setting, labels, topics, rows_per_feature, unavailable) == expected
 
 
 def test_an_explicit_width_without_a_term_is_named_in_a_warning():
     with pytest.warns(UserWarning, match="support_features=8 is not used with label_mask"):
-        assert support_width(8, 50, 10, 2.0, "label_mask") == 0
+        assert support_width(8, 3993, 287, 0.5, "label_mask") == 0
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        assert support_width("auto", 50, 10, 2.0, "label_mask") == 0
+        assert support_width("auto", 3993, 287, 0.5, "label_mask") == 0
 
 
 def _tail_problem(seed=0, n=900):
@@ -181,3 +184,52 @@ def test_a_label_mask_fits_without_the_term_and_says_so_for_an_explicit_width():
         model = BMLS(n_topics=2, max_sweeps=60, support_features=4, random_state=0, device="cpu").fit(
             X, Y, label_mask=mask)
     assert model.support_columns_ is None
+
+
+def test_geweke_whole_sweep_with_the_term_keeps_the_prior():
+    """Successive-conditional Geweke test (Geweke 2004) of the whole sweep with the term: alternate
+    'draw labels from the model given (phi, h, w, b)' with one Gibbs sweep; the chain on (phi, h, b, w)
+    must keep the prior: E[h], E[phi], b ~ Gamma(1, 1), b w ~ Gamma(a, 1)."""
+    rng = np.random.default_rng(7)
+    n, d, n_labels, n_topics = 12, 3, 4, 2
+    mu0, nu0, beta0 = 3.0, 3.0, 0.7
+    Xb = sp.csr_matrix(np.hstack([(rng.random((n, d)) < 0.5).astype(float), np.ones((n, 1))]))
+    columns = np.array([[0, 1], [1, 2], [0, 2], [2, -1]])
+    data = SweepData.build(Xb, sp.csr_matrix((n, n_labels)), None)
+    data.support = build_support(Xb, columns, data.pos_rows, data.pos_cols)
+    state = init_state(data, n_topics, d + 1, beta0, rng)
+    state.h = rng.gamma(mu0, 1.0 / nu0, size=(d + 1, n_topics))
+    state.phi = rng.dirichlet(np.full(n_labels, beta0), size=n_topics).T
+    state.support_rate = rng.gamma(1.0, size=n_labels)
+    valid = columns.ravel() >= 0
+    state.support_weights = np.where(valid, rng.gamma(SUPPORT_SHAPE, size=valid.size)
+                                     / np.repeat(state.support_rate, 2), 0.0)
+    dense = Xb.toarray()
+    slot_on = np.stack([np.where(columns[l][:, None] >= 0, dense[:, np.maximum(columns[l], 0)].T, 0.0)
+                        for l in range(n_labels)])  # (L, S, n): slot (l, j) on in row n
+    h_draws, phi_draws, rates, scaled = [], [], [], []
+    for _ in range(5_000):
+        theta = theta_from_log_h(data.x_csr, state.h)
+        direct = np.einsum("lsn,ls->nl", slot_on, state.support_weights.reshape(n_labels, 2))
+        labels = rng.poisson(theta @ state.phi.T + direct) > 0
+        data.pos_rows, data.pos_cols = (idx.astype(np.int64) for idx in np.nonzero(labels))
+        data.support = build_support(Xb, columns, data.pos_rows, data.pos_cols)
+        state.theta = theta
+        state.rates = positive_rates(data.pos_rows, data.pos_cols, state.phi, state.theta)
+        state.direct_rates = support_rates(data.support, state.support_weights)
+        gibbs_sweep(data, state, rng, mu0, nu0, sample_beta0_flag=False, recompute_theta=True)
+        h_draws.append(state.h.mean())
+        phi_draws.append(state.phi[0].mean())
+        rates.append(state.support_rate[0])
+        scaled.append(state.support_rate[1] * state.support_weights[2])
+    checks = {"E[h]": (h_draws, mu0 / nu0), "E[phi_0]": (phi_draws, 1 / n_labels), "E[b]": (rates, 1.0),
+              "E[b w]": (scaled, SUPPORT_SHAPE), "E[log b]": (np.log(rates), -np.euler_gamma)}
+    for name, (series, prior_value) in checks.items():
+        z = (np.mean(series) - prior_value) / _batch_se(series)
+        assert abs(z) < 4.0, f"{name}: chain {np.mean(series):.4f} vs prior {prior_value:.4f} (z = {z:.1f})"
+
+
+def _batch_se(x, batches=40):
+    x = np.asarray(x, dtype=float)
+    means = x[: len(x) // batches * batches].reshape(batches, -1).mean(axis=1)
+    return means.std(ddof=1) / np.sqrt(batches)
