@@ -47,6 +47,7 @@ __all__ = [
     "support_width",
     "attach_support",
     "build_support",
+    "initial_support_weights",
     "support_rates",
     "split_support_tokens",
     "sample_support_weights",
