@@ -118,10 +118,10 @@ class BMLS(HasPresets, MultiLabelEstimator):
         features of its strong-rule support, beside the topics (:mod:`bayesmlc.bmls.support_term`:
         z_ln ~ Poisson(phi_l theta_n + sum_j x_{n, s_lj} w_lj), w_lj ~ Gamma(2, rate b_l), sampled in the
         sweep). ``"auto"``: 128 where there are more than 10 labels a topic and fewer than 10 training
-        rows a feature (features that occur), else 0; 0: no term. One process
-        only, every label observed: with ``label_mask`` or several processes there is no term (an
-        explicit S > 0 there is named in a warning). Stored as ``support_columns_``, ``support_shape_``
-        and ``support_rate_`` (None without the term).
+        rows a feature (features that occur), else 0; 0: no term. One process only, every label
+        observed: with ``label_mask`` or several processes there is no term (an explicit S > 0 there is
+        named in a warning). Stored as ``support_columns_``, ``support_shape_`` and ``support_rate_``
+        (None without the term).
     schedule : ``"auto"`` or ``"fixed"`` (see above).
     n_burnin, n_draws, thin : int, the ``"fixed"`` schedule: sweeps discarded, Gibbs draws kept, sweeps
         between kept draws (each draw costs (L + D + 1) K values of ``sample_dtype``). Unused by ``"auto"``.
