@@ -233,3 +233,18 @@ def _batch_se(x, batches=40):
     x = np.asarray(x, dtype=float)
     means = x[: len(x) // batches * batches].reshape(batches, -1).mean(axis=1)
     return means.std(ddof=1) / np.sqrt(batches)
+
+
+@pytest.mark.parametrize("name, value", [("support_shape_", -1.0), ("support_rate_", np.nan),
+                                         ("support_columns_", 10**6)])
+def test_a_model_file_with_a_bad_support_entry_is_refused_by_name(tmp_path, name, value):
+    X, Y = _tail_problem(n=300)
+    BMLS(n_topics=2, max_sweeps=60, support_features=4, random_state=0, device="cpu").fit(X, Y).save(tmp_path / "m.npz")
+    with np.load(tmp_path / "m.npz") as data:
+        arrays = {key: data[key] for key in data.files}
+    key = json.loads(arrays["__meta__"].tobytes())["state"][name]["__array__"]
+    arrays[key] = arrays[key].copy()
+    arrays[key][0, 0] = value
+    np.savez(tmp_path / "bad.npz", **arrays)
+    with pytest.raises(ModelFormatError, match=name):
+        load_model(tmp_path / "bad.npz")
