@@ -103,11 +103,6 @@ class SupportData:
     slot_ptr: np.ndarray
     slots: np.ndarray
 
-    @property
-    def n_slots(self) -> int:
-        """M, the slots that hold a column."""
-        return int(np.count_nonzero(self.columns >= 0))
-
 
 @numba.njit(cache=True, nogil=True)
 def _positive_slots(x_indptr, x_indices, columns, pos_rows, pos_cols, slot_ptr, slots, fill):
