@@ -248,3 +248,24 @@ def test_a_model_file_with_a_bad_support_entry_is_refused_by_name(tmp_path, name
     np.savez(tmp_path / "bad.npz", **arrays)
     with pytest.raises(ModelFormatError, match=name):
         load_model(tmp_path / "bad.npz")
+
+
+def test_the_held_out_log_likelihood_adds_the_term_as_a_dense_computation_does():
+    from bayesmlc.bmls.gibbs import heldout_log_likelihood
+
+    rng = np.random.default_rng(4)
+    n, d, n_labels, n_topics = 30, 6, 4, 3
+    Xb = sp.csr_matrix(np.hstack([(rng.random((n, d)) < 0.4).astype(float), np.ones((n, 1))]))
+    Y = (rng.random((n, n_labels)) < 0.3).astype(float)
+    rows, cols = (idx.astype(np.int64) for idx in np.nonzero(Y))
+    columns = np.array([[0, 2, -1], [1, 3, 5], [4, -1, -1], [0, 5, -1]])
+    support = build_support(Xb, columns, rows, cols)
+    weights = np.where(columns.ravel() >= 0, rng.gamma(1.0, size=columns.size), 0.0)
+    phi = rng.dirichlet(np.ones(n_labels), size=n_topics).T
+    h = rng.gamma(3.0, 1 / 3.0, size=(d + 1, n_topics))
+    dense = Xb.toarray()
+    direct = np.stack([sum(weights[l * 3 + j] * dense[:, columns[l, j]] for j in range(3) if columns[l, j] >= 0)
+                       for l in range(n_labels)], axis=1)
+    rates = np.exp(dense @ np.log(h)) @ phi.T + direct
+    expected = np.sum(np.where(Y > 0, np.log(-np.expm1(-rates)), -rates))
+    assert heldout_log_likelihood(Xb, rows, cols, phi, h, support, weights) == pytest.approx(expected, rel=1e-10)
