@@ -444,31 +444,29 @@ class BMLS(HasPresets, MultiLabelEstimator):
             self.cooccurrence_weights_ = np.asarray(chain.state.r, dtype=np.float64)
 
     # ---- prediction ---------------------------------------------------------------------------
-    def _feature_tensor(self, X: sp.csr_matrix, device: torch.device) -> torch.Tensor:
-        """The binary X' = [x, 1] of a batch as a sparse torch tensor (b, D + 1) on ``device``."""
-        X_bias = self._with_bias(self._binary_features(X)).tocoo()
-        return torch.sparse_coo_tensor(
+    def _batch_inputs(self, X: sp.csr_matrix, device: torch.device):
+        """(x, r) of a batch on ``device``, from one binarisation of ``X``: x the binary X' = [x, 1] as a
+        sparse torch tensor (b, D + 1); r the support term's exponent (b, L)
+        (:func:`~bayesmlc.bmls.support_term.support_exponent`), or 0 for a model without the term (or a
+        file written before it)."""
+        X_binary = self._binary_features(X)
+        X_bias = self._with_bias(X_binary).tocoo()
+        x = torch.sparse_coo_tensor(
             torch.from_numpy(np.vstack([X_bias.row, X_bias.col]).astype(np.int64)),
             torch.from_numpy(X_bias.data.astype(np.float32)),
             size=X_bias.shape,
             device=device,
             check_invariants=False,  # built from a valid scipy matrix
         ).coalesce()
-
-    def _support_exponent(self, X: sp.csr_matrix, device: torch.device):
-        """The support term's r(x) (b, L) on ``device`` (:func:`~bayesmlc.bmls.support_term.support_exponent`),
-        or 0 for a model without the term (or a file written before it)."""
         if getattr(self, "support_columns_", None) is None:
-            return 0.0
-        exponent = support_exponent(self._binary_features(X), self.support_columns_, self.support_shape_,
-                                    self.support_rate_)
-        return torch.from_numpy(exponent).to(device)
+            return x, 0.0
+        exponent = support_exponent(X_binary, self.support_columns_, self.support_shape_, self.support_rate_)
+        return x, torch.from_numpy(exponent).to(device)
 
     def _draw_probabilities(self, X: sp.csr_matrix, device: torch.device):
         """Yield, per kept draw, the probabilities 1 - exp(-phi theta(x) - r(x)) of the batch, (b, L) on
-        ``device`` (r: the support term integrated out, :meth:`_support_exponent`)."""
-        x = self._feature_tensor(X, device)
-        support = self._support_exponent(X, device)
+        ``device`` (r: the support term integrated out, :meth:`_batch_inputs`)."""
+        x, support = self._batch_inputs(X, device)
         for s in range(self.log_h_samples_.shape[0]):
             log_h = torch.as_tensor(self.log_h_samples_[s], device=device, dtype=torch.float32)  # (D', K)
             phi = torch.as_tensor(self.phi_samples_[s], device=device, dtype=torch.float32)  # (L, K)
@@ -481,11 +479,11 @@ class BMLS(HasPresets, MultiLabelEstimator):
         with torch.no_grad():
             if self.predictor_ == "moments":
                 # E[theta_k(x)] = exp(x' (E[log h_k] + Var[log h_k] / 2)) (log h Gaussian, independent over d)
-                x = self._feature_tensor(X, device)
+                x, support = self._batch_inputs(X, device)
                 log_mean_h = torch.as_tensor(self.log_h_ + 0.5 * self.log_h_var_, device=device, dtype=torch.float32)
                 theta = torch.exp(torch.sparse.mm(x, log_mean_h))
                 phi = torch.as_tensor(self.phi_, device=device, dtype=torch.float32)
-                rates = theta @ phi.T + self._support_exponent(X, device)
+                rates = theta @ phi.T + support
                 return (-torch.expm1(-rates)).to(torch.float64).cpu().numpy()
             total = None
             for probs in self._draw_probabilities(X, device):
