@@ -33,6 +33,15 @@ def shared_datasets() -> Path:
     return SHARED_DATASETS
 
 
+def batch_standard_error(x, batches: int = 40):
+    """The batch-means standard error of the mean of a Markov chain's draws ``x`` (first axis: the
+    draws; any trailing axes are kept): the draws cut into ``batches`` consecutive batches (a remainder
+    dropped), the standard deviation of the batch means over sqrt(batches)."""
+    x = np.asarray(x, dtype=float)
+    means = x[: len(x) // batches * batches].reshape(batches, -1, *x.shape[1:]).mean(axis=1)
+    return means.std(axis=0, ddof=1) / np.sqrt(batches)
+
+
 def linear_multilabel_problem(n=240, d=30, n_labels=6, seed=0, density=0.25):
     """Sparse float32 CSR features (n, d) and 0/1 labels (n, n_labels) from a noisy linear rule."""
     rng = np.random.default_rng(seed)

@@ -6,6 +6,7 @@ import json
 import numpy as np
 import pytest
 import scipy.sparse as sp
+from conftest import batch_standard_error
 from scipy import special
 from sklearn.metrics import roc_auc_score
 
@@ -13,12 +14,6 @@ from bayesmlc.bmls import BMLS, cooccurrence_matrix, format_topics, remove_label
 from bayesmlc.bmls.gibbs import SweepData, gibbs_sweep, init_state, positive_rates, theta_from_log_h
 from bayesmlc.bmls.model import _pairs_from_matrix
 from bayesmlc.exceptions import ValidationError
-
-
-def _batch_se(x, batches=40):
-    x = np.asarray(x, dtype=float)
-    means = x[: len(x) // batches * batches].reshape(batches, -1).mean(axis=1)
-    return means.std(ddof=1) / np.sqrt(batches)
 
 
 @pytest.mark.parametrize("masked", [False, True])
@@ -61,7 +56,7 @@ def test_geweke_h_and_phi_steps_keep_the_prior(masked):
         "E[phi_0]": (phi_draws[:, 0, :].mean(axis=1), 1 / n_labels),
     }
     for name, (series, prior_value) in checks.items():
-        z = (series.mean() - prior_value) / _batch_se(series)
+        z = (series.mean() - prior_value) / batch_standard_error(series)
         assert abs(z) < 4.0, f"{name}: chain {series.mean():.4f} vs prior {prior_value:.4f} (z = {z:.1f})"
 
 
@@ -108,7 +103,7 @@ def test_geweke_cooccurrence_sweep_with_exact_phi_step(diagonal):
     }
     for name, prior_value in prior.items():
         chain = np.asarray(series[name])
-        z = (chain.mean() - prior_value) / _batch_se(chain)
+        z = (chain.mean() - prior_value) / batch_standard_error(chain)
         assert abs(z) < 4.0, f"{name}: chain {chain.mean():.4f} vs prior {prior_value:.4f} (z = {z:.1f})"
 
 

@@ -4,6 +4,7 @@ import numba
 import numpy as np
 import pytest
 import scipy.sparse as sp
+from conftest import batch_standard_error
 from scipy import special, stats
 
 from bayesmlc.bmls.gibbs import (
@@ -267,15 +268,12 @@ def test_phi_metropolis_step_targets_the_exact_conditional(diagonal):
     chain_phi, chain_sq = np.array(chain_phi), np.array(chain_sq)
     assert 0.2 < np.mean(accepted) < 0.95
 
-    def batch_se(x, batches=50):
-        means = x[: len(x) // batches * batches].reshape(batches, -1, *x.shape[1:]).mean(axis=1)
-        return means.std(axis=0, ddof=1) / np.sqrt(batches)
-
-    z_sq = (chain_sq.mean(axis=0) - exact_sq) / batch_se(chain_sq)
-    z_phi = (chain_phi.mean(axis=0) - exact_phi) / batch_se(chain_phi)
+    z_sq = (chain_sq.mean(axis=0) - exact_sq) / batch_standard_error(chain_sq, 50)
+    z_phi = (chain_phi.mean(axis=0) - exact_phi) / batch_standard_error(chain_phi, 50)
     assert np.all(np.abs(z_sq) < 4.0), z_sq
     assert np.all(np.abs(z_phi) < 4.5), z_phi
-    assert np.all(np.abs(dirichlet_sq - exact_sq) > 10 * batch_se(chain_sq))  # the uncorrected draw is off
+    # the uncorrected draw is off
+    assert np.all(np.abs(dirichlet_sq - exact_sq) > 10 * batch_standard_error(chain_sq, 50))
 
 
 def _random_binary(rng, n, d, density):
@@ -436,13 +434,9 @@ def test_cooccurrence_hyper_steps_keep_the_prior():
         rs.append(state.r.sum())
     gammas, cs = np.array(gammas), np.array(cs)
 
-    def batch_se(x, batches=50):
-        means = x[: len(x) // batches * batches].reshape(batches, -1).mean(axis=1)
-        return means.std(ddof=1) / np.sqrt(batches)
-
-    assert abs(gammas.mean() - 1.0) < 4 * batch_se(gammas)
-    assert abs(cs.mean() - 1.0) < 4 * batch_se(cs)
+    assert abs(gammas.mean() - 1.0) < 4 * batch_standard_error(gammas, 50)
+    assert abs(cs.mean() - 1.0) < 4 * batch_standard_error(cs, 50)
     # E[sum_k lambda_k] = E[gamma0 / f0]; with independent Gamma(1, 1) priors that integral diverges,
     # so compare the prior probability of small f0 instead (P(f0 < 0.5) = 1 - e^{-0.5})
     frac = np.mean(cs < 0.5)
-    assert abs(frac - (1 - np.exp(-0.5))) < 4 * batch_se((cs < 0.5).astype(float))
+    assert abs(frac - (1 - np.exp(-0.5))) < 4 * batch_standard_error((cs < 0.5).astype(float), 50)

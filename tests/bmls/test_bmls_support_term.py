@@ -9,6 +9,7 @@ import warnings
 import numpy as np
 import pytest
 import scipy.sparse as sp
+from conftest import batch_standard_error
 from scipy import stats
 from sklearn.metrics import roc_auc_score
 
@@ -225,14 +226,8 @@ def test_geweke_whole_sweep_with_the_term_keeps_the_prior():
     checks = {"E[h]": (h_draws, mu0 / nu0), "E[phi_0]": (phi_draws, 1 / n_labels), "E[b]": (rates, 1.0),
               "E[b w]": (scaled, SUPPORT_SHAPE), "E[log b]": (np.log(rates), -np.euler_gamma)}
     for name, (series, prior_value) in checks.items():
-        z = (np.mean(series) - prior_value) / _batch_se(series)
+        z = (np.mean(series) - prior_value) / batch_standard_error(series)
         assert abs(z) < 4.0, f"{name}: chain {np.mean(series):.4f} vs prior {prior_value:.4f} (z = {z:.1f})"
-
-
-def _batch_se(x, batches=40):
-    x = np.asarray(x, dtype=float)
-    means = x[: len(x) // batches * batches].reshape(batches, -1).mean(axis=1)
-    return means.std(ddof=1) / np.sqrt(batches)
 
 
 @pytest.mark.parametrize("name, value", [("support_shape_", -1.0), ("support_rate_", np.nan),
